@@ -1,0 +1,283 @@
+//! Which failures may be retried (SPEC §3), and the delays servers ask for.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use crate::code::Code;
+use crate::error::Error;
+
+/// Facts about a call that decide whether resending it is safe.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallFacts {
+    /// The operation is idempotent or carries an idempotency key, so resending it
+    /// cannot apply the effect twice.
+    pub safe: bool,
+    /// Each attempt re-reads state (a version) before writing, so a conflict
+    /// (`ABORTED`) can be retried.
+    pub rereads: bool,
+    /// The caller declares `INTERNAL`/`UNKNOWN` transient for this call (opt-in;
+    /// only honoured together with `safe`).
+    pub transient_internal: bool,
+}
+
+impl CallFacts {
+    /// Facts for a call that is safe to resend (idempotent or keyed).
+    pub const SAFE: CallFacts = CallFacts {
+        safe: true,
+        rereads: false,
+        transient_internal: false,
+    };
+}
+
+/// Why a code is or is not retryable: the row of the SPEC §3 table that applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Rule {
+    /// `UNAVAILABLE` on a safe call: transient, retry.
+    TransientSafe,
+    /// `UNAVAILABLE`/`DEADLINE_EXCEEDED` on a call that is not safe: the first attempt
+    /// may have been applied, resending could apply it twice.
+    UnsafeToResend,
+    /// `RESOURCE_EXHAUSTED`: rejected before executing; retry after the server's delay.
+    RateLimited,
+    /// `DEADLINE_EXCEEDED` of one attempt on a safe call: retry if the overall budget allows.
+    AttemptTimedOut,
+    /// `ABORTED` on a call that re-reads before writing: retry with fresh state.
+    ConflictRereads,
+    /// `ABORTED` on a call that would resend the same write unchanged.
+    ConflictNeedsReread,
+    /// `INTERNAL`/`UNKNOWN` that the caller declared transient on a safe call.
+    DeclaredTransient,
+    /// `INTERNAL`/`UNKNOWN`: a server bug; retrying gives the same answer.
+    ServerError,
+    /// The request itself is wrong or not allowed; the result would be the same.
+    Permanent,
+    /// `DATA_LOSS`: retrying may widen the damage.
+    DataLoss,
+    /// `OK` is not a failure.
+    NotAnError,
+}
+
+impl Rule {
+    /// A stable snake_case name, used in the shared test vectors and by the bindings.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Rule::TransientSafe => "transient_safe",
+            Rule::UnsafeToResend => "unsafe_to_resend",
+            Rule::RateLimited => "rate_limited",
+            Rule::AttemptTimedOut => "attempt_timed_out",
+            Rule::ConflictRereads => "conflict_rereads",
+            Rule::ConflictNeedsReread => "conflict_needs_reread",
+            Rule::DeclaredTransient => "declared_transient",
+            Rule::ServerError => "server_error",
+            Rule::Permanent => "permanent",
+            Rule::DataLoss => "data_loss",
+            Rule::NotAnError => "not_an_error",
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The answer of [`classify`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classification {
+    /// Whether the failure may be retried (subject to attempts, deadline and budget).
+    pub retryable: bool,
+    /// The rule that decided it.
+    pub rule: Rule,
+}
+
+/// Decides whether a failure with `code` may be retried, per SPEC §3.
+///
+/// ```
+/// use oncely::{classify, CallFacts, Code};
+/// assert!(classify(Code::Unavailable, CallFacts::SAFE).retryable);
+/// assert!(!classify(Code::Unavailable, CallFacts::default()).retryable);
+/// assert!(!classify(Code::InvalidArgument, CallFacts::SAFE).retryable);
+/// ```
+pub const fn classify(code: Code, facts: CallFacts) -> Classification {
+    let (retryable, rule) = match code {
+        Code::Unavailable if facts.safe => (true, Rule::TransientSafe),
+        Code::Unavailable => (false, Rule::UnsafeToResend),
+        Code::ResourceExhausted => (true, Rule::RateLimited),
+        Code::DeadlineExceeded if facts.safe => (true, Rule::AttemptTimedOut),
+        Code::DeadlineExceeded => (false, Rule::UnsafeToResend),
+        Code::Aborted if facts.rereads => (true, Rule::ConflictRereads),
+        Code::Aborted => (false, Rule::ConflictNeedsReread),
+        Code::Internal | Code::Unknown if facts.transient_internal && facts.safe => {
+            (true, Rule::DeclaredTransient)
+        }
+        Code::Internal | Code::Unknown => (false, Rule::ServerError),
+        Code::DataLoss => (false, Rule::DataLoss),
+        Code::Ok => (false, Rule::NotAnError),
+        Code::InvalidArgument
+        | Code::NotFound
+        | Code::PermissionDenied
+        | Code::Unauthenticated
+        | Code::FailedPrecondition
+        | Code::Unimplemented
+        | Code::AlreadyExists
+        | Code::OutOfRange
+        | Code::Cancelled => (false, Rule::Permanent),
+    };
+    Classification { retryable, rule }
+}
+
+/// A delay the server asked for, overriding the computed backoff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerDelay {
+    /// Wait this long before the next attempt.
+    After(Duration),
+    /// The server said not to retry at all (e.g. a negative `grpc-retry-pushback-ms`).
+    DoNotRetry,
+}
+
+/// Parses an HTTP `Retry-After` value: delta-seconds (`"120"`) or an HTTP-date
+/// (`"Wed, 21 Oct 2015 07:28:00 GMT"`, also the obsolete RFC 850 and asctime forms).
+/// A date in the past gives a zero delay. `now` is the wall clock to measure a date
+/// against.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use oncely::{parse_retry_after, ServerDelay};
+/// assert_eq!(parse_retry_after("3", SystemTime::now()).unwrap(), ServerDelay::After(Duration::from_secs(3)));
+/// assert!(parse_retry_after("soon", SystemTime::now()).is_err());
+/// ```
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Result<ServerDelay, Error> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        // Delta-seconds; absurdly long values saturate instead of failing.
+        let secs = v.parse::<u64>().unwrap_or(u64::MAX);
+        return Ok(ServerDelay::After(Duration::from_secs(secs)));
+    }
+    let at = httpdate::parse_http_date(v).map_err(|_| {
+        Error::invalid(
+            "retry_after",
+            format!("{value:?} is neither delta-seconds nor an HTTP-date"),
+        )
+    })?;
+    Ok(ServerDelay::After(
+        at.duration_since(now).unwrap_or(Duration::ZERO),
+    ))
+}
+
+/// Parses gRPC's `grpc-retry-pushback-ms` trailer: a non-negative integer is the delay
+/// in milliseconds; a negative one means do not retry.
+///
+/// ```
+/// use std::time::Duration;
+/// use oncely::{parse_pushback_ms, ServerDelay};
+/// assert_eq!(parse_pushback_ms("250").unwrap(), ServerDelay::After(Duration::from_millis(250)));
+/// assert_eq!(parse_pushback_ms("-1").unwrap(), ServerDelay::DoNotRetry);
+/// ```
+pub fn parse_pushback_ms(value: &str) -> Result<ServerDelay, Error> {
+    let v = value.trim();
+    let digits = v.strip_prefix('-').unwrap_or(v);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Error::invalid(
+            "grpc-retry-pushback-ms",
+            format!("{value:?} is not an integer number of milliseconds"),
+        ));
+    }
+    if v.starts_with('-') {
+        return Ok(ServerDelay::DoNotRetry);
+    }
+    let ms = digits.parse::<u64>().unwrap_or(u64::MAX);
+    Ok(ServerDelay::After(Duration::from_millis(ms)))
+}
+
+/// A failure reduced to what the retry decision needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure {
+    /// The gRPC code of the failure.
+    pub code: Code,
+    /// A delay the server asked for, if any.
+    pub server_delay: Option<ServerDelay>,
+}
+
+impl Failure {
+    /// A failure with `code` and no server delay.
+    pub const fn new(code: Code) -> Self {
+        Failure {
+            code,
+            server_delay: None,
+        }
+    }
+
+    /// The connection dropped after the request was sent: the outcome is unknown.
+    /// It is `UNAVAILABLE` and may be retried only by a safe (keyed) call.
+    pub const fn outcome_unknown() -> Self {
+        Failure::new(Code::Unavailable)
+    }
+
+    /// Adds the delay the server asked for.
+    pub const fn with_server_delay(mut self, delay: ServerDelay) -> Self {
+        self.server_delay = Some(delay);
+        self
+    }
+}
+
+impl From<Code> for Failure {
+    fn from(code: Code) -> Self {
+        Failure::new(code)
+    }
+}
+
+/// Errors that the retry loop can classify: they say which code they mean and
+/// whether the server asked for a delay.
+///
+/// ```
+/// use oncely::{Classify, Code};
+/// #[derive(Debug)]
+/// struct HttpError { status: u16 }
+/// impl Classify for HttpError {
+///     fn code(&self) -> Code { Code::from_http(self.status) }
+/// }
+/// assert_eq!(HttpError { status: 429 }.code(), Code::ResourceExhausted);
+/// ```
+pub trait Classify {
+    /// The gRPC code this error means.
+    fn code(&self) -> Code;
+    /// A delay the server asked for (Retry-After, pushback, RetryInfo), if any.
+    fn server_delay(&self) -> Option<ServerDelay> {
+        None
+    }
+}
+
+impl Classify for Code {
+    fn code(&self) -> Code {
+        *self
+    }
+}
+
+impl Classify for Failure {
+    fn code(&self) -> Code {
+        self.code
+    }
+    fn server_delay(&self) -> Option<ServerDelay> {
+        self.server_delay
+    }
+}
+
+impl Classify for Error {
+    fn code(&self) -> Code {
+        Error::code(self)
+    }
+    fn server_delay(&self) -> Option<ServerDelay> {
+        self.retry_after().map(ServerDelay::After)
+    }
+}
+
+impl<T: Classify + ?Sized> Classify for std::sync::Arc<T> {
+    fn code(&self) -> Code {
+        (**self).code()
+    }
+    fn server_delay(&self) -> Option<ServerDelay> {
+        (**self).server_delay()
+    }
+}

@@ -1,0 +1,90 @@
+//! The one error type of oncely: every variant names its gRPC [`Code`] and says
+//! what to do about it.
+
+use std::time::Duration;
+
+use crate::code::Code;
+
+/// Everything oncely itself can fail with.
+///
+/// Errors of the caller's own action are never wrapped in this type; they are given
+/// back unchanged (see [`RetryError`](crate::RetryError) and
+/// [`ExecuteError`](crate::ExecuteError)).
+///
+/// ```
+/// use oncely::{Code, Error, IdempotencyKey};
+/// let err: Error = IdempotencyKey::parse("no spaces allowed").unwrap_err();
+/// assert_eq!(err.code(), Code::InvalidArgument);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting or an argument is out of range; `field` names it.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The name of the offending field or argument, e.g. `"max_attempts"`.
+        field: &'static str,
+        /// What is wrong with it and what is accepted instead.
+        reason: String,
+    },
+    /// A write arrived without an idempotency key.
+    #[error("write operations require x-idempotency-key")]
+    MissingKey,
+    /// The same scoped key was used with different request parameters.
+    #[error(
+        "idempotency key reused with different parameters: one key names one operation; \
+         make a new key for a new operation"
+    )]
+    FingerprintMismatch,
+    /// Another call with this key is still running and the caller chose not to wait.
+    #[error("an operation with this idempotency key is in progress; retry after {retry_after:?}")]
+    InProgress {
+        /// How long to wait before retrying (HTTP `Retry-After`).
+        retry_after: Duration,
+    },
+    /// The leader's claim on a key was taken over by another worker; its result was
+    /// not stored.
+    #[error("the lease on this idempotency key was lost to another worker; the result was not stored")]
+    LeaseLost,
+    /// The store is full of operations that are still running.
+    #[error("the idempotency store is full ({max_entries} entries, all in flight); retry later")]
+    Capacity {
+        /// The configured bound.
+        max_entries: usize,
+    },
+    /// The store could not be reached; nothing was executed.
+    #[error("the idempotency store is unavailable: {0}")]
+    Unavailable(String),
+    /// The call this one was waiting for panicked while running its action.
+    #[error("the leading call for this idempotency key panicked: {0}")]
+    LeaderPanicked(String),
+}
+
+impl Error {
+    /// The gRPC status code this error maps to.
+    pub fn code(&self) -> Code {
+        match self {
+            Error::InvalidArgument { .. } | Error::MissingKey => Code::InvalidArgument,
+            Error::FingerprintMismatch => Code::FailedPrecondition,
+            Error::InProgress { .. } | Error::LeaseLost => Code::Aborted,
+            Error::Capacity { .. } => Code::ResourceExhausted,
+            Error::Unavailable(_) => Code::Unavailable,
+            Error::LeaderPanicked(_) => Code::Internal,
+        }
+    }
+
+    /// For [`Error::InProgress`]: how long the caller should wait before retrying.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::InProgress { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+}

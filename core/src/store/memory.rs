@@ -1,0 +1,703 @@
+//! The in-process dedup store.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::flight::{Flight, Join};
+use super::{
+    check_fingerprint, panic_message, Begin, DedupStore, ExecuteError, ExecuteOptions, Executed,
+    Joined, LeaderLease, Source, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_TTL,
+};
+use crate::clock::{system_clock, Clock, SharedClock};
+use crate::error::Error;
+use crate::key::ScopedKey;
+
+/// Expired or stale entries removed per call, at most (amortized cleanup).
+const SWEEP_PER_CALL: usize = 4;
+
+/// The in-process dedup store: runs an action once per scoped key within the TTL and
+/// gives every caller its result (SPEC §6).
+///
+/// `V` is the stored result (cloned for each caller; use an `Arc` for large values),
+/// `E` the action's error (shared as `Arc<E>` with waiters). Clones share one store.
+///
+/// ```
+/// use oncely::{IdempotencyKey, MemoryStore, ScopedKey, Source};
+///
+/// let store: MemoryStore<u64, std::io::Error> = MemoryStore::new();
+/// let key = ScopedKey::new("acme", "CreateOrder", &IdempotencyKey::random()).unwrap();
+/// let fp = oncely::fingerprint(&serde_json::json!({"sku": "A1"})).unwrap();
+///
+/// futures::executor::block_on(async {
+///     let first = store.execute(&key, &fp, || async { Ok(42) }).await.unwrap();
+///     assert_eq!((first.value, first.source), (42, Source::Led));
+///     // A retry with the same key does not run the action again.
+///     let again = store.execute(&key, &fp, || async { Ok(7) }).await.unwrap();
+///     assert_eq!((again.value, again.source), (42, Source::Replayed));
+/// });
+/// assert_eq!(store.counters().leads, 1);
+/// ```
+pub struct MemoryStore<V, E> {
+    shared: Arc<Shared<V, E>>,
+}
+
+impl<V, E> Clone for MemoryStore<V, E> {
+    fn clone(&self) -> Self {
+        MemoryStore {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+type CacheFailure<E> = Arc<dyn Fn(&E) -> bool + Send + Sync>;
+
+struct Shared<V, E> {
+    table: Mutex<Table<V, E>>,
+    clock: SharedClock,
+    ttl: Duration,
+    max_entries: Option<usize>,
+    in_progress_retry_after: Duration,
+    cache_failure: Option<CacheFailure<E>>,
+    counters: AtomicCounters,
+}
+
+struct Table<V, E> {
+    map: HashMap<Arc<str>, Slot<V, E>>,
+    /// Completed entries in completion order, which is expiry order (one TTL per
+    /// store). Items whose `seq` no longer matches the map are stale and skipped.
+    order: VecDeque<(u64, Arc<str>)>,
+    next_seq: u64,
+}
+
+enum Slot<V, E> {
+    Running {
+        fingerprint: Fingerprint,
+        token: u64,
+        flight: Arc<Flight<V, E>>,
+    },
+    Done {
+        fingerprint: Fingerprint,
+        outcome: Result<V, Arc<E>>,
+        expires_at: u64,
+        seq: u64,
+    },
+}
+
+/// A fingerprint, stored as 32 bytes when it is oncely's own (64 lower-case hex
+/// digits) and as text otherwise.
+#[derive(Clone)]
+enum Fingerprint {
+    Sha256([u8; 32]),
+    Text(Box<str>),
+}
+
+impl Fingerprint {
+    fn new(s: &str) -> Self {
+        match decode_hex32(s) {
+            Some(b) => Fingerprint::Sha256(b),
+            None => Fingerprint::Text(s.into()),
+        }
+    }
+    fn matches(&self, s: &str) -> bool {
+        match self {
+            Fingerprint::Sha256(b) => {
+                s.len() == 64
+                    && b.iter().zip(s.as_bytes().chunks_exact(2)).all(|(byte, hex)| {
+                        hex_val(hex[0]) == Some(byte >> 4) && hex_val(hex[1]) == Some(byte & 15)
+                    })
+            }
+            Fingerprint::Text(t) => &**t == s,
+        }
+    }
+}
+
+fn hex_val(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+fn decode_hex32(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(s.as_bytes().chunks_exact(2)) {
+        *o = (hex_val(pair[0])? << 4) | hex_val(pair[1])?;
+    }
+    Some(out)
+}
+
+/// Counts of what a store has done since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Calls that ran the action.
+    pub leads: u64,
+    /// Calls that waited for a running call and shared its result.
+    pub joins: u64,
+    /// Calls answered from a completed entry.
+    pub replays: u64,
+    /// Calls refused because the fingerprint differed.
+    pub conflicts: u64,
+    /// Completed entries removed because their TTL passed.
+    pub expirations: u64,
+    /// Completed entries removed early to stay within `max_entries`.
+    pub evictions: u64,
+}
+
+#[derive(Default)]
+struct AtomicCounters {
+    leads: AtomicU64,
+    joins: AtomicU64,
+    replays: AtomicU64,
+    conflicts: AtomicU64,
+    expirations: AtomicU64,
+    evictions: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Builds a [`MemoryStore`]; see [`MemoryStore::builder`].
+pub struct MemoryStoreBuilder<E> {
+    clock: Option<SharedClock>,
+    ttl: Duration,
+    max_entries: Option<usize>,
+    in_progress_retry_after: Duration,
+    cache_failure: Option<CacheFailure<E>>,
+}
+
+impl<E> MemoryStoreBuilder<E> {
+    /// How long a completed result is kept (default 24 h; must exceed the longest
+    /// retry window of the clients).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+    /// Bounds the number of entries; past it the oldest completed entries are
+    /// evicted; running ones never are.
+    pub fn max_entries(mut self, n: usize) -> Self {
+        self.max_entries = Some(n);
+        self
+    }
+    /// The retry-after hint given to no-wait callers that find a call in progress
+    /// (default 1 s).
+    pub fn in_progress_retry_after(mut self, d: Duration) -> Self {
+        self.in_progress_retry_after = d;
+        self
+    }
+    /// Reads time from `clock` (tests use [`ManualClock`](crate::ManualClock)).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+    /// Caches failures for which `permanent` returns true, like successes (opt-in;
+    /// clear such an entry with [`MemoryStore::remove`]). Other failures are never
+    /// cached.
+    pub fn cache_failures_when(
+        mut self,
+        permanent: impl Fn(&E) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.cache_failure = Some(Arc::new(permanent));
+        self
+    }
+    /// Caches failures whose code is not retryable even for a safe call
+    /// (e.g. `INVALID_ARGUMENT`, `NOT_FOUND`).
+    pub fn cache_permanent_failures(self) -> Self
+    where
+        E: crate::Classify,
+    {
+        self.cache_failures_when(|e: &E| {
+            !crate::classify(e.code(), crate::CallFacts::SAFE).retryable
+        })
+    }
+
+    /// Makes the store; rejects a zero TTL and `max_entries` of 0.
+    pub fn build<V>(self) -> Result<MemoryStore<V, E>, Error> {
+        if self.ttl.is_zero() {
+            return Err(Error::invalid("ttl", "must be greater than zero"));
+        }
+        if self.max_entries == Some(0) {
+            return Err(Error::invalid("max_entries", "must be at least 1"));
+        }
+        Ok(MemoryStore {
+            shared: Arc::new(Shared {
+                table: Mutex::new(Table {
+                    map: HashMap::new(),
+                    order: VecDeque::new(),
+                    next_seq: 0,
+                }),
+                clock: self.clock.unwrap_or_else(system_clock),
+                ttl: self.ttl,
+                max_entries: self.max_entries,
+                in_progress_retry_after: self.in_progress_retry_after,
+                cache_failure: self.cache_failure,
+                counters: AtomicCounters::default(),
+            }),
+        })
+    }
+}
+
+impl<V, E> MemoryStore<V, E> {
+    /// A store with the defaults: TTL 24 h, unbounded, system clock, failures not cached.
+    pub fn new() -> Self {
+        Self::builder()
+            .build()
+            .expect("the default configuration is valid")
+    }
+
+    /// A builder for TTL, `max_entries`, clock and failure caching.
+    pub fn builder() -> MemoryStoreBuilder<E> {
+        MemoryStoreBuilder {
+            clock: None,
+            ttl: DEFAULT_TTL,
+            max_entries: None,
+            in_progress_retry_after: DEFAULT_IN_PROGRESS_RETRY_AFTER,
+            cache_failure: None,
+        }
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> Counters {
+        let c = &self.shared.counters;
+        Counters {
+            leads: c.leads.load(Ordering::Relaxed),
+            joins: c.joins.load(Ordering::Relaxed),
+            replays: c.replays.load(Ordering::Relaxed),
+            conflicts: c.conflicts.load(Ordering::Relaxed),
+            expirations: c.expirations.load(Ordering::Relaxed),
+            evictions: c.evictions.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Entries held now (running and completed; expired ones not yet swept included).
+    pub fn len(&self) -> usize {
+        self.shared.lock().map.len()
+    }
+
+    /// True when the store holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The TTL of completed entries.
+    pub fn ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+
+    /// Removes a completed entry (e.g. a cached permanent failure) so the next call
+    /// runs again. Running entries are left alone. Returns whether one was removed.
+    pub fn remove(&self, key: &ScopedKey) -> bool {
+        let mut t = self.shared.lock();
+        if let Some(Slot::Done { .. }) = t.map.get(key.as_str()) {
+            t.map.remove(key.as_str());
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl<V, E> Default for MemoryStore<V, E> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<V, E> Shared<V, E> {
+    fn lock(&self) -> MutexGuard<'_, Table<V, E>> {
+        // User code (V::clone) may panic under the lock, but never between two
+        // writes of one transition, so the table is consistent even when poisoned.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn now_nanos(&self) -> u64 {
+        u64::try_from(self.clock.now().as_nanos()).unwrap_or(u64::MAX)
+    }
+    fn expiry(&self, now: u64) -> u64 {
+        now.saturating_add(u64::try_from(self.ttl.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+impl<V, E> Table<V, E> {
+    /// Removes up to a few expired or stale items from the front of the queue.
+    fn sweep(&mut self, now: u64, counters: &AtomicCounters) {
+        for _ in 0..SWEEP_PER_CALL {
+            let Some((seq, key)) = self.order.front() else {
+                return;
+            };
+            match self.map.get(key) {
+                Some(Slot::Done {
+                    seq: s, expires_at, ..
+                }) if s == seq => {
+                    if *expires_at > now {
+                        return;
+                    }
+                    self.map.remove(key);
+                    bump(&counters.expirations);
+                }
+                _ => {}
+            }
+            self.order.pop_front();
+        }
+    }
+
+    /// Evicts the oldest completed entry; false if every entry is running.
+    fn evict_oldest(&mut self, counters: &AtomicCounters) -> bool {
+        while let Some((seq, key)) = self.order.pop_front() {
+            if let Some(Slot::Done { seq: s, .. }) = self.map.get(&key) {
+                if *s == seq {
+                    self.map.remove(&key);
+                    bump(&counters.evictions);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+}
+
+impl<V: Clone, E> MemoryStore<V, E> {
+    /// Looks `key` up and leads, joins or replays, by SPEC §6 — the primitive that
+    /// [`execute`](Self::execute) and the Python and Node bindings drive.
+    ///
+    /// - a completed, unexpired entry with this fingerprint → [`Begin::Replay`];
+    /// - a running entry with this fingerprint → [`Begin::Join`] (or
+    ///   [`Error::InProgress`] when `options.wait` is false);
+    /// - a different fingerprint → [`Error::FingerprintMismatch`];
+    /// - otherwise → [`Begin::Lead`]: run the action, then settle the [`Lease`].
+    pub fn begin(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        options: ExecuteOptions,
+    ) -> Result<Begin<V, E, Lease<V, E>, Join<V, E>>, Error> {
+        check_fingerprint(fingerprint)?;
+        let sh = &*self.shared;
+        let now = sh.now_nanos();
+        let mut t = sh.lock();
+        t.sweep(now, &sh.counters);
+        match t.map.get(key.as_str()) {
+            Some(Slot::Done {
+                fingerprint: fp,
+                outcome,
+                expires_at,
+                ..
+            }) if *expires_at > now => {
+                if !fp.matches(fingerprint) {
+                    bump(&sh.counters.conflicts);
+                    return Err(Error::FingerprintMismatch);
+                }
+                bump(&sh.counters.replays);
+                return Ok(Begin::Replay(outcome.clone()));
+            }
+            Some(Slot::Done { .. }) => {
+                t.map.remove(key.as_str());
+                bump(&sh.counters.expirations);
+            }
+            Some(Slot::Running {
+                fingerprint: fp,
+                flight,
+                ..
+            }) => {
+                if !fp.matches(fingerprint) {
+                    bump(&sh.counters.conflicts);
+                    return Err(Error::FingerprintMismatch);
+                }
+                if !options.wait {
+                    return Err(Error::InProgress {
+                        retry_after: sh.in_progress_retry_after,
+                    });
+                }
+                bump(&sh.counters.joins);
+                return Ok(Begin::Join(Join::new(flight.clone())));
+            }
+            None => {}
+        }
+        if let Some(max) = sh.max_entries {
+            while t.map.len() >= max {
+                if !t.evict_oldest(&sh.counters) {
+                    return Err(Error::Capacity { max_entries: max });
+                }
+            }
+        }
+        let token = t.next_seq;
+        t.next_seq += 1;
+        let flight = Arc::new(Flight::new());
+        let key: Arc<str> = Arc::from(key.as_str());
+        t.map.insert(
+            key.clone(),
+            Slot::Running {
+                fingerprint: Fingerprint::new(fingerprint),
+                token,
+                flight: flight.clone(),
+            },
+        );
+        bump(&sh.counters.leads);
+        Ok(Begin::Lead(Lease {
+            store: self.shared.clone(),
+            key,
+            token,
+            flight,
+            settled: false,
+        }))
+    }
+
+    /// Runs `action` at most once per `key` within the TTL and gives every caller
+    /// its result (see [`execute`](crate::execute) for the rules). Waits for a
+    /// running call with the same key.
+    pub async fn execute<F, Fut>(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        action: F,
+    ) -> Result<Executed<V>, ExecuteError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<V, E>>,
+    {
+        super::execute(self, key, fingerprint, ExecuteOptions::default(), action).await
+    }
+
+    /// [`execute`](Self::execute) with options (e.g. [`ExecuteOptions::NO_WAIT`]).
+    pub async fn execute_with<F, Fut>(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        options: ExecuteOptions,
+        action: F,
+    ) -> Result<Executed<V>, ExecuteError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<V, E>>,
+    {
+        super::execute(self, key, fingerprint, options, action).await
+    }
+
+    /// The blocking variant of [`execute_with`](Self::execute_with), for
+    /// thread-per-request code: waiting blocks this thread.
+    pub fn execute_blocking<F>(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        options: ExecuteOptions,
+        action: F,
+    ) -> Result<Executed<V>, ExecuteError<E>>
+    where
+        F: FnOnce() -> Result<V, E>,
+    {
+        let mut action = Some(action);
+        loop {
+            let lease = match self.begin(key, fingerprint, options) {
+                Err(e) => return Err(ExecuteError::Store(e)),
+                Ok(Begin::Replay(Ok(value))) => {
+                    return Ok(Executed {
+                        value,
+                        source: Source::Replayed,
+                    })
+                }
+                Ok(Begin::Replay(Err(e))) => return Err(ExecuteError::Action(e)),
+                Ok(Begin::Join(join)) => match join.wait() {
+                    Joined::Value(value) => {
+                        return Ok(Executed {
+                            value,
+                            source: Source::Joined,
+                        })
+                    }
+                    Joined::Failed(e) => return Err(ExecuteError::Action(e)),
+                    Joined::Panicked(m) => {
+                        return Err(ExecuteError::Store(Error::LeaderPanicked(m.to_string())))
+                    }
+                    Joined::Abandoned => continue,
+                },
+                Ok(Begin::Lead(lease)) => lease,
+            };
+            let Some(action) = action.take() else {
+                unreachable!("a caller leads at most once")
+            };
+            return match std::panic::catch_unwind(std::panic::AssertUnwindSafe(action)) {
+                Ok(Ok(value)) => {
+                    lease.complete_now(value.clone());
+                    Ok(Executed {
+                        value,
+                        source: Source::Led,
+                    })
+                }
+                Ok(Err(e)) => Err(ExecuteError::Action(lease.fail_now(e))),
+                Err(payload) => {
+                    lease.panicked_now(&panic_message(&*payload));
+                    std::panic::resume_unwind(payload)
+                }
+            };
+        }
+    }
+}
+
+impl<V: Clone, E> DedupStore<V, E> for MemoryStore<V, E> {
+    type Lease = Lease<V, E>;
+    type Join = Join<V, E>;
+
+    fn begin(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        options: ExecuteOptions,
+    ) -> impl Future<Output = Result<Begin<V, E, Lease<V, E>, Join<V, E>>, Error>> {
+        std::future::ready(MemoryStore::begin(self, key, fingerprint, options))
+    }
+}
+
+/// The leader's claim on a key in a [`MemoryStore`]. Settle it with
+/// [`complete_now`](Lease::complete_now) or [`fail_now`](Lease::fail_now); dropping it
+/// unsettled (a cancelled leader) removes the entry and lets one waiter take over.
+pub struct Lease<V: Clone, E> {
+    store: Arc<Shared<V, E>>,
+    key: Arc<str>,
+    token: u64,
+    flight: Arc<Flight<V, E>>,
+    settled: bool,
+}
+
+impl<V: Clone, E> Lease<V, E> {
+    /// Stores `value` until the TTL and wakes the waiters with it.
+    pub fn complete_now(mut self, value: V) {
+        self.settled = true;
+        let sh = &*self.store;
+        let now = sh.now_nanos();
+        {
+            let mut t = sh.lock();
+            let seq = t.next_seq;
+            if let Entry::Occupied(mut slot) = t.map.entry(self.key.clone()) {
+                if let Slot::Running {
+                    fingerprint, token, ..
+                } = slot.get()
+                {
+                    if *token == self.token {
+                        let fingerprint = fingerprint.clone();
+                        slot.insert(Slot::Done {
+                            fingerprint,
+                            outcome: Ok(value.clone()),
+                            expires_at: sh.expiry(now),
+                            seq,
+                        });
+                        t.next_seq += 1;
+                        t.order.push_back((seq, self.key.clone()));
+                    }
+                }
+            }
+        }
+        self.flight.settle(Joined::Value(value));
+    }
+
+    /// Removes the entry (or caches the failure when the store is configured to and
+    /// `error` is permanent), then wakes the waiters with the error. Returns the error
+    /// shared with the waiters.
+    pub fn fail_now(mut self, error: E) -> Arc<E> {
+        self.settled = true;
+        let error = Arc::new(error);
+        let sh = &*self.store;
+        let cache = sh.cache_failure.as_ref().is_some_and(|f| f(&error));
+        let now = sh.now_nanos();
+        {
+            let mut t = sh.lock();
+            let seq = t.next_seq;
+            if let Entry::Occupied(mut slot) = t.map.entry(self.key.clone()) {
+                if let Slot::Running {
+                    fingerprint, token, ..
+                } = slot.get()
+                {
+                    if *token == self.token {
+                        if cache {
+                            let fingerprint = fingerprint.clone();
+                            slot.insert(Slot::Done {
+                                fingerprint,
+                                outcome: Err(error.clone()),
+                                expires_at: sh.expiry(now),
+                                seq,
+                            });
+                            t.next_seq += 1;
+                            t.order.push_back((seq, self.key.clone()));
+                        } else {
+                            slot.remove();
+                        }
+                    }
+                }
+            }
+        }
+        // Removed before the waiters wake: one that retries at once does not see it.
+        self.flight.settle(Joined::Failed(error.clone()));
+        error
+    }
+
+    /// The action panicked (or raised in a host language without an error value):
+    /// removes the entry and wakes the waiters with `message`.
+    pub fn panicked_now(mut self, message: &str) {
+        self.settled = true;
+        self.release(Joined::Panicked(Arc::from(message)));
+    }
+
+    fn release(&self, outcome: Joined<V, E>) {
+        {
+            let mut t = self.store.lock();
+            if let Some(Slot::Running { token, .. }) = t.map.get(&self.key) {
+                if *token == self.token {
+                    t.map.remove(&self.key);
+                }
+            }
+        }
+        self.flight.settle(outcome);
+    }
+
+    /// The scoped key this lease is for.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl<V: Clone, E> Drop for Lease<V, E> {
+    fn drop(&mut self) {
+        if !self.settled {
+            let outcome = if std::thread::panicking() {
+                Joined::Panicked(Arc::from("the leader panicked"))
+            } else {
+                Joined::Abandoned
+            };
+            self.release(outcome);
+        }
+    }
+}
+
+impl<V: Clone, E> LeaderLease<V, E> for Lease<V, E> {
+    fn complete(self, value: V) -> impl Future<Output = Result<(), Error>> {
+        self.complete_now(value);
+        std::future::ready(Ok(()))
+    }
+    fn fail(self, error: E) -> impl Future<Output = Arc<E>> {
+        std::future::ready(self.fail_now(error))
+    }
+    fn panicked(self, message: &str) {
+        self.panicked_now(message)
+    }
+}
+
+impl<V, E> fmt::Debug for MemoryStore<V, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("ttl", &self.shared.ttl)
+            .field("max_entries", &self.shared.max_entries)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<V: Clone, E> fmt::Debug for Lease<V, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease").field("key", &self.key).finish()
+    }
+}
