@@ -206,7 +206,7 @@ impl RetryPolicy {
             self.jitter * (2.0 * rand::unit(seed, n) - 1.0)
         };
         let ms = (capped * (1.0 + u) + 0.5).floor();
-        if !(ms > 0.0) {
+        if ms.is_nan() || ms <= 0.0 {
             Duration::ZERO
         } else if ms >= u64::MAX as f64 {
             Duration::from_millis(u64::MAX)

@@ -131,7 +131,6 @@ impl Code {
     /// | other 5xx | `INTERNAL` |
     pub const fn from_http(status: u16) -> Code {
         match status {
-            200..=299 => Code::Ok,
             400 => Code::InvalidArgument,
             401 => Code::Unauthenticated,
             403 => Code::PermissionDenied,
@@ -141,13 +140,16 @@ impl Code {
             412 => Code::FailedPrecondition,
             429 => Code::ResourceExhausted,
             499 => Code::Cancelled,
-            400..=499 => Code::FailedPrecondition,
             500 => Code::Internal,
             501 => Code::Unimplemented,
             502 | 503 => Code::Unavailable,
             504 => Code::DeadlineExceeded,
-            500..=599 => Code::Internal,
-            _ => Code::Unknown,
+            _ => match status / 100 {
+                2 => Code::Ok,
+                4 => Code::FailedPrecondition,
+                5 => Code::Internal,
+                _ => Code::Unknown,
+            },
         }
     }
 }

@@ -44,7 +44,9 @@ pub enum Error {
     },
     /// The leader's claim on a key was taken over by another worker; its result was
     /// not stored.
-    #[error("the lease on this idempotency key was lost to another worker; the result was not stored")]
+    #[error(
+        "the lease on this idempotency key was lost to another worker; the result was not stored"
+    )]
     LeaseLost,
     /// The store is full of operations that are still running.
     #[error("the idempotency store is full ({max_entries} entries, all in flight); retry later")]

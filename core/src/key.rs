@@ -273,12 +273,8 @@ pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
 
 /// The canonical JSON (RFC 8785) bytes of `value`.
 pub fn canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Error> {
-    serde_jcs::to_vec(value).map_err(|e| {
-        Error::invalid(
-            "value",
-            format!("cannot be written as canonical JSON: {e}"),
-        )
-    })
+    serde_jcs::to_vec(value)
+        .map_err(|e| Error::invalid("value", format!("cannot be written as canonical JSON: {e}")))
 }
 
 /// SHA-256 (lower-case hex) of raw request bytes, for callers with their own canonical form.

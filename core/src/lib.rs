@@ -74,11 +74,11 @@ pub use key::{
 };
 pub use retry::{
     retry, retry_blocking, simulate, Attempt, Decision, NoHook, OnRetry, Retry, RetryError,
-    RetryEvent, RetryFuture, RetryState, Scripted, Simulation, Sleeper, Step, StopReason,
-    Timeline, TimerSleeper,
+    RetryEvent, RetryFuture, RetryState, Scripted, Simulation, Sleeper, Step, StopReason, Timeline,
+    TimerSleeper,
 };
 pub use store::{
     execute, panic_message, Begin, Counters, DedupStore, ExecuteError, ExecuteOptions, Executed,
-    Join, Joined, LeaderLease, Lease, MemoryStore, MemoryStoreBuilder, Source,
+    Join, Joined, LeaderLease, Lease, MemoryBegin, MemoryStore, MemoryStoreBuilder, Source,
     DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_TTL,
 };

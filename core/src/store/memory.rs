@@ -17,6 +17,9 @@ use crate::clock::{system_clock, Clock, SharedClock};
 use crate::error::Error;
 use crate::key::ScopedKey;
 
+/// What [`MemoryStore::begin`] gives.
+pub type MemoryBegin<V, E> = Begin<V, E, Lease<V, E>, Join<V, E>>;
+
 /// Expired or stale entries removed per call, at most (amortized cleanup).
 const SWEEP_PER_CALL: usize = 4;
 
@@ -107,9 +110,11 @@ impl Fingerprint {
         match self {
             Fingerprint::Sha256(b) => {
                 s.len() == 64
-                    && b.iter().zip(s.as_bytes().chunks_exact(2)).all(|(byte, hex)| {
-                        hex_val(hex[0]) == Some(byte >> 4) && hex_val(hex[1]) == Some(byte & 15)
-                    })
+                    && b.iter()
+                        .zip(s.as_bytes().chunks_exact(2))
+                        .all(|(byte, hex)| {
+                            hex_val(hex[0]) == Some(byte >> 4) && hex_val(hex[1]) == Some(byte & 15)
+                        })
             }
             Fingerprint::Text(t) => &**t == s,
         }
@@ -378,7 +383,7 @@ impl<V: Clone, E> MemoryStore<V, E> {
         key: &ScopedKey,
         fingerprint: &str,
         options: ExecuteOptions,
-    ) -> Result<Begin<V, E, Lease<V, E>, Join<V, E>>, Error> {
+    ) -> Result<MemoryBegin<V, E>, Error> {
         check_fingerprint(fingerprint)?;
         let sh = &*self.shared;
         let now = sh.now_nanos();

@@ -19,7 +19,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 pub use flight::Join;
-pub use memory::{Counters, Lease, MemoryStore, MemoryStoreBuilder};
+pub use memory::{Counters, Lease, MemoryBegin, MemoryStore, MemoryStoreBuilder};
 
 use crate::error::Error;
 use crate::key::ScopedKey;
@@ -253,14 +253,15 @@ where
             unreachable!("a caller leads at most once")
         };
         let mut fut = pin!(action());
-        let outcome = poll_fn(|cx| {
-            match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
-                Ok(Poll::Pending) => Poll::Pending,
-                Ok(Poll::Ready(r)) => Poll::Ready(Ok(r)),
-                Err(payload) => Poll::Ready(Err(payload)),
-            }
-        })
-        .await;
+        let outcome =
+            poll_fn(
+                |cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+                    Ok(Poll::Pending) => Poll::Pending,
+                    Ok(Poll::Ready(r)) => Poll::Ready(Ok(r)),
+                    Err(payload) => Poll::Ready(Err(payload)),
+                },
+            )
+            .await;
         return match outcome {
             Ok(Ok(value)) => {
                 lease
