@@ -163,17 +163,21 @@ pub struct Retry<F, S = TimerSleeper, H = NoHook> {
 /// use std::sync::atomic::{AtomicU32, Ordering};
 ///
 /// let calls = AtomicU32::new(0);
-/// let result = futures::executor::block_on(
+/// let result = futures::executor::block_on(async {
 ///     retry(|attempt| {
 ///         let n = calls.fetch_add(1, Ordering::SeqCst);
 ///         async move { if n < 2 { Err(Code::Unavailable) } else { Ok(attempt.number) } }
 ///     })
 ///     .policy(RetryPolicy::new().with_base_delay(std::time::Duration::ZERO))
-///     .safe(true),
-/// );
+///     .safe(true)
+///     .await
+/// });
 /// assert_eq!(result.unwrap(), 3);
 /// ```
-pub fn retry<F>(action: F) -> Retry<F> {
+pub fn retry<F, R>(action: F) -> Retry<F>
+where
+    F: FnMut(Attempt) -> R,
+{
     Retry {
         action,
         policy: RetryPolicy::new(),
@@ -198,7 +202,10 @@ pub fn retry<F>(action: F) -> Retry<F> {
 /// assert_eq!(err.reason, StopReason::NotRetryable);
 /// assert_eq!(err.attempts, 1);
 /// ```
-pub fn retry_blocking<F>(action: F) -> Retry<F> {
+pub fn retry_blocking<F, R>(action: F) -> Retry<F>
+where
+    F: FnMut(Attempt) -> R,
+{
     retry(action)
 }
 
