@@ -1,0 +1,598 @@
+//! Runs the shared cross-language test vectors (`tests/vectors/*.json`, described in
+//! `tests/vectors/README.md`) through the public API of oncely.
+//!
+//! The expected values are computed independently of this crate by
+//! `tests/vectors/generate.py` (from SPEC.md and the documented formulas); the Python
+//! and Node suites read the same files. Each test reads one file, checks every case and
+//! reports all the cases that disagree, each with its comment, at the end.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use oncely::{
+    canonical_json, classify, duration_from_millis_f64, fingerprint, fingerprint_bytes,
+    parse_pushback_ms, parse_retry_after, CallFacts, Code, Error, Failure, IdempotencyKey,
+    RetryPolicy, ScopedKey, Scripted, ServerDelay, Simulation, Timeline,
+};
+use serde_json::{json, Value};
+
+// ----------------------------------------------------------------------------------------
+// Loading and reporting
+// ----------------------------------------------------------------------------------------
+
+fn vectors_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/vectors")
+}
+
+/// Reads `tests/vectors/<name>`: a JSON array of case objects.
+fn load(name: &str) -> Vec<Value> {
+    let path = vectors_dir().join(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let value: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not valid JSON: {e}", path.display()));
+    match value {
+        Value::Array(cases) => {
+            assert!(!cases.is_empty(), "{name} has no cases");
+            for (i, case) in cases.iter().enumerate() {
+                assert!(
+                    case.is_object(),
+                    "{name} case #{i} is not an object: {case}"
+                );
+            }
+            cases
+        }
+        other => panic!("{name} must hold a JSON array of cases, not {other}"),
+    }
+}
+
+/// Collects the disagreements of one file and fails once, listing them all.
+struct Report {
+    file: &'static str,
+    cases: usize,
+    checks: usize,
+    failures: Vec<String>,
+}
+
+impl Report {
+    fn new(file: &'static str, cases: usize) -> Self {
+        Report {
+            file,
+            cases,
+            checks: 0,
+            failures: Vec::new(),
+        }
+    }
+
+    /// Records a failure unless `got == want`.
+    fn check(&mut self, i: usize, case: &Value, what: &str, got: &Value, want: &Value) {
+        self.checks += 1;
+        if got != want {
+            self.fail(i, case, &format!("{what}: got {got}, want {want}"));
+        }
+    }
+
+    fn fail(&mut self, i: usize, case: &Value, message: &str) {
+        let comment = case
+            .get("comment")
+            .and_then(Value::as_str)
+            .unwrap_or("(no comment)");
+        let mut shown = case.to_string();
+        if shown.chars().count() > 400 {
+            shown = shown.chars().take(400).collect::<String>() + " …";
+        }
+        self.failures.push(format!(
+            "case #{i} \"{comment}\"\n    {message}\n    case: {shown}"
+        ));
+    }
+
+    fn finish(self) {
+        assert!(
+            self.checks >= self.cases,
+            "{}: some cases were not checked",
+            self.file
+        );
+        if !self.failures.is_empty() {
+            let mut msg = format!(
+                "{} of {} cases in tests/vectors/{} disagree with the code \
+                 (the vectors follow SPEC.md; a failure here is a bug in the code or in the \
+                 vector — see the case comment):\n",
+                self.failures.len(),
+                self.cases,
+                self.file
+            );
+            for f in &self.failures {
+                let _ = writeln!(msg, "  {f}");
+            }
+            panic!("{msg}");
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------
+// Field access (a malformed vector panics with the field's name)
+// ----------------------------------------------------------------------------------------
+
+fn field<'a>(v: &'a Value, key: &str) -> &'a Value {
+    v.get(key)
+        .unwrap_or_else(|| panic!("vector field {key:?} missing in {v}"))
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    field(v, key)
+        .as_str()
+        .unwrap_or_else(|| panic!("vector field {key:?} must be a string in {v}"))
+}
+
+fn u64_of(v: &Value, key: &str) -> u64 {
+    field(v, key)
+        .as_u64()
+        .unwrap_or_else(|| panic!("vector field {key:?} must be a non-negative integer in {v}"))
+}
+
+fn u32_of(v: &Value, key: &str) -> u32 {
+    u32::try_from(u64_of(v, key)).unwrap_or_else(|_| panic!("{key:?} exceeds u32 in {v}"))
+}
+
+fn f64_of(v: &Value, key: &str) -> f64 {
+    field(v, key)
+        .as_f64()
+        .unwrap_or_else(|| panic!("vector field {key:?} must be a number in {v}"))
+}
+
+fn bool_of(v: &Value, key: &str) -> bool {
+    field(v, key)
+        .as_bool()
+        .unwrap_or_else(|| panic!("vector field {key:?} must be a boolean in {v}"))
+}
+
+/// The JSON form of an error in the vectors: `{"kind": ..., "field": ...}`.
+fn error_json(e: &Error) -> Value {
+    match e {
+        Error::InvalidArgument { field, .. } => {
+            json!({"kind": "invalid_argument", "field": field})
+        }
+        Error::MissingKey => json!({"kind": "missing_key"}),
+        other => json!({"kind": format!("unexpected: {other:?}")}),
+    }
+}
+
+/// A duration as whole milliseconds, or a marker that makes the comparison fail.
+fn ms_json(d: Duration) -> Value {
+    if d.subsec_nanos() % 1_000_000 == 0 {
+        json!(d.as_millis() as u64)
+    } else {
+        json!(format!("{d:?} is not a whole number of milliseconds"))
+    }
+}
+
+/// A delay field in milliseconds: a non-negative integer becomes a Duration directly;
+/// anything else goes through the bindings' converter, whose error names `name`.
+fn millis_field(p: &Value, key: &str, name: &'static str) -> Result<Duration, Error> {
+    let v = field(p, key);
+    match v.as_u64() {
+        Some(ms) => Ok(Duration::from_millis(ms)),
+        None => duration_from_millis_f64(
+            name,
+            v.as_f64()
+                .unwrap_or_else(|| panic!("{key:?} must be a number in {p}")),
+        ),
+    }
+}
+
+/// Builds and validates the policy of a vector.
+fn policy_of(p: &Value) -> Result<RetryPolicy, Error> {
+    let mut policy = RetryPolicy::new()
+        .with_max_attempts(u32_of(p, "max_attempts"))
+        .with_base_delay(millis_field(p, "base_delay_ms", "base_delay")?)
+        .with_max_delay(millis_field(p, "max_delay_ms", "max_delay")?)
+        .with_multiplier(f64_of(p, "multiplier"))
+        .with_jitter(f64_of(p, "jitter"));
+    match field(p, "seed") {
+        Value::Null => {}
+        s => {
+            policy = policy.with_seed(
+                s.as_u64()
+                    .unwrap_or_else(|| panic!("seed must be null or an integer in {p}")),
+            )
+        }
+    }
+    if p.get("min_attempt_ms").is_some() {
+        policy = policy.with_min_attempt(millis_field(p, "min_attempt_ms", "min_attempt")?);
+    }
+    policy.validate()?;
+    Ok(policy)
+}
+
+fn code_of(name: &str) -> Code {
+    let code = Code::from_str(name).unwrap_or_else(|e| panic!("bad code {name:?}: {e}"));
+    assert_eq!(
+        code.as_str(),
+        name,
+        "code names in the vectors are canonical"
+    );
+    code
+}
+
+// ----------------------------------------------------------------------------------------
+// 1. backoff.json
+// ----------------------------------------------------------------------------------------
+
+#[test]
+fn backoff() {
+    let cases = load("backoff.json");
+    let mut r = Report::new("backoff.json", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let p = field(case, "policy");
+        let policy = policy_of(p);
+        if let Some(want) = case.get("error") {
+            let got = match &policy {
+                Ok(_) => json!("the policy was accepted"),
+                Err(e) => error_json(e),
+            };
+            r.check(i, case, "validation error", &got, want);
+            continue;
+        }
+        let policy = match policy {
+            Ok(p) => p,
+            Err(e) => {
+                r.fail(i, case, &format!("valid policy rejected: {e}"));
+                continue;
+            }
+        };
+        let seed = policy.seed();
+        if seed.is_none() {
+            assert_eq!(f64_of(p, "jitter"), 0.0, "unseeded vectors have no jitter");
+        }
+        let delays = field(case, "delays")
+            .as_array()
+            .expect("delays is an array");
+        assert!(!delays.is_empty(), "case #{i} has no delays");
+        for d in delays {
+            let n = u32_of(d, "failed_attempt");
+            let want = json!(u64_of(d, "delay_ms"));
+            if let Some(seed) = seed {
+                let got = ms_json(policy.delay_with_seed(n, seed));
+                r.check(
+                    i,
+                    case,
+                    &format!("delay_with_seed({n}, {seed})"),
+                    &got,
+                    &want,
+                );
+            }
+            // Seeded or without jitter, delay_after is deterministic too.
+            let got = ms_json(policy.delay_after(n));
+            r.check(i, case, &format!("delay_after({n})"), &got, &want);
+        }
+        if let Some(want) = case.get("sequence_ms") {
+            let got: Vec<Value> = policy.backoff().map(ms_json).collect();
+            r.check(i, case, "backoff() sequence", &Value::Array(got), want);
+            let len = policy.backoff().len();
+            r.check(
+                i,
+                case,
+                "backoff().len()",
+                &json!(len),
+                &json!(policy.max_attempts().saturating_sub(1)),
+            );
+        }
+    }
+    r.finish();
+}
+
+// ----------------------------------------------------------------------------------------
+// 2. classification.json
+// ----------------------------------------------------------------------------------------
+
+#[test]
+fn classification() {
+    let cases = load("classification.json");
+    let mut r = Report::new("classification.json", cases.len());
+    let mut seen = BTreeSet::new();
+    for (i, case) in cases.iter().enumerate() {
+        let code = code_of(str_of(case, "code"));
+        let facts = CallFacts {
+            safe: bool_of(case, "safe"),
+            rereads: bool_of(case, "rereads"),
+            transient_internal: bool_of(case, "transient_internal"),
+        };
+        seen.insert((code, facts.safe, facts.rereads, facts.transient_internal));
+        let c = classify(code, facts);
+        let got = json!({"retryable": c.retryable, "rule": c.rule.as_str()});
+        let want = json!({"retryable": field(case, "retryable"), "rule": field(case, "rule")});
+        r.check(i, case, "classify", &got, &want);
+        // The Display form is the stable name too.
+        r.check(
+            i,
+            case,
+            "rule Display",
+            &json!(c.rule.to_string()),
+            field(case, "rule"),
+        );
+    }
+    // Every code under every combination of facts.
+    assert_eq!(
+        seen.len(),
+        Code::ALL.len() * 8,
+        "classification.json is incomplete"
+    );
+    r.finish();
+}
+
+// ----------------------------------------------------------------------------------------
+// 3. http.json
+// ----------------------------------------------------------------------------------------
+
+#[test]
+fn http() {
+    let cases = load("http.json");
+    let mut r = Report::new("http.json", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let status = u16::try_from(u64_of(case, "status")).expect("status fits u16");
+        let got = json!(Code::from_http(status).as_str());
+        r.check(
+            i,
+            case,
+            &format!("from_http({status})"),
+            &got,
+            field(case, "code"),
+        );
+    }
+    r.finish();
+}
+
+// ----------------------------------------------------------------------------------------
+// 4. retry_after.json
+// ----------------------------------------------------------------------------------------
+
+fn server_delay_json(parsed: Result<ServerDelay, Error>) -> Value {
+    match parsed {
+        Ok(ServerDelay::After(d)) => json!({"delay_ms": ms_json(d)}),
+        Ok(ServerDelay::DoNotRetry) => json!({"do_not_retry": true}),
+        Err(e) => json!({"error": error_json(&e)}),
+    }
+}
+
+/// The expected outcome: exactly one of `delay_ms`, `do_not_retry`, `error`.
+fn expected_outcome(case: &Value) -> Value {
+    let mut want = serde_json::Map::new();
+    for key in ["delay_ms", "do_not_retry", "error"] {
+        if let Some(v) = case.get(key) {
+            want.insert(key.to_owned(), v.clone());
+        }
+    }
+    assert_eq!(want.len(), 1, "exactly one expected outcome in {case}");
+    Value::Object(want)
+}
+
+#[test]
+fn retry_after() {
+    let cases = load("retry_after.json");
+    let mut r = Report::new("retry_after.json", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let value = str_of(case, "value");
+        let got = match str_of(case, "header") {
+            "Retry-After" => {
+                let now: SystemTime = UNIX_EPOCH + Duration::from_secs(u64_of(case, "now"));
+                server_delay_json(parse_retry_after(value, now))
+            }
+            "grpc-retry-pushback-ms" => server_delay_json(parse_pushback_ms(value)),
+            other => panic!("unknown header {other:?}"),
+        };
+        r.check(i, case, "parsed", &got, &expected_outcome(case));
+    }
+    r.finish();
+}
+
+// ----------------------------------------------------------------------------------------
+// 5. keys.json
+// ----------------------------------------------------------------------------------------
+
+#[test]
+fn keys() {
+    let cases = load("keys.json");
+    let mut r = Report::new("keys.json", cases.len());
+    let mut scoped_seen: HashMap<String, (String, String, String)> = HashMap::new();
+    let mut derived_seen: HashMap<String, (String, String)> = HashMap::new();
+    for (i, case) in cases.iter().enumerate() {
+        match str_of(case, "op") {
+            "parse" => {
+                let key = str_of(case, "key");
+                let got = match IdempotencyKey::parse(key) {
+                    Ok(k) if k.as_str() == key => json!({"valid": true}),
+                    Ok(k) => json!({"valid": format!("changed to {:?}", k.as_str())}),
+                    Err(e) => json!({"error": error_json(&e)}),
+                };
+                let want = match case.get("valid") {
+                    Some(v) => json!({ "valid": v }),
+                    None => json!({"error": field(case, "error")}),
+                };
+                r.check(i, case, "IdempotencyKey::parse", &got, &want);
+            }
+            "derive" => {
+                let (b, o) = (str_of(case, "business_id"), str_of(case, "operation"));
+                let got = match IdempotencyKey::derive(b, o) {
+                    Ok(k) => {
+                        // A derived key is itself a valid key (a UUID, version 8).
+                        let reparsed = IdempotencyKey::parse(k.as_str()).map(|_| ());
+                        r.check(
+                            i,
+                            case,
+                            "derived key parses",
+                            &json!(reparsed.is_ok()),
+                            &json!(true),
+                        );
+                        if let Some(prev) = derived_seen.insert(k.to_string(), (b.into(), o.into()))
+                        {
+                            if prev != (b.to_owned(), o.to_owned()) {
+                                r.fail(i, case, &format!("same derived key as {prev:?}"));
+                            }
+                        }
+                        json!({"key": k.as_str()})
+                    }
+                    Err(e) => json!({"error": error_json(&e)}),
+                };
+                let want = match case.get("key") {
+                    Some(k) => json!({ "key": k }),
+                    None => json!({"error": field(case, "error")}),
+                };
+                r.check(i, case, "IdempotencyKey::derive", &got, &want);
+            }
+            "scope" => {
+                let (t, m, k) = (
+                    str_of(case, "tenant"),
+                    str_of(case, "method"),
+                    str_of(case, "key"),
+                );
+                let got = match IdempotencyKey::parse(k).and_then(|key| ScopedKey::new(t, m, &key))
+                {
+                    Ok(s) => {
+                        let triple = (t.to_owned(), m.to_owned(), k.to_owned());
+                        if let Some(prev) = scoped_seen.insert(s.to_string(), triple.clone()) {
+                            if prev != triple {
+                                r.fail(
+                                    i,
+                                    case,
+                                    &format!("not injective: same scoped key as {prev:?}"),
+                                );
+                            }
+                        }
+                        json!({"scoped": s.as_str()})
+                    }
+                    Err(e) => json!({"error": error_json(&e)}),
+                };
+                let want = match case.get("scoped") {
+                    Some(s) => json!({ "scoped": s }),
+                    None => json!({"error": field(case, "error")}),
+                };
+                r.check(i, case, "ScopedKey::new", &got, &want);
+            }
+            other => panic!("unknown op {other:?} in keys.json"),
+        }
+    }
+    r.finish();
+}
+
+// ----------------------------------------------------------------------------------------
+// 6. fingerprints.json
+// ----------------------------------------------------------------------------------------
+
+#[test]
+fn fingerprints() {
+    let cases = load("fingerprints.json");
+    let mut r = Report::new("fingerprints.json", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let value = field(case, "value");
+        let canonical = field(case, "canonical");
+        let sha = field(case, "sha256");
+        let got = match canonical_json(value) {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(s) => json!(s),
+                Err(e) => json!(format!("not UTF-8: {e}")),
+            },
+            Err(e) => json!(format!("error: {e}")),
+        };
+        r.check(i, case, "canonical_json", &got, canonical);
+        let got = match fingerprint(value) {
+            Ok(s) => json!(s),
+            Err(e) => json!(format!("error: {e}")),
+        };
+        r.check(i, case, "fingerprint", &got, sha);
+        let bytes = canonical
+            .as_str()
+            .expect("canonical is a string")
+            .as_bytes();
+        r.check(
+            i,
+            case,
+            "fingerprint_bytes(canonical)",
+            &json!(fingerprint_bytes(bytes)),
+            sha,
+        );
+    }
+    r.finish();
+}
+
+// ----------------------------------------------------------------------------------------
+// 7. retry_decisions.json
+// ----------------------------------------------------------------------------------------
+
+fn scripted_of(step: &Value) -> Scripted {
+    let takes = Duration::from_millis(u64_of(step, "takes_ms"));
+    let outcome = str_of(step, "outcome");
+    if outcome == "ok" {
+        assert!(
+            field(step, "server_delay").is_null(),
+            "a success has no server delay"
+        );
+        return Scripted::ok().taking(takes);
+    }
+    let mut failure = Failure::new(code_of(outcome));
+    match field(step, "server_delay") {
+        Value::Null => {}
+        Value::String(s) if s == "do_not_retry" => {
+            failure = failure.with_server_delay(ServerDelay::DoNotRetry)
+        }
+        d => {
+            let after = Duration::from_millis(u64_of(d, "after_ms"));
+            failure = failure.with_server_delay(ServerDelay::After(after))
+        }
+    }
+    Scripted::fail(failure).taking(takes)
+}
+
+fn timeline_json(t: &Timeline) -> Value {
+    json!({
+        "attempts": t.attempts(),
+        "delays_ms": t.delays().into_iter().map(ms_json).collect::<Vec<_>>(),
+        "result": match t.result {
+            Ok(()) => "ok",
+            Err(reason) => reason.as_str(),
+        },
+        "elapsed_ms": ms_json(t.elapsed),
+    })
+}
+
+#[test]
+fn retry_decisions() {
+    let cases = load("retry_decisions.json");
+    let mut r = Report::new("retry_decisions.json", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let policy = policy_of(field(case, "policy"))
+            .unwrap_or_else(|e| panic!("case #{i}: invalid policy in the vector: {e}"));
+        let facts = CallFacts {
+            safe: bool_of(case, "safe"),
+            rereads: bool_of(case, "rereads"),
+            transient_internal: bool_of(case, "transient_internal"),
+        };
+        let mut sim = Simulation::new(policy).facts(facts);
+        match field(case, "deadline_ms") {
+            Value::Null => {}
+            _ => sim = sim.deadline(Duration::from_millis(u64_of(case, "deadline_ms"))),
+        }
+        let script: Vec<Scripted> = field(case, "script")
+            .as_array()
+            .expect("script is an array")
+            .iter()
+            .map(scripted_of)
+            .collect();
+        assert!(!script.is_empty(), "case #{i} has an empty script");
+        let t = sim.run(&script);
+        r.check(
+            i,
+            case,
+            "timeline",
+            &timeline_json(&t),
+            field(case, "expect"),
+        );
+        // Attempts are numbered 1, 2, … in order.
+        let numbers: Vec<u32> = t.steps.iter().map(|s| s.attempt).collect();
+        let want: Vec<u32> = (1..=t.attempts()).collect();
+        r.check(i, case, "attempt numbers", &json!(numbers), &json!(want));
+    }
+    r.finish();
+}

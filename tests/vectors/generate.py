@@ -1,0 +1,895 @@
+#!/usr/bin/env python3
+"""Writes the shared cross-language test vectors of oncely (tests/vectors/*.json).
+
+Every expected value here is computed INDEPENDENTLY of the Rust code: from the
+formulas and tables of /SPEC.md (sections 2-6) and the documented behaviour of the
+public API, re-implemented in plain Python (standard library only). The Rust test
+(core/tests/vectors.rs) and the Python and Node suites then check the library against
+these files. See README.md beside this script for the format.
+
+Run from anywhere:  python3 tests/vectors/generate.py
+Re-running it gives byte-identical files; to check that the committed files are
+current:  python3 tests/vectors/generate.py && git diff --exit-code tests/vectors
+"""
+
+import calendar
+import decimal
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Integers in the vectors stay within what an IEEE double holds exactly, so that
+# JavaScript's JSON.parse reads them unchanged.
+MAX_SAFE = 2**53 - 1
+
+# --------------------------------------------------------------------------------------
+# 1. Backoff (SPEC §2; core/src/backoff.rs `delay_with_seed`, core/src/rand.rs `unit`)
+# --------------------------------------------------------------------------------------
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def splitmix64_mix(z):
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def unit(seed, n):
+    """Uniform in [0, 1): SplitMix64 finalizer of seed + n*GOLDEN (wrapping), top 53 bits."""
+    z = splitmix64_mix((seed + n * GOLDEN) & MASK64)
+    return (z >> 11) / float(1 << 53)
+
+
+def backoff_delay_ms(policy, n, seed):
+    """Delay in whole ms after the n-th failed attempt (n >= 1)."""
+    base = float(policy["base_delay_ms"])
+    cap = float(policy["max_delay_ms"])
+    mult = float(policy["multiplier"])
+    jitter = float(policy["jitter"])
+    if base == 0.0:
+        capped = 0.0
+    else:
+        try:
+            growth = math.pow(mult, n - 1)
+        except OverflowError:  # Python raises where IEEE gives +inf
+            growth = math.inf
+        raw = base * growth
+        capped = cap if math.isnan(raw) else min(raw, cap)
+    u = 0.0 if jitter == 0.0 else jitter * (2.0 * unit(seed, n) - 1.0)
+    ms = math.floor(capped * (1.0 + u) + 0.5)
+    return max(ms, 0)
+
+
+DEFAULT_POLICY = {
+    "max_attempts": 3,
+    "base_delay_ms": 20,
+    "max_delay_ms": 1000,
+    "multiplier": 2.0,
+    "jitter": 0.2,
+    "seed": None,
+}
+
+
+def policy(**over):
+    p = dict(DEFAULT_POLICY)
+    p.update(over)
+    return p
+
+
+def backoff_case(comment, pol, attempts, sequence=False):
+    seed = pol["seed"]
+    if seed is None:
+        assert pol["jitter"] == 0.0, "an unseeded case must have jitter 0"
+        seed = 0  # unused: u is 0
+    assert 0 <= seed <= MAX_SAFE
+    delays = []
+    for n in attempts:
+        d = backoff_delay_ms(pol, n, seed)
+        assert d <= MAX_SAFE
+        # Jitter is applied after the cap: never beyond max_delay * (1 + jitter).
+        assert d <= math.floor(pol["max_delay_ms"] * (1 + pol["jitter"]) + 0.5)
+        delays.append({"failed_attempt": n, "delay_ms": d})
+    case = {"comment": comment, "policy": pol, "delays": delays}
+    if sequence:
+        case["sequence_ms"] = [
+            backoff_delay_ms(pol, n, seed) for n in range(1, pol["max_attempts"])
+        ]
+    return case
+
+
+def invalid_policy(comment, pol, field):
+    return {"comment": comment, "policy": pol, "error": {"kind": "invalid_argument", "field": field}}
+
+
+def backoff_cases():
+    c = []
+    one_to_12 = list(range(1, 13))
+    huge = [1_000_000_000, 4_294_967_295]
+    c.append(backoff_case("SPEC defaults, no jitter: 20, 40, 80 ... capped at 1000",
+                          policy(jitter=0.0), one_to_12 + huge, sequence=True))
+    for seed in [0, 1, 7, 42, 123456789, 2**32 - 1, 2**32, MAX_SAFE]:
+        c.append(backoff_case(f"SPEC defaults with seed {seed}: about 20 then 40 ms (+-20 %)",
+                              policy(seed=seed), one_to_12 + huge, sequence=True))
+    c.append(backoff_case("5 attempts, seed 7 (the doc example of RetryPolicy)",
+                          policy(max_attempts=5, seed=7), [1, 2, 3, 4], sequence=True))
+    c.append(backoff_case("one attempt only: no delays in the sequence",
+                          policy(max_attempts=1, seed=3), [1], sequence=True))
+    c.append(backoff_case("huge attempt numbers give max_delay, jitter applied after the cap",
+                          policy(seed=99, jitter=0.5), [30, 31, 64, 1025, 1_000_000_000,
+                                                        4_294_967_295]))
+    c.append(backoff_case("base 0: every delay is 0, with or without jitter",
+                          policy(base_delay_ms=0, seed=5), [1, 2, 3, 1_000_000_000]))
+    c.append(backoff_case("base 0 and max 0",
+                          policy(base_delay_ms=0, max_delay_ms=0, jitter=0.0), [1, 2, 1000]))
+    c.append(backoff_case("multiplier 1: constant delay",
+                          policy(base_delay_ms=100, multiplier=1.0, jitter=0.0),
+                          [1, 2, 3, 1_000_000_000]))
+    c.append(backoff_case("multiplier 1 with jitter: varies around the base",
+                          policy(base_delay_ms=100, multiplier=1.0, seed=11),
+                          [1, 2, 3, 4, 5, 1_000_000_000]))
+    c.append(backoff_case("multiplier 1.5, no jitter: 337.5 rounds half up to 338",
+                          policy(base_delay_ms=100, max_delay_ms=5000, multiplier=1.5, jitter=0.0),
+                          list(range(1, 16))))
+    c.append(backoff_case("base 1, multiplier 2.5: 2.5 rounds half up to 3, not to even",
+                          policy(base_delay_ms=1, max_delay_ms=100000, multiplier=2.5, jitter=0.0),
+                          list(range(1, 14))))
+    c.append(backoff_case("base equal to max: capped from the first delay",
+                          policy(base_delay_ms=500, max_delay_ms=500, jitter=0.0), [1, 2, 3]))
+    c.append(backoff_case("base equal to max, jittered",
+                          policy(base_delay_ms=500, max_delay_ms=500, seed=2024), [1, 2, 3]))
+    c.append(backoff_case("multiplier 10 up to a one-day cap",
+                          policy(base_delay_ms=1000, max_delay_ms=86_400_000, multiplier=10.0,
+                                 jitter=0.0), list(range(1, 9)) + [1_000_000_000]))
+    c.append(backoff_case("jitter 0.5, seed 31337",
+                          policy(base_delay_ms=100, max_delay_ms=10000, jitter=0.5, seed=31337),
+                          list(range(1, 11))))
+    c.append(backoff_case("jitter 0.99 may bring a delay close to 0 and close to double",
+                          policy(base_delay_ms=1000, max_delay_ms=1000, jitter=0.99, seed=8),
+                          list(range(1, 21))))
+    c.append(backoff_case("tiny base: 1 ms with jitter 0.9 rounds to 0..2",
+                          policy(base_delay_ms=1, max_delay_ms=1, jitter=0.9, seed=77),
+                          list(range(1, 21))))
+    # Invalid policies: the error names the field (SPEC §2 "Validation").
+    c.append(invalid_policy("max_attempts counts the first attempt: 0 is invalid",
+                            policy(max_attempts=0), "max_attempts"))
+    c.append(invalid_policy("jitter must be below 1", policy(jitter=1.0), "jitter"))
+    c.append(invalid_policy("jitter must be below 1", policy(jitter=1.5), "jitter"))
+    c.append(invalid_policy("jitter must not be negative", policy(jitter=-0.1), "jitter"))
+    c.append(invalid_policy("multiplier must be at least 1", policy(multiplier=0.5), "multiplier"))
+    c.append(invalid_policy("multiplier must be at least 1", policy(multiplier=0.0), "multiplier"))
+    c.append(invalid_policy("multiplier must be at least 1", policy(multiplier=-2.0), "multiplier"))
+    c.append(invalid_policy("base_delay must not exceed max_delay",
+                            policy(base_delay_ms=2000, max_delay_ms=1000), "base_delay"))
+    c.append(invalid_policy("base_delay must not exceed max_delay",
+                            policy(base_delay_ms=1, max_delay_ms=0), "base_delay"))
+    c.append(invalid_policy("a negative base delay is rejected", policy(base_delay_ms=-1),
+                            "base_delay"))
+    c.append(invalid_policy("a negative max delay is rejected", policy(max_delay_ms=-1000),
+                            "max_delay"))
+    return c
+
+
+# --------------------------------------------------------------------------------------
+# 2. Classification (SPEC §3 table)
+# --------------------------------------------------------------------------------------
+
+CODES = [
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+]
+
+
+def spec_classify(code, safe, rereads, transient_internal):
+    """The SPEC §3 table, row by row. Returns (retryable, rule name)."""
+    if code == "UNAVAILABLE":  # yes, if safe
+        return (True, "transient_safe") if safe else (False, "unsafe_to_resend")
+    if code == "RESOURCE_EXHAUSTED":  # yes (rejected before executing)
+        return True, "rate_limited"
+    if code == "DEADLINE_EXCEEDED":  # only if safe (and the budget allows, §4)
+        return (True, "attempt_timed_out") if safe else (False, "unsafe_to_resend")
+    if code == "ABORTED":  # only if rereads
+        return (True, "conflict_rereads") if rereads else (False, "conflict_needs_reread")
+    if code in ("INTERNAL", "UNKNOWN"):  # no; opt-in for declared transient AND safe
+        if transient_internal and safe:
+            return True, "declared_transient"
+        return False, "server_error"
+    if code in ("INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED",
+                "FAILED_PRECONDITION", "UNIMPLEMENTED", "ALREADY_EXISTS", "OUT_OF_RANGE",
+                "CANCELLED"):
+        return False, "permanent"
+    if code == "DATA_LOSS":
+        return False, "data_loss"
+    if code == "OK":  # not a failure at all
+        return False, "not_an_error"
+    raise ValueError(code)
+
+
+def classification_cases():
+    c = []
+    for code in CODES:
+        for safe in (False, True):
+            for rereads in (False, True):
+                for ti in (False, True):
+                    retryable, rule = spec_classify(code, safe, rereads, ti)
+                    c.append({"code": code, "safe": safe, "rereads": rereads,
+                              "transient_internal": ti, "retryable": retryable, "rule": rule})
+    return c
+
+
+# --------------------------------------------------------------------------------------
+# 3. HTTP status -> code (the table in the doc of `Code::from_http`)
+# --------------------------------------------------------------------------------------
+
+HTTP_EXACT = {
+    400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+    404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED", 409: "ABORTED", 412: "FAILED_PRECONDITION",
+    429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED",
+    502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED",
+}
+
+
+def http_code(status):
+    if status in HTTP_EXACT:
+        return HTTP_EXACT[status]
+    if 200 <= status <= 299:
+        return "OK"
+    if 400 <= status <= 499:
+        return "FAILED_PRECONDITION"
+    if 500 <= status <= 599:
+        return "INTERNAL"
+    return "UNKNOWN"  # 1xx, 3xx, anything outside 100..=599
+
+
+def http_cases():
+    statuses = [0, 99, 100, 101, 199, 200, 201, 202, 204, 299, 300, 301, 302, 304, 399,
+                400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 415,
+                418, 422, 425, 428, 429, 431, 451, 498, 499, 500, 501, 502, 503, 504, 505,
+                507, 511, 599, 600, 999, 65535]
+    return [{"status": s, "code": http_code(s)} for s in statuses]
+
+
+# --------------------------------------------------------------------------------------
+# 4. Retry-After and grpc-retry-pushback-ms
+# --------------------------------------------------------------------------------------
+
+def utc(y, mo, d, h, mi, s):
+    return calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
+
+
+RA = "Retry-After"
+PB = "grpc-retry-pushback-ms"
+
+
+def retry_after_cases():
+    c = []
+    t_2015 = utc(2015, 10, 21, 7, 28, 0)  # Wed, 21 Oct 2015 07:28:00 GMT
+    now = t_2015 - 120
+
+    def delay(comment, value, now, at_or_secs, kind="date"):
+        if kind == "secs":
+            ms = at_or_secs * 1000
+        else:
+            # The hand-written date must name the right day of the week.
+            wday = calendar.weekday(*time.gmtime(at_or_secs)[:3])
+            assert value.startswith(calendar.day_abbr[wday]), (value, calendar.day_name[wday])
+            ms = max(at_or_secs - now, 0) * 1000
+        assert ms <= MAX_SAFE
+        c.append({"comment": comment, "header": RA, "value": value, "now": now, "delay_ms": ms})
+
+    def error(comment, value, now, header=RA, field="retry_after"):
+        case = {"comment": comment, "header": header, "value": value}
+        if header == RA:
+            case["now"] = now
+        case["error"] = {"kind": "invalid_argument", "field": field}
+        c.append(case)
+
+    delay("delta-seconds", "120", now, 120, "secs")
+    delay("delta-seconds zero: retry at once", "0", now, 0, "secs")
+    delay("delta-seconds: one day", "86400", now, 86400, "secs")
+    delay("delta-seconds with leading zeros (1*DIGIT)", "007", now, 7, "secs")
+    delay("surrounding whitespace (OWS) is ignored", "  5 ", now, 5, "secs")
+    delay("IMF-fixdate, 2 minutes ahead", "Wed, 21 Oct 2015 07:28:00 GMT", now, t_2015)
+    delay("IMF-fixdate, the RFC 9110 example date, one second ahead",
+          "Sun, 06 Nov 1994 08:49:37 GMT", utc(1994, 11, 6, 8, 49, 36),
+          utc(1994, 11, 6, 8, 49, 37))
+    delay("IMF-fixdate on 29 February of a leap year", "Mon, 29 Feb 2016 00:00:00 GMT",
+          utc(2016, 2, 28, 23, 0, 0), utc(2016, 2, 29, 0, 0, 0))
+    delay("IMF-fixdate in year 9999", "Fri, 31 Dec 9999 23:59:59 GMT", now,
+          utc(9999, 12, 31, 23, 59, 59))
+    delay("obsolete RFC 850 date", "Wednesday, 21-Oct-15 07:28:00 GMT", now, t_2015)
+    delay("obsolete RFC 850 date, the RFC 9110 example",
+          "Sunday, 06-Nov-94 08:49:37 GMT", utc(1994, 11, 6, 8, 0, 0),
+          utc(1994, 11, 6, 8, 49, 37))
+    delay("obsolete asctime date", "Wed Oct 21 07:28:00 2015", now, t_2015)
+    delay("obsolete asctime date with a one-digit day", "Sun Nov  6 08:49:37 1994",
+          utc(1994, 11, 6, 8, 49, 0), utc(1994, 11, 6, 8, 49, 37))
+    delay("a date equal to now: 0", "Wed, 21 Oct 2015 07:28:00 GMT", t_2015, t_2015)
+    delay("a date in the past: 0", "Wed, 21 Oct 2015 07:28:00 GMT", t_2015 + 3600, t_2015)
+    delay("a date long in the past: 0", "Thu, 01 Jan 1970 00:00:00 GMT", now, 0)
+    delay("asctime in the past: 0", "Sun Nov  6 08:49:37 1994", now,
+          utc(1994, 11, 6, 8, 49, 37))
+    delay("a valid IMF-fixdate before 1970 is a past date: 0",
+          "Fri, 01 Jan 1960 00:00:00 GMT", now, utc(1960, 1, 1, 0, 0, 0))
+    # RFC 9110 §5.6.7: a two-digit year that appears more than 50 years in the future
+    # is the most recent past year with those digits: in 2015, "69" is 1969, not 2069.
+    delay("RFC 850 two-digit year more than 50 years ahead is in the past century: 0",
+          "Tuesday, 21-Oct-69 07:28:00 GMT", now, utc(1969, 10, 21, 7, 28, 0))
+    for value, why in [
+        ("soon", "not a number or a date"),
+        ("", "empty"),
+        ("   ", "only whitespace"),
+        ("1.5", "delta-seconds are whole seconds"),
+        ("-5", "delta-seconds are not negative"),
+        ("+5", "no sign allowed"),
+        ("120s", "no unit allowed"),
+        ("0x10", "decimal only"),
+        ("Wed, 21 Oct 2015 07:28:00", "IMF-fixdate without GMT"),
+        ("Wed, 21 Oct 2015 07:28:00 PST", "only GMT is allowed"),
+        ("2015-10-21T07:28:00Z", "ISO 8601 is not an HTTP-date"),
+        ("Wed, 32 Oct 2015 07:28:00 GMT", "day 32"),
+        ("Wed, 21 Oct 2015 24:00:00 GMT", "hour 24"),
+        ("Sun, 29 Feb 2015 00:00:00 GMT", "29 February of a common year"),
+        ("Wed, 21 Foo 2015 07:28:00 GMT", "no such month"),
+    ]:
+        error(f"garbage: {why}", value, now)
+    # grpc-retry-pushback-ms: non-negative integer = delay in ms; negative = do not retry.
+    for value, ms, comment in [("250", 250, "pushback in milliseconds"),
+                               ("0", 0, "pushback 0: retry at once"),
+                               ("86400000", 86_400_000, "pushback of a day"),
+                               (" 100 ", 100, "surrounding whitespace is ignored")]:
+        c.append({"comment": comment, "header": PB, "value": value, "delay_ms": ms})
+    for value in ["-1", "-250"]:
+        c.append({"comment": "a negative pushback means: do not retry", "header": PB,
+                  "value": value, "do_not_retry": True})
+    for value, why in [("abc", "not a number"), ("", "empty"), ("1.5", "not an integer"),
+                       ("-", "a sign alone"), ("--1", "two signs"), ("+5", "a plus sign"),
+                       ("10ms", "a unit")]:
+        error(f"garbage pushback: {why}", value, None, PB, "grpc-retry-pushback-ms")
+    return c
+
+
+# --------------------------------------------------------------------------------------
+# 5. Idempotency keys (SPEC §5; docs of IdempotencyKey::parse/derive, ScopedKey)
+# --------------------------------------------------------------------------------------
+
+KEY_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def key_valid(s):
+    return 8 <= len(s) <= 64 and all(ch in KEY_CHARS for ch in s)
+
+
+def derive_key(business_id, operation):
+    """SHA-256("oncely-key-v1" || u64be(len b) || b || u64be(len o) || o), first 16 bytes,
+    as a UUID with version 8 and the RFC 9562 variant. Lengths are UTF-8 byte counts."""
+    h = hashlib.sha256(b"oncely-key-v1")
+    for part in (business_id, operation):
+        raw = part.encode("utf-8")
+        h.update(struct.pack(">Q", len(raw)))
+        h.update(raw)
+    b = bytearray(h.digest()[:16])
+    b[6] = (b[6] & 0x0F) | 0x80  # version 8
+    b[8] = (b[8] & 0x3F) | 0x80  # variant 10xx
+    x = b.hex()
+    return f"{x[0:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:32]}"
+
+
+SCOPE_SAFE = set(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._/-")
+
+
+def pct(part):
+    return "".join(chr(b) if b in SCOPE_SAFE else "%%%02X" % b for b in part.encode("utf-8"))
+
+
+def scoped_key(tenant, method, key):
+    return f"v1:{pct(tenant)}:{pct(method)}:{key}"
+
+
+def keys_cases():
+    c = []
+
+    def parse(comment, key, valid=None, error=None):
+        if valid is None:
+            valid = key_valid(key)
+        case = {"op": "parse", "comment": comment, "key": key}
+        if valid:
+            case["valid"] = True
+        elif key == "":
+            case["error"] = {"kind": "missing_key"}
+        else:
+            case["error"] = {"kind": "invalid_argument", "field": "idempotency_key"}
+        c.append(case)
+
+    parse("a UUID v4 fits", "0f8fad5b-d9cb-469f-a165-70867728950e")
+    parse("7 characters: too short", "abcdefg")
+    parse("8 characters: shortest accepted", "abcdefgh")
+    parse("64 characters: longest accepted", "k" * 64)
+    parse("65 characters: too long", "k" * 65)
+    parse("all allowed characters", "AZaz09_-")
+    parse("only underscores", "________")
+    parse("only hyphens", "--------")
+    parse("digits only", "1234567890")
+    parse("empty: the write has no key", "")
+    for ch, name in [(" ", "space"), (".", "dot"), (":", "colon"), ("/", "slash"),
+                     ("+", "plus"), ("=", "equals"), ("~", "tilde"), ("%", "percent"),
+                     ("{", "brace"), ("\t", "tab"), ("\n", "newline"), ("\u0000", "NUL"),
+                     ("é", "e with acute (non-ASCII)"), ("\u0430", "Cyrillic a (homoglyph)"),
+                     ("😀", "emoji")]:
+        parse(f"disallowed character: {name}", "order42" + ch + "x")
+    parse("non-ASCII only, 4 characters but 8 bytes", "éééé")
+    parse("non-ASCII only, 8 characters", "éééééééé")
+    parse("a full-width digit is not an ASCII digit", "order\uff14\uff12xx")
+
+    def derive(comment, b, o):
+        case = {"op": "derive", "comment": comment, "business_id": b, "operation": o}
+        if b == "":
+            case["error"] = {"kind": "invalid_argument", "field": "business_id"}
+        elif o == "":
+            case["error"] = {"kind": "invalid_argument", "field": "operation"}
+        else:
+            k = derive_key(b, o)
+            assert key_valid(k)
+            case["key"] = k
+        c.append(case)
+
+    derive("the doc example", "order-42", "charge")
+    derive("another operation on the same business id", "order-42", "refund")
+    derive("another business id", "order-43", "charge")
+    derive("length-prefixed: ('a', 'bc') ...", "a", "bc")
+    derive("... and ('ab', 'c') differ", "ab", "c")
+    derive("a separator in the input does not collide: ('a:b', 'c') ...", "a:b", "c")
+    derive("... and ('a', 'b:c')", "a", "b:c")
+    derive("one character each", "x", "y")
+    derive("unicode: lengths are UTF-8 bytes", "订单-42", "支付")
+    derive("emoji", "😀", "🎉")
+    derive("NUL bytes are data", "a\u0000b", "c")
+    derive("spaces and punctuation", "Order #42 / EU", "charge (retry-safe)")
+    derive("long input", "b" * 1000, "o" * 300)
+    derive("empty business id", "", "charge")
+    derive("empty operation", "order-42", "")
+    derive("both empty: business_id is named first", "", "")
+
+    k = "order-42-charge"
+
+    def scope(comment, tenant, method, key=k):
+        case = {"op": "scope", "comment": comment, "tenant": tenant, "method": method, "key": key}
+        if key == "":
+            case["error"] = {"kind": "missing_key"}
+        elif not key_valid(key):
+            case["error"] = {"kind": "invalid_argument", "field": "idempotency_key"}
+        elif tenant == "" or len(tenant.encode("utf-8")) > 1024:
+            case["error"] = {"kind": "invalid_argument", "field": "tenant"}
+        elif method == "" or len(method.encode("utf-8")) > 1024:
+            case["error"] = {"kind": "invalid_argument", "field": "method"}
+        else:
+            case["scoped"] = scoped_key(tenant, method, key)
+        c.append(case)
+
+    scope("plain parts are kept", "acme", "CreateOrder")
+    scope("the doc example: '.', '/' and '-' are kept", "acme", "/shop.Orders/Create")
+    scope("':' in the tenant is escaped ...", "a:b", "c")
+    scope("... so it cannot collide with ':' in the method", "a", "b:c")
+    scope("'%' is escaped, so it never stands for itself", "50%", "m")
+    scope("an encoded-looking input is escaped again", "a%3Ab", "c")
+    scope("spaces", "acme corp", "Create Order")
+    scope("braces (Redis hash tags) are escaped", "{tag}", "m{x}")
+    scope("'~' and '_' : only [A-Za-z0-9._/-] are kept", "a~b_c", "x")
+    scope("unicode: every UTF-8 byte escaped, upper-case hex", "café", "注文")
+    scope("emoji", "😀", "m")
+    scope("control characters", "a\u0000b\tc\n", "m\u007f")
+    scope("a key with '_' and '-' is kept as is", "t", "m", "AZaz09_-")
+    scope("1024-byte tenant: longest accepted", "t" * 1024, "m")
+    scope("1024-byte method: longest accepted", "t", "m" * 1024)
+    scope("512 two-byte characters are 1024 bytes: accepted", "é" * 512, "m")
+    scope("1025-byte tenant is rejected", "t" * 1025, "m")
+    scope("1025-byte method is rejected", "t", "m" * 1025)
+    scope("513 two-byte characters are 1026 bytes: rejected", "é" * 513, "m")
+    scope("empty tenant: never scope by the key alone", "", "m")
+    scope("empty method", "t", "")
+    scope("both empty: tenant is named first", "", "")
+    scope("the key is checked too", "t", "m", "bad key!")
+    scope("a missing key", "t", "m", "")
+    # Injectivity: the triples of this file give pairwise different scoped keys.
+    scoped = [x["scoped"] for x in c if x.get("op") == "scope" and "scoped" in x]
+    assert len(scoped) == len(set(scoped))
+    return c
+
+
+# --------------------------------------------------------------------------------------
+# 6. Fingerprints: canonical JSON (RFC 8785) and SHA-256
+# --------------------------------------------------------------------------------------
+
+def es_number(x):
+    """ECMAScript Number::toString, as RFC 8785 §3.2.2.3 prescribes."""
+    x = float(x)
+    assert math.isfinite(x)
+    if x == 0.0:
+        return "0"  # also -0
+    if x < 0:
+        return "-" + es_number(-x)
+    sign, digits, exp = decimal.Decimal(repr(x)).as_tuple()  # repr: shortest round-trip
+    digits = list(digits)
+    while len(digits) > 1 and digits[-1] == 0:
+        digits.pop()
+        exp += 1
+    s = "".join(map(str, digits))
+    k = len(s)
+    n = exp + k  # x = 0.s * 10^n
+    if k <= n <= 21:
+        return s + "0" * (n - k)
+    if 0 < n <= 21:
+        return s[:n] + "." + s[n:]
+    if -6 < n <= 0:
+        return "0." + "0" * (-n) + s
+    e = n - 1
+    es = ("+" if e >= 0 else "-") + str(abs(e))
+    return (s if k == 1 else s[0] + "." + s[1:]) + "e" + es
+
+
+def es_string(s):
+    out = ['"']
+    short = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+             "\r": "\\r"}
+    for ch in s:
+        if ch in short:
+            out.append(short[ch])
+        elif ord(ch) < 0x20:
+            out.append("\\u%04x" % ord(ch))
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def jcs(v):
+    """An independent RFC 8785 canonicalizer, to check the hand-written strings."""
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, (int, float)):
+        return es_number(v)  # RFC 8785: every number is an IEEE double
+    if isinstance(v, str):
+        return es_string(v)
+    if isinstance(v, list):
+        return "[" + ",".join(jcs(x) for x in v) + "]"
+    if isinstance(v, dict):
+        items = sorted(v.items(), key=lambda kv: kv[0].encode("utf-16-be"))
+        return "{" + ",".join(es_string(k) + ":" + jcs(x) for k, x in items) + "}"
+    raise TypeError(type(v))
+
+
+def fp(comment, value, canonical):
+    assert jcs(value) == canonical, (comment, jcs(value), canonical)
+    return {"comment": comment, "value": value, "canonical": canonical,
+            "sha256": hashlib.sha256(canonical.encode("utf-8")).hexdigest()}
+
+
+def fingerprint_cases():
+    f = []
+    f.append(fp("the doc example", {"sku": "A1", "qty": 2}, '{"qty":2,"sku":"A1"}'))
+    f.append(fp("key order in the input never changes the digest",
+                {"qty": 2, "sku": "A1"}, '{"qty":2,"sku":"A1"}'))
+    f.append(fp("nested objects and arrays: keys sorted at every level, array order kept",
+                {"b": {"z": 1, "a": [3, 2, 1]}, "a": {"y": None, "x": True}},
+                '{"a":{"x":true,"y":null},"b":{"a":[3,2,1],"z":1}}'))
+    f.append(fp("objects inside arrays",
+                [{"b": 1, "a": 2}, {"d": [], "c": {}}], '[{"a":2,"b":1},{"c":{},"d":[]}]'))
+    f.append(fp("deeply nested arrays", [[[[]]], [[1]]], "[[[[]]],[[1]]]"))
+    f.append(fp("a typical request",
+                {"order_id": "o-42", "amount": 12.5, "currency": "EUR",
+                 "items": [{"sku": "A1", "qty": 1}, {"sku": "B2", "qty": 3}],
+                 "note": None, "gift": False},
+                '{"amount":12.5,"currency":"EUR","gift":false,'
+                '"items":[{"qty":1,"sku":"A1"},{"qty":3,"sku":"B2"}],"note":null,'
+                '"order_id":"o-42"}'))
+    f.append(fp("empty object", {}, "{}"))
+    f.append(fp("empty array", [], "[]"))
+    f.append(fp("null", None, "null"))
+    f.append(fp("true", True, "true"))
+    f.append(fp("false", False, "false"))
+    f.append(fp("empty string", "", '""'))
+    f.append(fp("ASCII key order: upper case, '_', lower case",
+                {"a": 1, "_": 2, "B": 3, "A": 4}, '{"A":4,"B":3,"_":2,"a":1}'))
+    f.append(fp("keys sort as strings, not numbers", {"10": 1, "9": 2, "1": 3},
+                '{"1":3,"10":1,"9":2}'))
+    f.append(fp("a key that is a prefix of another sorts first", {"ab": 1, "a": 2},
+                '{"a":2,"ab":1}'))
+    f.append(fp("RFC 8785 §3.2.3 sorting example: by UTF-16 code units, not UTF-8 bytes",
+                {"\u20ac": "Euro Sign", "\r": "Carriage Return",
+                 "\ufb33": "Hebrew Letter Dalet With Dagesh", "1": "One",
+                 "\U0001F600": "Emoji: Grinning Face", "\u0080": "Control",
+                 "\u00f6": "Latin Small Letter O With Diaeresis"},
+                '{"\\r":"Carriage Return","1":"One","\u0080":"Control",'
+                '"\u00f6":"Latin Small Letter O With Diaeresis","\u20ac":"Euro Sign",'
+                '"\U0001F600":"Emoji: Grinning Face","\ufb33":"Hebrew Letter Dalet With Dagesh"}'))
+    f.append(fp("U+FFFF sorts after an astral character (UTF-16) though its UTF-8 is smaller",
+                {"\uffff": 1, "\U0001F600": 2}, '{"\U0001F600":2,"\uffff":1}'))
+    # Integers
+    f.append(fp("integers", [0, 1, -1, 42, 1000000, -9007199254740991, 9007199254740991],
+                "[0,1,-1,42,1000000,-9007199254740991,9007199254740991]"))
+    f.append(fp("an integer beyond 2^53 is read as the nearest double (RFC 8785 §3.2.2.3)",
+                9007199254740993, "9007199254740992"))
+    f.append(fp("the largest 64-bit unsigned integer, as a double",
+                18446744073709551615, "18446744073709552000"))
+    f.append(fp("the smallest 64-bit signed integer, as a double",
+                -9223372036854775808, "-9223372036854776000"))
+    # Floats: ECMAScript shortest form (RFC 8785 Appendix B values among them)
+    for value, text, why in [
+        (1.0, "1", "1.0 is the integer 1"),
+        (-1.0, "-1", "-1.0"),
+        (100.0, "100", "100.0"),
+        (-0.0, "0", "negative zero is 0"),
+        (0.1, "0.1", "0.1"),
+        (0.5, "0.5", "0.5"),
+        (-1.5, "-1.5", "-1.5"),
+        (123.456, "123.456", "123.456"),
+        (1e20, "100000000000000000000", "1e20 is written out"),
+        (1e21, "1e+21", "1e21 switches to exponent form"),
+        (1e23, "1e+23", "1e23"),
+        (9.999999999999997e22, "9.999999999999997e+22", "RFC 8785 Appendix B"),
+        (1.0000000000000001e23, "1.0000000000000001e+23", "RFC 8785 Appendix B"),
+        (999999999999999700000.0, "999999999999999700000", "RFC 8785 Appendix B"),
+        (295147905179352830000.0, "295147905179352830000", "RFC 8785 Appendix B"),
+        (9007199254740992.0, "9007199254740992", "2^53"),
+        (1e-6, "0.000001", "1e-6 is written out"),
+        (1e-7, "1e-7", "1e-7 switches to exponent form"),
+        (9.999999999999997e-7, "9.999999999999997e-7", "RFC 8785 Appendix B"),
+        (-0.0000033333333333333333, "-0.0000033333333333333333", "RFC 8785 Appendix B"),
+        (333333333.3333332, "333333333.3333332", "RFC 8785 Appendix B"),
+        (333333333.33333325, "333333333.33333325", "RFC 8785 Appendix B"),
+        (333333333.33333343, "333333333.33333343", "RFC 8785 Appendix B"),
+        (1424953923781206.2, "1424953923781206.2", "RFC 8785 Appendix B"),
+        (5e-324, "5e-324", "smallest subnormal"),
+        (-5e-324, "-5e-324", "smallest negative subnormal"),
+        (1.7976931348623157e308, "1.7976931348623157e+308", "largest double"),
+        (-1.7976931348623157e308, "-1.7976931348623157e+308", "most negative double"),
+        (2.5e-5, "0.000025", "2.5e-5"),
+        (1.5e300, "1.5e+300", "1.5e300"),
+    ]:
+        f.append(fp(f"number: {why}", value, text))
+    f.append(fp("numbers inside an object", {"b": 1.0, "a": -0.0, "c": 1e21, "d": 0.1},
+                '{"a":0,"b":1,"c":1e+21,"d":0.1}'))
+    # Strings
+    f.append(fp("short escapes", "\b\t\n\f\r", '"\\b\\t\\n\\f\\r"'))
+    f.append(fp("other control characters as \\u00xx with lower-case hex",
+                "\u0000\u0001\u000b\u001f", '"\\u0000\\u0001\\u000b\\u001f"'))
+    f.append(fp("quote and backslash are escaped", 'say "hi" \\ bye', '"say \\"hi\\" \\\\ bye"'))
+    f.append(fp("slash is not escaped", "a/b</c>", '"a/b</c>"'))
+    f.append(fp("DEL and C1 controls are written as they are", "\u007f\u0080\u009f",
+                '"\u007f\u0080\u009f"'))
+    f.append(fp("non-ASCII is written as UTF-8, not escaped", "café €5 注文 😀",
+                '"café €5 注文 😀"'))
+    f.append(fp("U+2028 and U+2029 are written as they are", "a\u2028b\u2029c",
+                '"a\u2028b\u2029c"'))
+    f.append(fp("escapes in keys too", {"k\n": "v\t", "\"": "\\"},
+                '{"\\"":"\\\\","k\\n":"v\\t"}'))
+    return f
+
+
+# --------------------------------------------------------------------------------------
+# 7. Retry decisions (SPEC §4), for `Simulation`
+# --------------------------------------------------------------------------------------
+
+def simulate(case):
+    """SPEC §4 on a simulated clock: attempt i gets script[i] (the last entry repeats)."""
+    pol = case["policy"]
+    seed = pol["seed"]
+    if seed is None:
+        assert pol["jitter"] == 0.0
+        seed = 0
+    min_attempt = pol["min_attempt_ms"]
+    deadline = case["deadline_ms"]
+    script = case["script"]
+    now = 0
+    attempt = 1
+    delays = []
+    while True:
+        entry = script[min(attempt - 1, len(script) - 1)]
+        now += entry["takes_ms"]
+        if entry["outcome"] == "ok":
+            result = "ok"
+            break
+        retryable, _ = spec_classify(entry["outcome"], case["safe"], case["rereads"],
+                                     case["transient_internal"])
+        sd = entry["server_delay"]
+        if not retryable:  # check 1
+            result = "not_retryable"
+            break
+        if sd == "do_not_retry":  # a pushback that says "do not retry" is obeyed
+            result = "server_said_no"
+            break
+        if not attempt < pol["max_attempts"]:  # check 2
+            result = "attempts_exhausted"
+            break
+        # A server-provided delay overrides the computed backoff.
+        delay = sd["after_ms"] if sd is not None else backoff_delay_ms(pol, attempt, seed)
+        if deadline is not None:  # check 3: after the delay, min_attempt must be left
+            remaining = max(deadline - now, 0)
+            if delay + min_attempt > remaining:
+                result = "deadline"
+                break
+        delays.append(delay)
+        now += delay
+        attempt += 1
+    return {"attempts": attempt, "delays_ms": delays, "result": result, "elapsed_ms": now}
+
+
+def step(outcome, takes_ms=0, server_delay=None):
+    if isinstance(server_delay, int):
+        server_delay = {"after_ms": server_delay}
+    return {"outcome": outcome, "takes_ms": takes_ms, "server_delay": server_delay}
+
+
+def retry_pol(**over):
+    p = policy(**over)
+    p.setdefault("min_attempt_ms", 50)
+    return p
+
+
+def decision(comment, pol, script, safe=True, rereads=False, transient_internal=False,
+             deadline_ms=None, expect_result=None):
+    case = {"comment": comment, "policy": pol, "safe": safe, "rereads": rereads,
+            "transient_internal": transient_internal, "deadline_ms": deadline_ms,
+            "script": script}
+    case["expect"] = simulate(case)
+    if expect_result is not None:  # what the scenario is meant to show
+        assert case["expect"]["result"] == expect_result, (comment, case["expect"])
+    return case
+
+
+def retry_decision_cases():
+    U, RE, OK = "UNAVAILABLE", "RESOURCE_EXHAUSTED", "ok"
+    nj = retry_pol(jitter=0.0)
+    d = []
+    d.append(decision("success at the first attempt", nj, [step(OK, 5)], expect_result="ok"))
+    d.append(decision("one retry: UNAVAILABLE, then success",
+                      nj, [step(U, 10), step(OK, 5)], expect_result="ok"))
+    d.append(decision("UNAVAILABLE on a call that is not safe is not retried",
+                      nj, [step(U, 10), step(OK)], safe=False, expect_result="not_retryable"))
+    d.append(decision("INVALID_ARGUMENT is never retried", nj,
+                      [step("INVALID_ARGUMENT", 3), step(OK)], expect_result="not_retryable"))
+    d.append(decision("DATA_LOSS is never retried", nj, [step("DATA_LOSS", 3), step(OK)],
+                      expect_result="not_retryable"))
+    d.append(decision("a retryable error followed by a permanent one",
+                      nj, [step(U, 10), step("NOT_FOUND", 10), step(OK)],
+                      expect_result="not_retryable"))
+    d.append(decision("3 attempts, all UNAVAILABLE, no jitter: delays 20 and 40",
+                      nj, [step(U, 10), step(U, 10), step(U, 10)],
+                      expect_result="attempts_exhausted"))
+    d.append(decision("SPEC defaults seeded 42: attempts exhausted after 3",
+                      retry_pol(seed=42), [step(U, 7)], expect_result="attempts_exhausted"))
+    d.append(decision("the last script entry repeats: 6 attempts of UNAVAILABLE",
+                      retry_pol(max_attempts=6, seed=9), [step(U, 1)],
+                      expect_result="attempts_exhausted"))
+    d.append(decision("max_attempts 1: no retry at all", retry_pol(max_attempts=1, seed=1),
+                      [step(U, 10), step(OK)], expect_result="attempts_exhausted"))
+    d.append(decision("success at the last allowed attempt", retry_pol(seed=5),
+                      [step(U, 10), step(U, 10), step(OK, 10)], expect_result="ok"))
+    d.append(decision("RESOURCE_EXHAUSTED is retried even when not safe",
+                      nj, [step(RE, 5), step(OK, 5)], safe=False, expect_result="ok"))
+    d.append(decision("the server's delay (Retry-After) overrides the backoff",
+                      retry_pol(seed=3), [step(RE, 5, 300), step(OK, 5)], safe=False,
+                      expect_result="ok"))
+    d.append(decision("a server delay on UNAVAILABLE overrides the backoff too",
+                      retry_pol(seed=3), [step(U, 5, 750), step(OK, 5)], expect_result="ok"))
+    d.append(decision("a server delay of 0: retry at once", nj, [step(RE, 5, 0), step(OK, 5)],
+                      expect_result="ok"))
+    d.append(decision("backoff after a server delay uses the attempt number: 500, then 40",
+                      retry_pol(jitter=0.0, max_attempts=4),
+                      [step(RE, 1, 500), step(U, 1), step(U, 1), step(OK, 1)],
+                      expect_result="ok"))
+    d.append(decision("a server delay may exceed max_delay", nj,
+                      [step(RE, 5, 5000), step(OK, 5)], expect_result="ok"))
+    d.append(decision("the server says do not retry (negative pushback)",
+                      retry_pol(seed=1), [step(RE, 5, "do_not_retry"), step(OK)],
+                      expect_result="server_said_no"))
+    d.append(decision("do-not-retry on a later attempt", nj,
+                      [step(U, 5), step(U, 5, "do_not_retry"), step(OK)],
+                      expect_result="server_said_no"))
+    d.append(decision("a permanent error is not_retryable whatever the pushback says", nj,
+                      [step("PERMISSION_DENIED", 5, "do_not_retry")],
+                      expect_result="not_retryable"))
+    d.append(decision("deadline: delay + min_attempt fits exactly, then no longer",
+                      nj, [step(U, 30), step(U, 30), step(OK, 1)], deadline_ms=100,
+                      expect_result="deadline"))
+    d.append(decision("deadline: the delay (20) fits in the 69 ms left, "
+                      "but delay + min_attempt (70) does not",
+                      nj, [step(U, 30), step(OK, 1)], deadline_ms=99, expect_result="deadline"))
+    d.append(decision("a server delay longer than the remaining budget ends at once",
+                      nj, [step(RE, 10, 5000), step(OK, 1)], deadline_ms=1000,
+                      expect_result="deadline"))
+    d.append(decision("a server delay that leaves exactly min_attempt is accepted",
+                      nj, [step(RE, 10, 940), step(OK, 1)], deadline_ms=1000,
+                      expect_result="ok"))
+    d.append(decision("an attempt that overruns the deadline leaves no time: deadline",
+                      nj, [step(U, 300), step(OK, 1)], deadline_ms=200,
+                      expect_result="deadline"))
+    d.append(decision("min_attempt 0: a retry may start right at the deadline",
+                      retry_pol(jitter=0.0, min_attempt_ms=0), [step(U, 80), step(OK, 0)],
+                      deadline_ms=100, expect_result="ok"))
+    d.append(decision("a larger min_attempt stops earlier",
+                      retry_pol(jitter=0.0, min_attempt_ms=500), [step(U, 10), step(OK, 0)],
+                      deadline_ms=500, expect_result="deadline"))
+    d.append(decision("seeded jitter under a deadline: 5 attempts allowed, the deadline ends it",
+                      retry_pol(max_attempts=5, seed=42, base_delay_ms=100), [step(U, 40)],
+                      deadline_ms=600, expect_result="deadline"))
+    d.append(decision("the doc example of Simulation: seed 42, 5 attempts, 200 ms deadline",
+                      retry_pol(max_attempts=5, seed=42), [step(U, 30)], deadline_ms=200,
+                      expect_result="deadline"))
+    d.append(decision("a generous deadline does not get in the way",
+                      retry_pol(seed=42), [step(U, 30), step(U, 30), step(OK, 30)],
+                      deadline_ms=10000, expect_result="ok"))
+    d.append(decision("DEADLINE_EXCEEDED of one attempt on a safe call is retried",
+                      nj, [step("DEADLINE_EXCEEDED", 100), step(OK, 10)], deadline_ms=1000,
+                      expect_result="ok"))
+    d.append(decision("DEADLINE_EXCEEDED on a call that is not safe is not retried",
+                      nj, [step("DEADLINE_EXCEEDED", 100), step(OK, 10)], safe=False,
+                      expect_result="not_retryable"))
+    d.append(decision("ABORTED is retried when each attempt re-reads",
+                      nj, [step("ABORTED", 5), step(OK, 5)], safe=False, rereads=True,
+                      expect_result="ok"))
+    d.append(decision("ABORTED is not retried when the write would be resent unchanged",
+                      nj, [step("ABORTED", 5), step(OK, 5)], expect_result="not_retryable"))
+    d.append(decision("INTERNAL declared transient on a safe call is retried",
+                      nj, [step("INTERNAL", 5), step("UNKNOWN", 5), step(OK, 5)],
+                      transient_internal=True, expect_result="ok"))
+    d.append(decision("INTERNAL declared transient on a call that is not safe is not retried",
+                      nj, [step("INTERNAL", 5), step(OK, 5)], safe=False,
+                      transient_internal=True, expect_result="not_retryable"))
+    d.append(decision("INTERNAL without the opt-in is not retried",
+                      nj, [step("INTERNAL", 5), step(OK, 5)], expect_result="not_retryable"))
+    d.append(decision("long capped delays without a deadline",
+                      retry_pol(max_attempts=5, base_delay_ms=400, max_delay_ms=1000,
+                                seed=2024), [step(U, 100)],
+                      expect_result="attempts_exhausted"))
+    d.append(decision("a mixed timeline: backoff, server delay, backoff, success",
+                      retry_pol(max_attempts=5, seed=77),
+                      [step(U, 12), step(RE, 8, 250), step(U, 15), step(OK, 20)],
+                      deadline_ms=5000, expect_result="ok"))
+    return d
+
+
+# --------------------------------------------------------------------------------------
+
+def write(name, cases):
+    path = os.path.join(HERE, name)
+    # One case per line: readable, and diffs show the cases that changed.
+    lines = [json.dumps(case, ensure_ascii=False) for case in cases]
+    text = "[\n" + ",\n".join(lines) + "\n]\n"
+    assert json.loads(text) == cases
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(text)
+    return path, len(cases)
+
+
+def main():
+    files = {
+        "backoff.json": backoff_cases(),
+        "classification.json": classification_cases(),
+        "http.json": http_cases(),
+        "retry_after.json": retry_after_cases(),
+        "keys.json": keys_cases(),
+        "fingerprints.json": fingerprint_cases(),
+        "retry_decisions.json": retry_decision_cases(),
+    }
+    for name, cases in files.items():
+        path, n = write(name, cases)
+        print(f"{n:5d} cases  {os.path.relpath(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
