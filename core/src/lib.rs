@@ -58,6 +58,7 @@ mod key;
 mod rand;
 mod retry;
 mod store;
+mod sync;
 
 pub use backoff::{duration_from_millis_f64, duration_from_secs_f64, Backoff, RetryPolicy};
 pub use budget::{BudgetSnapshot, RetryBudget};

@@ -6,13 +6,13 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use event_listener::{Event, EventListener, Listener};
 
 use super::Joined;
+use crate::sync::{AtomicBool, Mutex, Ordering};
 
 pub(crate) struct Flight<V, E> {
     settled: AtomicBool,

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::flight::{Flight, Join};
@@ -16,6 +16,7 @@ use super::{
 use crate::clock::{system_clock, Clock, SharedClock};
 use crate::error::Error;
 use crate::key::ScopedKey;
+use crate::sync::{Mutex, MutexGuard};
 
 /// What [`MemoryStore::begin`] gives.
 pub type MemoryBegin<V, E> = Begin<V, E, Lease<V, E>, Join<V, E>>;
@@ -172,7 +173,8 @@ fn bump(c: &AtomicU64) {
 }
 
 /// Builds a [`MemoryStore`]; see [`MemoryStore::builder`].
-pub struct MemoryStoreBuilder<E> {
+pub struct MemoryStoreBuilder<V, E> {
+    value: std::marker::PhantomData<fn() -> V>,
     clock: Option<SharedClock>,
     ttl: Duration,
     max_entries: Option<usize>,
@@ -180,7 +182,7 @@ pub struct MemoryStoreBuilder<E> {
     cache_failure: Option<CacheFailure<E>>,
 }
 
-impl<E> MemoryStoreBuilder<E> {
+impl<V, E> MemoryStoreBuilder<V, E> {
     /// How long a completed result is kept (default 24 h; must exceed the longest
     /// retry window of the clients).
     pub fn ttl(mut self, ttl: Duration) -> Self {
@@ -226,7 +228,7 @@ impl<E> MemoryStoreBuilder<E> {
     }
 
     /// Makes the store; rejects a zero TTL and `max_entries` of 0.
-    pub fn build<V>(self) -> Result<MemoryStore<V, E>, Error> {
+    pub fn build(self) -> Result<MemoryStore<V, E>, Error> {
         if self.ttl.is_zero() {
             return Err(Error::invalid("ttl", "must be greater than zero"));
         }
@@ -260,8 +262,9 @@ impl<V, E> MemoryStore<V, E> {
     }
 
     /// A builder for TTL, `max_entries`, clock and failure caching.
-    pub fn builder() -> MemoryStoreBuilder<E> {
+    pub fn builder() -> MemoryStoreBuilder<V, E> {
         MemoryStoreBuilder {
+            value: std::marker::PhantomData,
             clock: None,
             ttl: DEFAULT_TTL,
             max_entries: None,
