@@ -78,6 +78,9 @@ impl RetryPolicy {
         self
     }
     /// Makes the jitter deterministic: the same seed gives the same delays everywhere.
+    ///
+    /// For tests and reproducible runs. Clients that share one seed retry in lockstep,
+    /// which is what jitter exists to prevent: give each client its own seed, or none.
     pub const fn with_seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self

@@ -155,15 +155,21 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Result<ServerDelay, Er
         let secs = v.parse::<u64>().unwrap_or(u64::MAX);
         return Ok(ServerDelay::After(Duration::from_secs(secs)));
     }
-    let at = httpdate::parse_http_date(v).map_err(|_| {
+    let now_ms: i128 = match now.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_millis() as i128,
+        Err(e) => -(e.duration().as_millis() as i128),
+    };
+    let now_secs = i64::try_from(now_ms.div_euclid(1000)).unwrap_or(i64::MAX);
+    let at = crate::http_date::parse(v, now_secs).ok_or_else(|| {
         Error::invalid(
             "retry_after",
             format!("{value:?} is neither delta-seconds nor an HTTP-date"),
         )
     })?;
-    Ok(ServerDelay::After(
-        at.duration_since(now).unwrap_or(Duration::ZERO),
-    ))
+    let ms = (i128::from(at) * 1000 - now_ms).max(0);
+    Ok(ServerDelay::After(Duration::from_millis(
+        u64::try_from(ms).unwrap_or(u64::MAX),
+    )))
 }
 
 /// Parses gRPC's `grpc-retry-pushback-ms` trailer: a non-negative integer is the delay
@@ -215,12 +221,33 @@ impl Failure {
         Failure::new(Code::Unavailable)
     }
 
+    /// The failure an error that implements [`Classify`] stands for.
+    pub fn of<E: Classify + ?Sized>(error: &E) -> Self {
+        Failure {
+            code: error.code(),
+            server_delay: error.server_delay(),
+        }
+    }
+
     /// Adds the delay the server asked for.
     pub const fn with_server_delay(mut self, delay: ServerDelay) -> Self {
         self.server_delay = Some(delay);
         self
     }
 }
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code.as_str())?;
+        match self.server_delay {
+            Some(ServerDelay::After(d)) => write!(f, " (server asked to wait {d:?})"),
+            Some(ServerDelay::DoNotRetry) => f.write_str(" (server asked not to retry)"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
 
 impl From<Code> for Failure {
     fn from(code: Code) -> Self {

@@ -94,15 +94,6 @@ impl IdempotencyKey {
         if s.is_empty() {
             return Err(Error::MissingKey);
         }
-        if !(KEY_MIN_LEN..=KEY_MAX_LEN).contains(&s.len()) {
-            return Err(Error::invalid(
-                "idempotency_key",
-                format!(
-                    "must be {KEY_MIN_LEN} to {KEY_MAX_LEN} characters, got {}",
-                    s.chars().count()
-                ),
-            ));
-        }
         if let Some(c) = s
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
@@ -110,6 +101,15 @@ impl IdempotencyKey {
             return Err(Error::invalid(
                 "idempotency_key",
                 format!("{c:?} is not allowed; use only A-Z, a-z, 0-9, '-' and '_'"),
+            ));
+        }
+        if !(KEY_MIN_LEN..=KEY_MAX_LEN).contains(&s.len()) {
+            return Err(Error::invalid(
+                "idempotency_key",
+                format!(
+                    "must be {KEY_MIN_LEN} to {KEY_MAX_LEN} characters, got {}",
+                    s.len()
+                ),
             ));
         }
         Ok(IdempotencyKey(s.to_owned()))

@@ -54,6 +54,7 @@ mod classify;
 mod clock;
 mod code;
 mod error;
+mod http_date;
 mod key;
 mod rand;
 mod retry;

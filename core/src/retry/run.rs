@@ -43,6 +43,8 @@ pub struct RetryEvent<'a, E> {
     pub error: &'a E,
     /// The classification rule that allowed the retry.
     pub rule: Rule,
+    /// Whether `delay` is the server's (Retry-After, pushback) rather than backoff.
+    pub from_server: bool,
 }
 
 /// A callback that sees each retry, for logging and metrics.
@@ -319,8 +321,9 @@ where
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
+            let failure = Failure::of(&error);
             let now = clock.as_ref().map_or(Duration::ZERO, |c| c.now());
-            match state.on_failure(failure_of(&error), now) {
+            match state.on_failure(failure, now) {
                 Decision::Stop(reason) => {
                     return Err(RetryError {
                         error,
@@ -334,6 +337,7 @@ where
                         delay,
                         error: &error,
                         rule,
+                        from_server: failure.server_delay.is_some(),
                     });
                     if !delay.is_zero() {
                         std::thread::sleep(delay);
@@ -344,12 +348,6 @@ where
     }
 }
 
-fn failure_of<E: Classify>(e: &E) -> Failure {
-    Failure {
-        code: e.code(),
-        server_delay: e.server_delay(),
-    }
-}
 
 pin_project! {
     /// The future of an async [`Retry`] loop.
@@ -430,8 +428,9 @@ where
                         Ok(v) => return Poll::Ready(Ok(v)),
                         Err(e) => e,
                     };
+                    let failure = Failure::of(&error);
                     let now = this.clock.as_ref().map_or(Duration::ZERO, |c| c.now());
-                    match this.machine.on_failure(failure_of(&error), now) {
+                    match this.machine.on_failure(failure, now) {
                         Decision::Stop(reason) => {
                             this.step.set(Step::Idle);
                             return Poll::Ready(Err(RetryError {
@@ -446,6 +445,7 @@ where
                                 delay,
                                 error: &error,
                                 rule,
+                                from_server: failure.server_delay.is_some(),
                             });
                             if delay.is_zero() {
                                 this.step.set(Step::Idle);
