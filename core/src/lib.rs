@@ -61,6 +61,11 @@ mod retry;
 mod store;
 mod sync;
 
+/// The README's Rust example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 pub use backoff::{duration_from_millis_f64, duration_from_secs_f64, Backoff, RetryPolicy};
 pub use budget::{BudgetSnapshot, RetryBudget};
 pub use classify::{
