@@ -157,6 +157,9 @@ mod tests {
             assert_eq!(days_from_civil(y, m, d), z);
         }
         assert_eq!(parse("Thu, 01 Jan 1970 00:00:00 GMT", 0), Some(0));
-        assert_eq!(parse("Fri, 01 Jan 1960 00:00:00 GMT", 0), Some(-315_619_200));
+        assert_eq!(
+            parse("Fri, 01 Jan 1960 00:00:00 GMT", 0),
+            Some(-315_619_200)
+        );
     }
 }

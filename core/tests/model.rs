@@ -8,9 +8,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use oncely::{
-    Begin, ExecuteError, ExecuteOptions, IdempotencyKey, MemoryStore, ScopedKey, Source,
-};
+use oncely::{Begin, ExecuteError, ExecuteOptions, IdempotencyKey, MemoryStore, ScopedKey, Source};
 use shuttle::future::{block_on, spawn, yield_now};
 
 const ITERATIONS: usize = 3_000;
@@ -55,7 +53,10 @@ fn concurrent_callers_run_the_action_once_and_share_its_value() {
         });
         assert_eq!(runs.load(Ordering::SeqCst), 1);
         assert!(results.iter().all(|r| r.value == results[0].value));
-        assert_eq!(results.iter().filter(|r| r.source == Source::Led).count(), 1);
+        assert_eq!(
+            results.iter().filter(|r| r.source == Source::Led).count(),
+            1
+        );
     });
 }
 

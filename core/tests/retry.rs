@@ -111,7 +111,10 @@ fn stops_when_attempts_are_exhausted() {
             .await
     })
     .unwrap_err();
-    assert_eq!((err.attempts, err.reason), (4, StopReason::AttemptsExhausted));
+    assert_eq!(
+        (err.attempts, err.reason),
+        (4, StopReason::AttemptsExhausted)
+    );
     assert!(err.to_string().contains("attempts_exhausted"), "{err}");
 }
 
@@ -119,7 +122,9 @@ fn stops_when_attempts_are_exhausted() {
 fn obeys_a_server_that_says_do_not_retry() {
     let err = block_on(async {
         retry(|_| async {
-            Err::<(), _>(Failure::new(Code::ResourceExhausted).with_server_delay(ServerDelay::DoNotRetry))
+            Err::<(), _>(
+                Failure::new(Code::ResourceExhausted).with_server_delay(ServerDelay::DoNotRetry),
+            )
         })
         .policy(instant_policy(5))
         .await
@@ -215,7 +220,10 @@ fn never_sleeps_into_an_attempt_that_cannot_finish() {
     assert_eq!(*slept.lock().unwrap(), vec![Duration::from_millis(20)]);
     assert_eq!(
         *remaining.lock().unwrap(),
-        vec![Some(Duration::from_millis(150)), Some(Duration::from_millis(100))]
+        vec![
+            Some(Duration::from_millis(150)),
+            Some(Duration::from_millis(100))
+        ]
     );
 }
 
@@ -406,7 +414,10 @@ fn the_blocking_loop_follows_the_same_rules() {
         .safe(true)
         .call()
         .unwrap_err();
-    assert_eq!((err.attempts, err.reason), (2, StopReason::AttemptsExhausted));
+    assert_eq!(
+        (err.attempts, err.reason),
+        (2, StopReason::AttemptsExhausted)
+    );
     assert_eq!(err.into_inner().kind(), std::io::ErrorKind::TimedOut);
 }
 

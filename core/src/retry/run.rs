@@ -348,7 +348,6 @@ where
     }
 }
 
-
 pin_project! {
     /// The future of an async [`Retry`] loop.
     #[must_use = "futures do nothing unless polled"]
