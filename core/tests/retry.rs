@@ -484,5 +484,6 @@ fn assert_send<T: Send>(_: &T) {}
 fn the_retry_future_is_send_when_its_parts_are() {
     let fut = retry(|_| async { Ok::<_, Code>(()) }).into_future();
     assert_send(&fut);
-    let _: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(fut);
+    let boxed: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(fut);
+    drop(boxed);
 }

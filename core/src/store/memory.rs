@@ -74,8 +74,16 @@ struct Table<V, E> {
     map: HashMap<Arc<str>, Slot<V, E>>,
     /// Completed entries in completion order, which is expiry order (one TTL per
     /// store). Items whose `seq` no longer matches the map are stale and skipped.
-    order: VecDeque<(u64, Arc<str>)>,
+    order: VecDeque<Queued>,
     next_seq: u64,
+}
+
+/// A completed entry's place in the expiry queue. Its expiry is kept here too, so
+/// checking the front costs no hash lookup.
+struct Queued {
+    expires_at: u64,
+    seq: u64,
+    key: Arc<str>,
 }
 
 enum Slot<V, E> {
@@ -335,37 +343,43 @@ impl<V, E> Shared<V, E> {
 }
 
 impl<V, E> Table<V, E> {
-    /// Removes up to a few expired or stale items from the front of the queue.
+    /// Removes up to a few expired entries from the front of the queue.
     fn sweep(&mut self, now: u64, counters: &AtomicCounters) {
         for _ in 0..SWEEP_PER_CALL {
-            let Some((seq, key)) = self.order.front() else {
+            match self.order.front() {
+                Some(q) if q.expires_at <= now => {}
+                _ => return,
+            }
+            let Some(q) = self.order.pop_front() else {
                 return;
             };
-            match self.map.get(key) {
-                Some(Slot::Done {
-                    seq: s, expires_at, ..
-                }) if s == seq => {
-                    if *expires_at > now {
-                        return;
-                    }
-                    self.map.remove(key);
-                    bump(&counters.expirations);
-                }
-                _ => {}
+            if self.is_current(&q) {
+                self.map.remove(&q.key);
+                bump(&counters.expirations);
             }
-            self.order.pop_front();
         }
+    }
+
+    /// Whether a queue item still stands for its map entry (not removed or replaced).
+    fn is_current(&self, q: &Queued) -> bool {
+        matches!(self.map.get(&q.key), Some(Slot::Done { seq, .. }) if *seq == q.seq)
+    }
+
+    fn enqueue(&mut self, key: Arc<str>, seq: u64, expires_at: u64) {
+        self.order.push_back(Queued {
+            expires_at,
+            seq,
+            key,
+        });
     }
 
     /// Evicts the oldest completed entry; false if every entry is running.
     fn evict_oldest(&mut self, counters: &AtomicCounters) -> bool {
-        while let Some((seq, key)) = self.order.pop_front() {
-            if let Some(Slot::Done { seq: s, .. }) = self.map.get(&key) {
-                if *s == seq {
-                    self.map.remove(&key);
-                    bump(&counters.evictions);
-                    return true;
-                }
+        while let Some(q) = self.order.pop_front() {
+            if self.is_current(&q) {
+                self.map.remove(&q.key);
+                bump(&counters.evictions);
+                return true;
             }
         }
         false
@@ -577,30 +591,7 @@ impl<V: Clone, E> Lease<V, E> {
     /// Stores `value` until the TTL and wakes the waiters with it.
     pub fn complete_now(mut self, value: V) {
         self.settled = true;
-        let sh = &*self.store;
-        let now = sh.now_nanos();
-        {
-            let mut t = sh.lock();
-            let seq = t.next_seq;
-            if let Entry::Occupied(mut slot) = t.map.entry(self.key.clone()) {
-                if let Slot::Running {
-                    fingerprint, token, ..
-                } = slot.get()
-                {
-                    if *token == self.token {
-                        let fingerprint = fingerprint.clone();
-                        slot.insert(Slot::Done {
-                            fingerprint,
-                            outcome: Ok(value.clone()),
-                            expires_at: sh.expiry(now),
-                            seq,
-                        });
-                        t.next_seq += 1;
-                        t.order.push_back((seq, self.key.clone()));
-                    }
-                }
-            }
-        }
+        self.finish(Some(Ok(value.clone())));
         self.flight.settle(Joined::Value(value));
     }
 
@@ -610,38 +601,50 @@ impl<V: Clone, E> Lease<V, E> {
     pub fn fail_now(mut self, error: E) -> Arc<E> {
         self.settled = true;
         let error = Arc::new(error);
-        let sh = &*self.store;
-        let cache = sh.cache_failure.as_ref().is_some_and(|f| f(&error));
-        let now = sh.now_nanos();
-        {
-            let mut t = sh.lock();
-            let seq = t.next_seq;
-            if let Entry::Occupied(mut slot) = t.map.entry(self.key.clone()) {
-                if let Slot::Running {
-                    fingerprint, token, ..
-                } = slot.get()
-                {
-                    if *token == self.token {
-                        if cache {
-                            let fingerprint = fingerprint.clone();
-                            slot.insert(Slot::Done {
-                                fingerprint,
-                                outcome: Err(error.clone()),
-                                expires_at: sh.expiry(now),
-                                seq,
-                            });
-                            t.next_seq += 1;
-                            t.order.push_back((seq, self.key.clone()));
-                        } else {
-                            slot.remove();
-                        }
-                    }
-                }
-            }
-        }
+        let cache = self
+            .store
+            .cache_failure
+            .as_ref()
+            .is_some_and(|permanent| permanent(&error));
+        self.finish(cache.then(|| Err(error.clone())));
         // Removed before the waiters wake: one that retries at once does not see it.
         self.flight.settle(Joined::Failed(error.clone()));
         error
+    }
+
+    /// Replaces this lease's running entry with a completed one holding `outcome`
+    /// until the TTL, or removes it (`None`). An entry that is no longer this lease's
+    /// is left alone.
+    fn finish(&self, outcome: Option<Result<V, Arc<E>>>) {
+        let sh = &*self.store;
+        let now = sh.now_nanos();
+        let mut t = sh.lock();
+        let seq = t.next_seq;
+        let Entry::Occupied(mut slot) = t.map.entry(self.key.clone()) else {
+            return;
+        };
+        let fingerprint = match slot.get() {
+            Slot::Running {
+                token, fingerprint, ..
+            } if *token == self.token => fingerprint.clone(),
+            _ => return,
+        };
+        match outcome {
+            None => {
+                slot.remove();
+            }
+            Some(outcome) => {
+                let expires_at = sh.expiry(now);
+                slot.insert(Slot::Done {
+                    fingerprint,
+                    outcome,
+                    expires_at,
+                    seq,
+                });
+                t.next_seq += 1;
+                t.enqueue(self.key.clone(), seq, expires_at);
+            }
+        }
     }
 
     /// The action panicked (or raised in a host language without an error value):
@@ -652,14 +655,7 @@ impl<V: Clone, E> Lease<V, E> {
     }
 
     fn release(&self, outcome: Joined<V, E>) {
-        {
-            let mut t = self.store.lock();
-            if let Some(Slot::Running { token, .. }) = t.map.get(&self.key) {
-                if *token == self.token {
-                    t.map.remove(&self.key);
-                }
-            }
-        }
+        self.finish(None);
         self.flight.settle(outcome);
     }
 
