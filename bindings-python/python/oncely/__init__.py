@@ -1,0 +1,103 @@
+"""oncely: remote calls that happen effectively once.
+
+Retry with capped, jittered backoff (:func:`retry`, :func:`retry_sync`,
+:func:`retrying`), decide which failures may be retried (:func:`classify`, :class:`Code`),
+make idempotency keys (:func:`new_key`, :func:`derive_key`, :func:`scope`,
+:func:`fingerprint`) and deduplicate by them on the server
+(:class:`IdempotencyStore`). All the logic is in the Rust core; this package is a thin
+layer over its native module ``oncely._oncely``. Durations are seconds (``float``;
+``datetime.timedelta`` is accepted too).
+"""
+
+from __future__ import annotations
+
+from . import headers
+from ._codes import Code
+from ._oncely import (
+    DEFAULT_TTL,
+    KEY_MAX_LEN,
+    KEY_MIN_LEN,
+    BudgetSnapshot,
+    Classification,
+    Counters,
+    Deadline,
+    Executed,
+    Failure,
+    ManualClock,
+    RetryBudget,
+    RetryPolicy,
+    ScopedKey,
+    canonical_json,
+    classify,
+    derive_key,
+    fingerprint,
+    fingerprint_bytes,
+    new_key,
+    parse_pushback_ms,
+    parse_retry_after,
+    scope,
+    validate_key,
+)
+from .errors import (
+    CapacityError,
+    FingerprintMismatchError,
+    InProgressError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    LeaderPanickedError,
+    LeaseLostError,
+    MissingKeyError,
+    OncelyError,
+    StoreUnavailableError,
+)
+from .extract import code_of, failure_of
+from .retry import RetryEvent, Seconds, retry, retry_sync, retrying
+from .store import IdempotencyStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetSnapshot",
+    "CapacityError",
+    "Classification",
+    "Code",
+    "Counters",
+    "DEFAULT_TTL",
+    "Deadline",
+    "Executed",
+    "Failure",
+    "FingerprintMismatchError",
+    "IdempotencyStore",
+    "InProgressError",
+    "InvalidArgumentError",
+    "InvalidKeyError",
+    "KEY_MAX_LEN",
+    "KEY_MIN_LEN",
+    "LeaderPanickedError",
+    "LeaseLostError",
+    "ManualClock",
+    "MissingKeyError",
+    "OncelyError",
+    "RetryBudget",
+    "RetryEvent",
+    "RetryPolicy",
+    "ScopedKey",
+    "Seconds",
+    "StoreUnavailableError",
+    "canonical_json",
+    "classify",
+    "code_of",
+    "derive_key",
+    "failure_of",
+    "fingerprint",
+    "fingerprint_bytes",
+    "headers",
+    "new_key",
+    "parse_pushback_ms",
+    "parse_retry_after",
+    "retry",
+    "retry_sync",
+    "retrying",
+    "scope",
+    "validate_key",
+]

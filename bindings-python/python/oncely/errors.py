@@ -1,0 +1,104 @@
+"""The exceptions oncely raises: one root, :class:`OncelyError`, with the gRPC code.
+
+The native module maps every error of the Rust core to one of these classes (the
+mapping is in ``bindings-python/src/errors.rs``). Exceptions raised by *your* code pass
+through oncely unchanged; they are never wrapped.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+from ._codes import Code
+
+
+class OncelyError(Exception):
+    """Root of every exception oncely itself raises. ``code`` is its gRPC code."""
+
+    default_code: ClassVar[Code] = Code.UNKNOWN
+    code: Code
+
+    def __init__(self, message: str, *, code: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.code = Code(code) if code is not None else self.default_code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidArgumentError(OncelyError, ValueError):
+    """A setting or argument is out of range (INVALID_ARGUMENT). ``field`` names it."""
+
+    default_code = Code.INVALID_ARGUMENT
+
+    def __init__(self, message: str, *, field: Optional[str] = None, code: Optional[int] = None) -> None:
+        super().__init__(message, code=code)
+        self.field = field
+
+
+class InvalidKeyError(InvalidArgumentError):
+    """An idempotency key does not match ``[A-Za-z0-9_-]{8,64}`` (INVALID_ARGUMENT)."""
+
+
+class MissingKeyError(InvalidKeyError):
+    """A write arrived without an idempotency key (INVALID_ARGUMENT)."""
+
+
+class FingerprintMismatchError(OncelyError):
+    """One key was reused with different request parameters (FAILED_PRECONDITION)."""
+
+    default_code = Code.FAILED_PRECONDITION
+
+
+class InProgressError(OncelyError):
+    """A call with this key is still running and the caller chose not to wait (ABORTED).
+    ``retry_after`` is the suggested wait in seconds (HTTP 409 + ``Retry-After``)."""
+
+    default_code = Code.ABORTED
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, code: Optional[int] = None) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+class LeaseLostError(OncelyError):
+    """The leader's claim on a key was taken over; its result was not stored (ABORTED)."""
+
+    default_code = Code.ABORTED
+
+
+class CapacityError(OncelyError):
+    """The store is full of running operations (RESOURCE_EXHAUSTED)."""
+
+    default_code = Code.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, *, max_entries: int = 0, code: Optional[int] = None) -> None:
+        super().__init__(message, code=code)
+        self.max_entries = max_entries
+
+
+class StoreUnavailableError(OncelyError):
+    """The store could not be reached; nothing was executed (UNAVAILABLE)."""
+
+    default_code = Code.UNAVAILABLE
+
+
+class LeaderPanickedError(OncelyError):
+    """The call this one waited for failed without an exception to share (INTERNAL)."""
+
+    default_code = Code.INTERNAL
+
+
+__all__ = [
+    "OncelyError",
+    "InvalidArgumentError",
+    "InvalidKeyError",
+    "MissingKeyError",
+    "FingerprintMismatchError",
+    "InProgressError",
+    "LeaseLostError",
+    "CapacityError",
+    "StoreUnavailableError",
+    "LeaderPanickedError",
+]

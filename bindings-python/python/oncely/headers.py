@@ -1,0 +1,28 @@
+"""Header and metadata names of the protocol, and the HTTP statuses of the server side
+(the core's constants)."""
+
+from __future__ import annotations
+
+from ._oncely import (
+    GRPC_IDEMPOTENCY_KEY,
+    GRPC_PREVIOUS_RPC_ATTEMPTS,
+    GRPC_RETRY_PUSHBACK_MS,
+    HTTP_IDEMPOTENCY_KEY,
+    HTTP_IDEMPOTENT_REPLAYED,
+    HTTP_RETRY_AFTER,
+    HTTP_STATUS_FINGERPRINT_MISMATCH,
+    HTTP_STATUS_IN_PROGRESS,
+    HTTP_STATUS_MISSING_KEY,
+)
+
+__all__ = [
+    "GRPC_IDEMPOTENCY_KEY",
+    "GRPC_PREVIOUS_RPC_ATTEMPTS",
+    "GRPC_RETRY_PUSHBACK_MS",
+    "HTTP_IDEMPOTENCY_KEY",
+    "HTTP_IDEMPOTENT_REPLAYED",
+    "HTTP_RETRY_AFTER",
+    "HTTP_STATUS_FINGERPRINT_MISMATCH",
+    "HTTP_STATUS_IN_PROGRESS",
+    "HTTP_STATUS_MISSING_KEY",
+]

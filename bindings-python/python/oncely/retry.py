@@ -1,0 +1,271 @@
+"""The retry loops: ``await retry(...)``, ``retry_sync(...)`` and ``@retrying(...)``.
+
+The loops only host the waiting. Each failure is reduced to a code (and the server's
+delay) by :mod:`oncely.extract`, then the core's sans-IO ``RetryState`` decides: retry
+after a delay, or stop with a reason (``not_retryable``, ``attempts_exhausted``,
+``deadline``, ``budget``, ``server_said_no``). The success path does not cross into
+the native module unless a deadline or a budget is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import sys
+import time
+from datetime import timedelta
+from typing import (
+
+    Any,
+    Awaitable,
+    Callable,
+    Coroutine,
+    NamedTuple,
+    Optional,
+    TypeVar,
+    Union,
+    overload,
+)
+
+from ._oncely import Deadline, ManualClock, RetryBudget, RetryPolicy, RetryState
+from .extract import Classifier, classify_exception
+
+if sys.version_info >= (3, 10):
+    from typing import ParamSpec
+else:  # pragma: no cover
+    from typing_extensions import ParamSpec
+
+__all__ = ["retry", "retry_sync", "retrying", "RetryEvent", "Seconds"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+#: A duration: seconds as a float (or int), or a ``datetime.timedelta``.
+Seconds = Union[float, timedelta]
+
+
+class RetryEvent(NamedTuple):
+    """What an ``on_retry`` hook sees before each retry."""
+
+    #: The number of the attempt that failed (1 for the first).
+    attempt: int
+    #: Seconds until the next attempt.
+    delay: float
+    #: The exception of the failed attempt.
+    error: BaseException
+    #: The classification rule that allowed the retry (e.g. ``"transient_safe"``).
+    rule: str
+    #: Whether ``delay`` is the server's (Retry-After, pushback) rather than backoff.
+    from_server: bool
+
+
+OnRetry = Callable[[RetryEvent], object]
+
+_DEFAULT_POLICY = RetryPolicy()
+
+
+def _state(
+    policy: Optional[RetryPolicy],
+    safe: bool,
+    rereads: bool,
+    transient_internal: bool,
+    deadline: Union[Deadline, Seconds, None],
+    budget: Optional[RetryBudget],
+    clock: Optional[ManualClock],
+) -> RetryState:
+    return RetryState(
+        policy if policy is not None else _DEFAULT_POLICY,
+        safe=safe,
+        rereads=rereads,
+        transient_internal=transient_internal,
+        deadline=deadline,
+        budget=budget,
+        clock=clock,
+    )
+
+
+def _give_up(exc: BaseException, attempts: int, reason: str) -> None:
+    """Attaches the attempt count and the stop reason (attributes and a PEP 678 note)."""
+    try:
+        exc.attempts = attempts  # type: ignore[attr-defined]
+        exc.stop_reason = reason  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type with __slots__: the note still says it
+        pass
+    note = f"oncely: gave up after {attempts} attempt{'s' if attempts != 1 else ''} ({reason})"
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python < 3.11
+        notes = getattr(exc, "__notes__", None)
+        if notes is None:
+            notes = []
+            try:
+                exc.__notes__ = notes  # type: ignore[attr-defined]
+            except AttributeError:
+                return
+        notes.append(note)
+
+
+def _decide(
+    state: RetryState,
+    exc: BaseException,
+    classify: Optional[Classifier],
+    on_retry: Optional[OnRetry],
+) -> Optional[float]:
+    """The delay before the next attempt, or None after annotating ``exc`` (stop)."""
+    attempt = state.attempt
+    decision = state.on_failure(classify_exception(exc, classify))
+    if decision.__class__ is str:
+        _give_up(exc, attempt, decision)  # type: ignore[arg-type]
+        return None
+    delay, rule, from_server = decision  # type: ignore[misc]
+    if on_retry is not None:
+        on_retry(RetryEvent(attempt, delay, exc, rule, from_server))
+    return delay  # type: ignore[no-any-return]
+
+
+async def retry(
+    fn: Callable[P, Awaitable[T]],
+    /,
+    *args: P.args,
+    policy: Optional[RetryPolicy] = None,
+    deadline: Union[Deadline, Seconds, None] = None,
+    safe: bool = False,
+    rereads: bool = False,
+    transient_internal: bool = False,
+    budget: Optional[RetryBudget] = None,
+    on_retry: Optional[OnRetry] = None,
+    classify: Optional[Classifier] = None,
+    _clock: Optional[ManualClock] = None,
+    _sleep: Optional[Callable[[float], Awaitable[object]]] = None,
+    **kwargs: P.kwargs,
+) -> T:
+    """Calls ``await fn(*args, **kwargs)`` until it succeeds or the core says stop.
+
+    ``safe``: the call is idempotent or carries an idempotency key (UNAVAILABLE and
+    DEADLINE_EXCEEDED may then be retried). ``rereads``: each attempt re-reads state
+    before writing (ABORTED may be retried). ``deadline``: seconds (or a ``Deadline``)
+    for the whole call. ``budget``: a shared ``RetryBudget``. ``on_retry``: called with
+    a :class:`RetryEvent` before each retry. ``classify``: maps an exception to a code
+    or ``Failure`` (None: the built-in extraction).
+
+    On giving up, the last exception is re-raised unchanged, with ``attempts`` and
+    ``stop_reason`` attributes and a note. Cancelling the task stops at once.
+    """
+    state = (
+        None
+        if deadline is None and budget is None
+        else _state(policy, safe, rereads, transient_internal, deadline, budget, _clock)
+    )
+    while True:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as exc:
+            if state is None:
+                state = _state(policy, safe, rereads, transient_internal, None, None, _clock)
+            delay = _decide(state, exc, classify, on_retry)
+            if delay is None:
+                raise
+        if delay > 0.0:
+            await (asyncio.sleep(delay) if _sleep is None else _sleep(delay))
+
+
+def retry_sync(
+    fn: Callable[P, T],
+    /,
+    *args: P.args,
+    policy: Optional[RetryPolicy] = None,
+    deadline: Union[Deadline, Seconds, None] = None,
+    safe: bool = False,
+    rereads: bool = False,
+    transient_internal: bool = False,
+    budget: Optional[RetryBudget] = None,
+    on_retry: Optional[OnRetry] = None,
+    classify: Optional[Classifier] = None,
+    _clock: Optional[ManualClock] = None,
+    _sleep: Optional[Callable[[float], object]] = None,
+    **kwargs: P.kwargs,
+) -> T:
+    """The blocking variant of :func:`retry` for thread-per-request code: sleeps with
+    ``time.sleep``."""
+    state = (
+        None
+        if deadline is None and budget is None
+        else _state(policy, safe, rereads, transient_internal, deadline, budget, _clock)
+    )
+    while True:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if state is None:
+                state = _state(policy, safe, rereads, transient_internal, None, None, _clock)
+            delay = _decide(state, exc, classify, on_retry)
+            if delay is None:
+                raise
+        if delay > 0.0:
+            (time.sleep if _sleep is None else _sleep)(delay)
+
+
+class _Retrying:
+    """The decorator made by :func:`retrying`."""
+
+    __slots__ = ("_options",)
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self._options = options
+
+    @overload
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, T]]
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
+
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        options = self._options
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                return await retry(fn, *args, **options, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(fn)
+        def sync_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return retry_sync(fn, *args, **options, **kwargs)
+
+        return sync_wrapper
+
+
+def retrying(
+    *,
+    policy: Optional[RetryPolicy] = None,
+    deadline: Union[Seconds, None] = None,
+    safe: bool = False,
+    rereads: bool = False,
+    transient_internal: bool = False,
+    budget: Optional[RetryBudget] = None,
+    on_retry: Optional[OnRetry] = None,
+    classify: Optional[Classifier] = None,
+) -> _Retrying:
+    """A decorator that retries the function (``async def`` or plain) like
+    :func:`retry` / :func:`retry_sync`, keeping its signature for type checkers.
+
+    ``deadline`` is in seconds, counted from each call.
+    """
+    return _Retrying(
+        {
+            "policy": policy,
+            "deadline": deadline,
+            "safe": safe,
+            "rereads": rereads,
+            "transient_internal": transient_internal,
+            "budget": budget,
+            "on_retry": on_retry,
+            "classify": classify,
+        }
+    )
+
+

@@ -1,0 +1,117 @@
+//! The one mapping from the core's [`oncely::Error`] to the Python exception hierarchy
+//! of `oncely.errors` (defined in Python, so that `InvalidArgumentError` can also be a
+//! `ValueError`).
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
+
+use oncely::Error;
+
+const ERRORS: &str = "oncely.errors";
+
+macro_rules! class {
+    ($py:expr, $name:literal) => {{
+        static CELL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+        CELL.import($py, ERRORS, $name)
+    }};
+}
+
+/// Converts a core error into the matching `oncely.errors` exception.
+///
+/// | core | Python | code |
+/// |---|---|---|
+/// | `InvalidArgument { field: "idempotency_key" }` | `InvalidKeyError` | INVALID_ARGUMENT |
+/// | `InvalidArgument { field }` | `InvalidArgumentError` (a `ValueError`) | INVALID_ARGUMENT |
+/// | `MissingKey` | `MissingKeyError` (an `InvalidKeyError`) | INVALID_ARGUMENT |
+/// | `FingerprintMismatch` | `FingerprintMismatchError` | FAILED_PRECONDITION |
+/// | `InProgress { retry_after }` | `InProgressError` (`.retry_after` in seconds) | ABORTED |
+/// | `LeaseLost` | `LeaseLostError` | ABORTED |
+/// | `Capacity { max_entries }` | `CapacityError` (`.max_entries`) | RESOURCE_EXHAUSTED |
+/// | `Unavailable(_)` | `StoreUnavailableError` | UNAVAILABLE |
+/// | `LeaderPanicked(_)` | `LeaderPanickedError` | INTERNAL |
+/// | a variant added later | `OncelyError` with the variant's code | its code |
+pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
+    match build(py, &err) {
+        Ok(e) => e,
+        Err(e) => e,
+    }
+}
+
+/// [`to_py`] as the exception object itself (for handing to waiters).
+pub fn to_py_value(py: Python<'_>, err: Error) -> Py<PyAny> {
+    to_py(py, err).into_value(py).into_any()
+}
+
+fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
+    let message = err.to_string();
+    let kwargs = PyDict::new(py);
+    let cls = match err {
+        Error::InvalidArgument { field, .. } => {
+            kwargs.set_item("field", *field)?;
+            if *field == "idempotency_key" {
+                class!(py, "InvalidKeyError")?
+            } else {
+                class!(py, "InvalidArgumentError")?
+            }
+        }
+        Error::MissingKey => {
+            kwargs.set_item("field", "idempotency_key")?;
+            class!(py, "MissingKeyError")?
+        }
+        Error::FingerprintMismatch => class!(py, "FingerprintMismatchError")?,
+        Error::InProgress { retry_after } => {
+            kwargs.set_item("retry_after", retry_after.as_secs_f64())?;
+            class!(py, "InProgressError")?
+        }
+        Error::LeaseLost => class!(py, "LeaseLostError")?,
+        Error::Capacity { max_entries } => {
+            kwargs.set_item("max_entries", *max_entries)?;
+            class!(py, "CapacityError")?
+        }
+        Error::Unavailable(_) => class!(py, "StoreUnavailableError")?,
+        Error::LeaderPanicked(_) => class!(py, "LeaderPanickedError")?,
+        // `Error` is non-exhaustive: a variant added to the core later still surfaces
+        // as an `OncelyError` carrying its code.
+        other => {
+            kwargs.set_item("code", other.code() as u8)?;
+            class!(py, "OncelyError")?
+        }
+    };
+    let exc = cls.call((message,), Some(&kwargs))?;
+    Ok(PyErr::from_value(exc))
+}
+
+/// An INVALID_ARGUMENT error naming `field`, raised for bad host input.
+pub fn invalid(py: Python<'_>, field: &'static str, reason: impl Into<String>) -> PyErr {
+    to_py(
+        py,
+        Error::InvalidArgument {
+            field,
+            reason: reason.into(),
+        },
+    )
+}
+
+/// A `TypeError` naming the argument and the type it got.
+pub fn wrong_type(field: &str, expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
+    let got = got
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_owned());
+    PyTypeError::new_err(format!("{field} must be {expected}, not {got}"))
+}
+
+/// Maps a core result into a Python one.
+pub trait IntoPyResult<T> {
+    /// Converts the error with [`to_py`].
+    fn py(self, py: Python<'_>) -> PyResult<T>;
+}
+
+impl<T> IntoPyResult<T> for Result<T, Error> {
+    fn py(self, py: Python<'_>) -> PyResult<T> {
+        self.map_err(|e| to_py(py, e))
+    }
+}

@@ -1,0 +1,619 @@
+//! Backoff, classification, deadlines, the retry budget and the sans-IO retry state
+//! that the Python retry loops drive.
+
+use std::time::{Duration, SystemTime};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyString, PyTuple};
+
+use oncely::{CallFacts, Clock, Code, Decision, Failure as CoreFailure, ServerDelay, SystemClock};
+
+use crate::convert::{finite, int_in, opt_seconds, seconds};
+use crate::errors::{invalid, IntoPyResult};
+
+/// A gRPC code from a Python int (or `Code` member).
+pub fn code_of(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Code> {
+    let n = int_in(py, "code", obj, 0, 16)?;
+    Ok(Code::from_i32(n as i32).expect("range checked"))
+}
+
+/// The canonical names of the 17 codes, in numeric order.
+#[pyfunction]
+pub fn code_names() -> Vec<&'static str> {
+    Code::ALL.iter().map(|c| c.as_str()).collect()
+}
+
+/// The code an HTTP status maps to (the core's table).
+#[pyfunction]
+pub fn code_from_http(py: Python<'_>, status: &Bound<'_, PyAny>) -> PyResult<u8> {
+    let status = int_in(py, "status", status, 0, 65535)?;
+    Ok(Code::from_http(status as u16) as u8)
+}
+
+/// The code named by `name` (case-insensitive) or a number as text.
+#[pyfunction]
+pub fn code_from_name(py: Python<'_>, name: &str) -> PyResult<u8> {
+    name.parse::<Code>().map(|c| c as u8).py(py)
+}
+
+/// Whether a failure with `code` may be retried, and the rule that decided.
+#[pyclass(frozen, module = "oncely", eq)]
+#[derive(Clone, PartialEq)]
+pub struct Classification {
+    /// May be retried (subject to attempts, deadline and budget).
+    #[pyo3(get)]
+    retryable: bool,
+    /// The stable name of the SPEC §3 row that decided.
+    #[pyo3(get)]
+    rule: &'static str,
+}
+
+#[pymethods]
+impl Classification {
+    fn __repr__(&self) -> String {
+        format!(
+            "Classification(retryable={}, rule={:?})",
+            if self.retryable { "True" } else { "False" },
+            self.rule
+        )
+    }
+}
+
+/// SPEC §3: may a failure with `code` be retried, given the facts of the call?
+#[pyfunction]
+#[pyo3(signature = (code, *, safe=false, rereads=false, transient_internal=false))]
+pub fn classify(
+    py: Python<'_>,
+    code: &Bound<'_, PyAny>,
+    safe: bool,
+    rereads: bool,
+    transient_internal: bool,
+) -> PyResult<Classification> {
+    let c = oncely::classify(
+        code_of(py, code)?,
+        CallFacts {
+            safe,
+            rereads,
+            transient_internal,
+        },
+    );
+    Ok(Classification {
+        retryable: c.retryable,
+        rule: c.rule.as_str(),
+    })
+}
+
+/// How often and how patiently to retry (SPEC §2). Durations in seconds.
+#[pyclass(frozen, module = "oncely", eq)]
+#[derive(Clone, PartialEq)]
+pub struct RetryPolicy {
+    pub inner: oncely::RetryPolicy,
+}
+
+#[pymethods]
+impl RetryPolicy {
+    #[new]
+    #[pyo3(signature = (max_attempts=None, base_delay=None, max_delay=None, multiplier=None, jitter=None, seed=None, min_attempt=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        max_attempts: Option<&Bound<'_, PyAny>>,
+        base_delay: Option<&Bound<'_, PyAny>>,
+        max_delay: Option<&Bound<'_, PyAny>>,
+        multiplier: Option<&Bound<'_, PyAny>>,
+        jitter: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
+        min_attempt: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let mut p = oncely::RetryPolicy::new();
+        if let Some(n) = max_attempts {
+            p = p.with_max_attempts(int_in(py, "max_attempts", n, 0, i128::from(u32::MAX))? as u32);
+        }
+        if let Some(d) = opt_seconds(py, "base_delay", base_delay)? {
+            p = p.with_base_delay(d);
+        }
+        if let Some(d) = opt_seconds(py, "max_delay", max_delay)? {
+            p = p.with_max_delay(d);
+        }
+        if let Some(m) = multiplier {
+            p = p.with_multiplier(nan_ok(py, "multiplier", m)?);
+        }
+        if let Some(j) = jitter {
+            p = p.with_jitter(nan_ok(py, "jitter", j)?);
+        }
+        if let Some(s) = seed.filter(|s| !s.is_none()) {
+            p = p.with_seed(int_in(py, "seed", s, 0, i128::from(u64::MAX))? as u64);
+        }
+        if let Some(d) = opt_seconds(py, "min_attempt", min_attempt)? {
+            p = p.with_min_attempt(d);
+        }
+        p.validate().py(py)?;
+        Ok(RetryPolicy { inner: p })
+    }
+
+    /// Total attempts, the first included.
+    #[getter]
+    fn max_attempts(&self) -> u32 {
+        self.inner.max_attempts()
+    }
+    /// Delay after the first failure, before jitter (seconds).
+    #[getter]
+    fn base_delay(&self) -> f64 {
+        self.inner.base_delay().as_secs_f64()
+    }
+    /// Cap on the delay before jitter (seconds).
+    #[getter]
+    fn max_delay(&self) -> f64 {
+        self.inner.max_delay().as_secs_f64()
+    }
+    /// Growth factor per attempt.
+    #[getter]
+    fn multiplier(&self) -> f64 {
+        self.inner.multiplier()
+    }
+    /// Relative jitter in [0, 1).
+    #[getter]
+    fn jitter(&self) -> f64 {
+        self.inner.jitter()
+    }
+    /// The jitter seed, if deterministic.
+    #[getter]
+    fn seed(&self) -> Option<u64> {
+        self.inner.seed()
+    }
+    /// Time an attempt needs at least before the deadline (seconds).
+    #[getter]
+    fn min_attempt(&self) -> f64 {
+        self.inner.min_attempt().as_secs_f64()
+    }
+
+    /// The delay (seconds) after the `failed_attempt`-th failure (1-based).
+    fn delay_after(&self, py: Python<'_>, failed_attempt: &Bound<'_, PyAny>) -> PyResult<f64> {
+        let n = int_in(
+            py,
+            "failed_attempt",
+            failed_attempt,
+            0,
+            i128::from(u32::MAX),
+        )? as u32;
+        Ok(self.inner.delay_after(n).as_secs_f64())
+    }
+
+    /// The delay (seconds) after the `failed_attempt`-th failure with jitter from `seed`.
+    fn delay_with_seed(
+        &self,
+        py: Python<'_>,
+        failed_attempt: &Bound<'_, PyAny>,
+        seed: &Bound<'_, PyAny>,
+    ) -> PyResult<f64> {
+        let n = int_in(
+            py,
+            "failed_attempt",
+            failed_attempt,
+            0,
+            i128::from(u32::MAX),
+        )? as u32;
+        let seed = int_in(py, "seed", seed, 0, i128::from(u64::MAX))? as u64;
+        Ok(self.inner.delay_with_seed(n, seed).as_secs_f64())
+    }
+
+    /// The whole delay sequence (seconds), `max_attempts - 1` delays; at most 100,000.
+    fn backoff(&self, py: Python<'_>) -> PyResult<Vec<f64>> {
+        if self.inner.max_attempts() > 100_001 {
+            return Err(invalid(
+                py,
+                "max_attempts",
+                "backoff() lists at most 100,000 delays; use delay_after(n)",
+            ));
+        }
+        Ok(self.inner.backoff().map(|d| d.as_secs_f64()).collect())
+    }
+
+    fn __repr__(&self) -> String {
+        let p = &self.inner;
+        format!(
+            "RetryPolicy(max_attempts={}, base_delay={}, max_delay={}, multiplier={}, jitter={}, seed={}, min_attempt={})",
+            p.max_attempts(),
+            p.base_delay().as_secs_f64(),
+            p.max_delay().as_secs_f64(),
+            p.multiplier(),
+            p.jitter(),
+            p.seed().map_or("None".to_owned(), |s| s.to_string()),
+            p.min_attempt().as_secs_f64(),
+        )
+    }
+}
+
+/// A number that the core validates itself (NaN is passed on and rejected there with
+/// the field's name); only the type is checked here.
+fn nan_ok(py: Python<'_>, field: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<f64> {
+    match finite(py, field, obj) {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => Err(e),
+        Err(_) => Ok(f64::NAN),
+    }
+}
+
+/// A clock that moves only when told to (for tests of stores, budgets and loops).
+#[pyclass(frozen, module = "oncely")]
+#[derive(Clone, Default)]
+pub struct ManualClock {
+    pub inner: oncely::ManualClock,
+}
+
+#[pymethods]
+impl ManualClock {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+    /// Moves the clock forward by `seconds`.
+    fn advance(&self, py: Python<'_>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner
+            .advance(crate::convert::seconds(py, "seconds", seconds)?);
+        Ok(())
+    }
+    /// Sets the clock to `seconds` since its origin.
+    fn set(&self, py: Python<'_>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.inner
+            .set(crate::convert::seconds(py, "seconds", seconds)?);
+        Ok(())
+    }
+    /// The current time since the clock's origin, in seconds.
+    fn now(&self) -> f64 {
+        self.inner.now().as_secs_f64()
+    }
+    fn __repr__(&self) -> String {
+        format!("ManualClock(now={})", self.inner.now().as_secs_f64())
+    }
+}
+
+/// Which clock a deadline or loop reads: the process's monotonic one or a manual one.
+#[derive(Clone)]
+pub enum AnyClock {
+    System,
+    Manual(oncely::ManualClock),
+}
+
+impl AnyClock {
+    pub fn of(clock: Option<&Bound<'_, ManualClock>>) -> Self {
+        match clock {
+            Some(c) => AnyClock::Manual(c.get().inner.clone()),
+            None => AnyClock::System,
+        }
+    }
+    pub fn now(&self) -> Duration {
+        match self {
+            AnyClock::System => SystemClock.now(),
+            AnyClock::Manual(c) => c.now(),
+        }
+    }
+}
+
+/// The point in time by which a whole call must finish.
+#[pyclass(frozen, module = "oncely")]
+#[derive(Clone)]
+pub struct Deadline {
+    pub inner: oncely::Deadline,
+    pub clock: AnyClock,
+}
+
+#[pymethods]
+impl Deadline {
+    /// A deadline `seconds` from now (on `_clock` if given, else the monotonic clock).
+    #[new]
+    #[pyo3(signature = (seconds, *, _clock=None))]
+    fn new(
+        py: Python<'_>,
+        seconds: &Bound<'_, PyAny>,
+        _clock: Option<&Bound<'_, ManualClock>>,
+    ) -> PyResult<Self> {
+        let budget = crate::convert::seconds(py, "deadline", seconds)?;
+        let clock = AnyClock::of(_clock);
+        Ok(Deadline {
+            inner: oncely::Deadline::at(clock.now().saturating_add(budget)),
+            clock,
+        })
+    }
+    /// Seconds left (0 once passed).
+    fn remaining(&self) -> f64 {
+        self.inner.remaining_at(self.clock.now()).as_secs_f64()
+    }
+    /// Whether the deadline has passed.
+    #[getter]
+    fn expired(&self) -> bool {
+        self.inner.remaining_at(self.clock.now()).is_zero()
+    }
+    fn __repr__(&self) -> String {
+        format!("Deadline(remaining={})", self.remaining())
+    }
+}
+
+/// What a budget holds in its window.
+#[pyclass(frozen, module = "oncely", get_all)]
+#[derive(Clone)]
+pub struct BudgetSnapshot {
+    requests: u64,
+    retries: u64,
+    allowed: f64,
+}
+
+#[pymethods]
+impl BudgetSnapshot {
+    fn __repr__(&self) -> String {
+        format!(
+            "BudgetSnapshot(requests={}, retries={}, allowed={})",
+            self.requests, self.retries, self.allowed
+        )
+    }
+}
+
+/// Caps retries across calls (SPEC §4): share one between the calls of a client.
+#[pyclass(frozen, module = "oncely")]
+pub struct RetryBudget {
+    pub inner: oncely::RetryBudget,
+}
+
+#[pymethods]
+impl RetryBudget {
+    #[new]
+    #[pyo3(signature = (ratio=None, window=None, min_per_sec=None, *, _clock=None))]
+    fn new(
+        py: Python<'_>,
+        ratio: Option<&Bound<'_, PyAny>>,
+        window: Option<&Bound<'_, PyAny>>,
+        min_per_sec: Option<&Bound<'_, PyAny>>,
+        _clock: Option<&Bound<'_, ManualClock>>,
+    ) -> PyResult<Self> {
+        let ratio = match ratio {
+            Some(r) => nan_ok(py, "ratio", r)?,
+            None => 0.1,
+        };
+        let window = opt_seconds(py, "window", window)?.unwrap_or(Duration::from_secs(10));
+        let min_per_sec = match min_per_sec {
+            Some(m) => int_in(py, "min_per_sec", m, 0, i128::from(u32::MAX))? as u32,
+            None => 10,
+        };
+        let mut b = oncely::RetryBudget::new(ratio, window, min_per_sec).py(py)?;
+        if let Some(c) = _clock {
+            b = b.with_clock(c.get().inner.clone());
+        }
+        Ok(RetryBudget { inner: b })
+    }
+    #[getter]
+    fn ratio(&self) -> f64 {
+        self.inner.ratio()
+    }
+    #[getter]
+    fn window(&self) -> f64 {
+        self.inner.window().as_secs_f64()
+    }
+    #[getter]
+    fn min_per_sec(&self) -> u32 {
+        self.inner.min_per_sec()
+    }
+    /// Counts one call (not one attempt).
+    fn record_request(&self) {
+        self.inner.record_request()
+    }
+    /// Takes one retry if the budget has room.
+    fn try_withdraw(&self) -> bool {
+        self.inner.try_withdraw()
+    }
+    /// The window's counts now.
+    fn snapshot(&self) -> BudgetSnapshot {
+        let s = self.inner.snapshot();
+        BudgetSnapshot {
+            requests: s.requests,
+            retries: s.retries,
+            allowed: s.allowed,
+        }
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "RetryBudget(ratio={}, window={}, min_per_sec={})",
+            self.inner.ratio(),
+            self.inner.window().as_secs_f64(),
+            self.inner.min_per_sec()
+        )
+    }
+}
+
+/// A failure reduced to what the retry decision needs: a code and the server's delay.
+#[pyclass(frozen, module = "oncely")]
+#[derive(Clone)]
+pub struct Failure {
+    pub inner: CoreFailure,
+}
+
+#[pymethods]
+impl Failure {
+    /// `delay`: seconds the server asked to wait; `do_not_retry`: it asked not to retry.
+    #[new]
+    #[pyo3(signature = (code, *, delay=None, do_not_retry=false))]
+    fn new(
+        py: Python<'_>,
+        code: &Bound<'_, PyAny>,
+        delay: Option<&Bound<'_, PyAny>>,
+        do_not_retry: bool,
+    ) -> PyResult<Self> {
+        let mut f = CoreFailure::new(code_of(py, code)?);
+        if do_not_retry {
+            f = f.with_server_delay(ServerDelay::DoNotRetry);
+        } else if let Some(d) = opt_seconds(py, "delay", delay)? {
+            f = f.with_server_delay(ServerDelay::After(d));
+        }
+        Ok(Failure { inner: f })
+    }
+
+    /// A failure from the raw `Retry-After` and `grpc-retry-pushback-ms` values
+    /// (either may be None). A malformed value is ignored: local backoff applies.
+    #[staticmethod]
+    #[pyo3(signature = (code, retry_after=None, pushback_ms=None))]
+    fn from_headers(
+        py: Python<'_>,
+        code: &Bound<'_, PyAny>,
+        retry_after: Option<&str>,
+        pushback_ms: Option<&str>,
+    ) -> PyResult<Self> {
+        let mut f = CoreFailure::new(code_of(py, code)?);
+        let delay = pushback_ms
+            .and_then(|v| oncely::parse_pushback_ms(v).ok())
+            .or_else(|| {
+                retry_after.and_then(|v| oncely::parse_retry_after(v, SystemTime::now()).ok())
+            });
+        if let Some(d) = delay {
+            f = f.with_server_delay(d);
+        }
+        Ok(Failure { inner: f })
+    }
+
+    /// The gRPC code (an int; `oncely.Code` wraps it).
+    #[getter]
+    fn code(&self) -> u8 {
+        self.inner.code as u8
+    }
+    /// The server's delay in seconds, if any.
+    #[getter]
+    fn delay(&self) -> Option<f64> {
+        match self.inner.server_delay {
+            Some(ServerDelay::After(d)) => Some(d.as_secs_f64()),
+            _ => None,
+        }
+    }
+    /// The server said not to retry.
+    #[getter]
+    fn do_not_retry(&self) -> bool {
+        self.inner.server_delay == Some(ServerDelay::DoNotRetry)
+    }
+    fn __repr__(&self) -> String {
+        format!("Failure({})", self.inner)
+    }
+}
+
+/// The sans-IO retry machine of one call, driven by the Python loops: feed it each
+/// failure; it answers `(delay, rule, from_server)` to retry or a stop reason (str).
+#[pyclass(module = "oncely")]
+pub struct RetryState {
+    inner: oncely::RetryState,
+    clock: AnyClock,
+}
+
+#[pymethods]
+impl RetryState {
+    #[new]
+    #[pyo3(signature = (policy=None, *, safe=false, rereads=false, transient_internal=false, deadline=None, budget=None, clock=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        policy: Option<&Bound<'_, RetryPolicy>>,
+        safe: bool,
+        rereads: bool,
+        transient_internal: bool,
+        deadline: Option<&Bound<'_, PyAny>>,
+        budget: Option<&Bound<'_, RetryBudget>>,
+        clock: Option<&Bound<'_, ManualClock>>,
+    ) -> PyResult<Self> {
+        let policy = policy.map_or_else(oncely::RetryPolicy::new, |p| p.get().inner);
+        let clock = AnyClock::of(clock);
+        let mut state = oncely::RetryState::new(policy).with_facts(CallFacts {
+            safe,
+            rereads,
+            transient_internal,
+        });
+        if let Some(d) = deadline.filter(|d| !d.is_none()) {
+            let deadline = if let Ok(d) = d.cast::<Deadline>() {
+                d.get().inner
+            } else {
+                oncely::Deadline::at(clock.now().saturating_add(seconds(py, "deadline", d)?))
+            };
+            state = state.with_deadline(deadline);
+        }
+        if let Some(b) = budget {
+            state = state.with_budget(b.get().inner.clone());
+        }
+        Ok(RetryState {
+            inner: state,
+            clock,
+        })
+    }
+
+    /// The number of the attempt in progress (1 for the first).
+    #[getter]
+    fn attempt(&self) -> u32 {
+        self.inner.attempt()
+    }
+
+    /// Seconds left before the deadline (None without one).
+    fn remaining(&self) -> Option<f64> {
+        self.inner
+            .remaining_at(self.clock.now())
+            .map(|d| d.as_secs_f64())
+    }
+
+    /// Decides what follows a failure: `failure` is a `Failure` or a code (int).
+    fn on_failure<'py>(
+        &mut self,
+        py: Python<'py>,
+        failure: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let f = if let Ok(f) = failure.cast::<Failure>() {
+            f.get().inner
+        } else {
+            CoreFailure::new(code_of(py, failure)?)
+        };
+        let now = self.clock.now();
+        Ok(match self.inner.on_failure(f, now) {
+            Decision::Retry { delay, rule } => {
+                let from_server = matches!(f.server_delay, Some(ServerDelay::After(_)));
+                PyTuple::new(
+                    py,
+                    [
+                        delay.as_secs_f64().into_pyobject(py)?.into_any(),
+                        PyString::intern(py, rule.as_str()).into_any(),
+                        pyo3::types::PyBool::new(py, from_server)
+                            .to_owned()
+                            .into_any(),
+                    ],
+                )?
+                .into_any()
+            }
+            Decision::Stop(reason) => PyString::intern(py, reason.as_str()).into_any(),
+        })
+    }
+}
+
+/// Parses an HTTP `Retry-After` value into seconds (`now`: Unix time in seconds, for
+/// HTTP-dates; default the wall clock).
+#[pyfunction]
+#[pyo3(signature = (value, now=None))]
+pub fn parse_retry_after(
+    py: Python<'_>,
+    value: &str,
+    now: Option<&Bound<'_, PyAny>>,
+) -> PyResult<f64> {
+    let now = match now {
+        None => SystemTime::now(),
+        Some(n) => {
+            let secs = finite(py, "now", n)?;
+            if secs >= 0.0 {
+                SystemTime::UNIX_EPOCH + oncely::duration_from_secs_f64("now", secs).py(py)?
+            } else {
+                SystemTime::UNIX_EPOCH - oncely::duration_from_secs_f64("now", -secs).py(py)?
+            }
+        }
+    };
+    match oncely::parse_retry_after(value, now).py(py)? {
+        ServerDelay::After(d) => Ok(d.as_secs_f64()),
+        ServerDelay::DoNotRetry => Ok(f64::INFINITY),
+    }
+}
+
+/// Parses `grpc-retry-pushback-ms` into seconds; None means "do not retry".
+#[pyfunction]
+pub fn parse_pushback_ms(py: Python<'_>, value: &str) -> PyResult<Option<f64>> {
+    match oncely::parse_pushback_ms(value).py(py)? {
+        ServerDelay::After(d) => Ok(Some(d.as_secs_f64())),
+        ServerDelay::DoNotRetry => Ok(None),
+    }
+}

@@ -1,0 +1,599 @@
+//! The dedup store for Python: the core's `MemoryStore` holding Python objects, its
+//! lease and join primitives, and the safe waking of asyncio waiters.
+//!
+//! # Waking asyncio waiters without deadlocks
+//!
+//! A waiter's `Join` is never handed to Python as a Rust future. `Join.subscribe`
+//! polls it once, on the event-loop thread, with a waker that only sends the
+//! registration's id down a channel: it needs no GIL and takes no lock that a
+//! GIL-holding thread could hold. `event-listener` may call that waker from any
+//! thread while it holds its own lock; nothing else happens there. One pump thread
+//! (started on first use, restarted after `fork`) receives the ids, polls the joins
+//! (without the GIL), and only then attaches to Python, once per batch, to hand the
+//! outcomes to each event loop with one `call_soon_threadsafe` per loop and batch.
+//!
+//! Lock order: the registry lock and the store's lock are never held while waiting for
+//! the GIL, and no Python code runs under them: a Python object whose last reference
+//! a store drops under its lock (expiry, eviction) is moved to a graveyard and released
+//! after the lock, when the thread is attached again.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::task::{Context, Poll, Wake, Waker};
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyList, PyString, PyTuple};
+
+use oncely::{Begin, CallFacts, Code, Error, ExecuteOptions, Joined, MemoryStore};
+
+use crate::convert::{int_in, opt_seconds};
+use crate::errors::{to_py_value, IntoPyResult};
+use crate::keys::ScopedKey;
+use crate::retry::{code_of, ManualClock};
+
+// ---------------------------------------------------------------------------------------
+// Python objects held by the core
+// ---------------------------------------------------------------------------------------
+
+/// A Python object held inside the core store. Dropping it never runs Python code on
+/// the spot: the reference goes to the graveyard and is released by [`bury`].
+pub struct Held(Option<Py<PyAny>>);
+
+impl Held {
+    fn new(obj: Py<PyAny>) -> Self {
+        Held(Some(obj))
+    }
+    fn bind<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        self.0
+            .as_ref()
+            .expect("a held object is only taken by drop")
+            .bind(py)
+            .clone()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(obj) = self.0.take() {
+            lock(&GRAVEYARD).push(obj);
+            GRAVEYARD_FULL.store(true, Ordering::Release);
+        }
+    }
+}
+
+static GRAVEYARD: Mutex<Vec<Py<PyAny>>> = Mutex::new(Vec::new());
+static GRAVEYARD_FULL: AtomicBool = AtomicBool::new(false);
+
+/// Releases the references dropped by the store, while attached and holding no lock.
+fn bury(_py: Python<'_>) {
+    if GRAVEYARD_FULL.swap(false, Ordering::AcqRel) {
+        let dead = std::mem::take(&mut *lock(&GRAVEYARD));
+        drop(dead);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A stored result: the leader's object, shared by reference with every caller.
+type Value = Arc<Held>;
+
+/// A failed action: the user's exception (given unchanged to every waiter), its
+/// traceback at the leader, and its code if the store caches permanent failures.
+pub struct PyFailure {
+    exc: Held,
+    tb: Held,
+    code: Option<Code>,
+}
+
+type Store = MemoryStore<Value, PyFailure>;
+type CoreJoin = oncely::Join<Value, PyFailure>;
+type CoreLease = oncely::Lease<Value, PyFailure>;
+type Outcome = Joined<Value, PyFailure>;
+
+// ---------------------------------------------------------------------------------------
+// Python-facing types
+// ---------------------------------------------------------------------------------------
+
+/// A successful execute: the value and how this caller got it.
+#[pyclass(frozen, module = "oncely")]
+pub struct Executed {
+    value: Py<PyAny>,
+    source: &'static str,
+}
+
+#[pymethods]
+impl Executed {
+    /// The action's result (the leader's very object, for joiners and replays).
+    #[getter]
+    fn value(&self, py: Python<'_>) -> Py<PyAny> {
+        self.value.clone_ref(py)
+    }
+    /// `"led"`, `"joined"` or `"replayed"`.
+    #[getter]
+    fn source<'py>(&self, py: Python<'py>) -> Bound<'py, PyString> {
+        PyString::intern(py, self.source)
+    }
+    /// True when this caller did not run the action (joined or replayed): an HTTP
+    /// server answers with `Idempotent-Replayed: true`.
+    #[getter]
+    fn replayed(&self) -> bool {
+        self.source != "led"
+    }
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "Executed(value={}, source={:?})",
+            self.value.bind(py).repr()?,
+            self.source
+        ))
+    }
+}
+
+fn executed(py: Python<'_>, value: Py<PyAny>, source: &'static str) -> PyResult<Py<PyAny>> {
+    Ok(Py::new(py, Executed { value, source })?.into_any())
+}
+
+/// What a store has done since it was made.
+#[pyclass(frozen, module = "oncely", get_all, eq)]
+#[derive(Clone, PartialEq)]
+pub struct Counters {
+    leads: u64,
+    joins: u64,
+    replays: u64,
+    conflicts: u64,
+    expirations: u64,
+    evictions: u64,
+}
+
+#[pymethods]
+impl Counters {
+    fn __repr__(&self) -> String {
+        format!(
+            "Counters(leads={}, joins={}, replays={}, conflicts={}, expirations={}, evictions={})",
+            self.leads, self.joins, self.replays, self.conflicts, self.expirations, self.evictions
+        )
+    }
+}
+
+/// The waiter-side view of an outcome: an `Executed` (value), a `(exception,
+/// traceback)` tuple (failure), or None (the leader went away: begin again).
+fn outcome(py: Python<'_>, out: Outcome, source: &'static str) -> PyResult<Py<PyAny>> {
+    match out {
+        Joined::Value(v) => executed(py, v.bind(py).unbind(), source),
+        Joined::Failed(f) => failure_tuple(py, &f),
+        Joined::Panicked(m) => {
+            let exc = to_py_value(py, Error::LeaderPanicked(m.to_string()));
+            Ok(PyTuple::new(py, [exc, py.None()])?.into_any().unbind())
+        }
+        Joined::Abandoned => Ok(py.None()),
+    }
+}
+
+fn failure_tuple(py: Python<'_>, f: &PyFailure) -> PyResult<Py<PyAny>> {
+    Ok(PyTuple::new(py, [f.exc.bind(py), f.tb.bind(py)])?
+        .into_any()
+        .unbind())
+}
+
+/// The native dedup store; `oncely.IdempotencyStore` adds `execute`/`execute_sync`.
+#[pyclass(subclass, module = "oncely", name = "_Store")]
+pub struct PyStore {
+    inner: Store,
+    caches_failures: bool,
+}
+
+#[pymethods]
+impl PyStore {
+    #[new]
+    #[pyo3(signature = (ttl=None, max_entries=None, *, in_progress_retry_after=None, cache_permanent_failures=false, _clock=None))]
+    fn new(
+        py: Python<'_>,
+        ttl: Option<&Bound<'_, PyAny>>,
+        max_entries: Option<&Bound<'_, PyAny>>,
+        in_progress_retry_after: Option<&Bound<'_, PyAny>>,
+        cache_permanent_failures: bool,
+        _clock: Option<&Bound<'_, ManualClock>>,
+    ) -> PyResult<Self> {
+        let mut b = Store::builder();
+        if let Some(ttl) = opt_seconds(py, "ttl", ttl)? {
+            b = b.ttl(ttl);
+        }
+        if let Some(n) = max_entries.filter(|n| !n.is_none()) {
+            b = b.max_entries(int_in(py, "max_entries", n, 0, isize::MAX as i128)? as usize);
+        }
+        if let Some(d) = opt_seconds(py, "in_progress_retry_after", in_progress_retry_after)? {
+            b = b.in_progress_retry_after(d);
+        }
+        if cache_permanent_failures {
+            b = b.cache_failures_when(|f: &PyFailure| {
+                f.code
+                    .is_some_and(|c| !oncely::classify(c, CallFacts::SAFE).retryable)
+            });
+        }
+        if let Some(c) = _clock {
+            b = b.clock(c.get().inner.clone());
+        }
+        Ok(PyStore {
+            inner: b.build().py(py)?,
+            caches_failures: cache_permanent_failures,
+        })
+    }
+
+    /// Looks the key up: an `Executed` (replay), a `(exception, traceback)` tuple (a
+    /// cached failure), a `Lease` (run the action, then settle it) or a `Join` (wait).
+    #[pyo3(signature = (scoped, fingerprint, wait=true))]
+    fn begin(
+        &self,
+        py: Python<'_>,
+        scoped: &Bound<'_, PyAny>,
+        fingerprint: &str,
+        wait: bool,
+    ) -> PyResult<Py<PyAny>> {
+        let key = scoped_key(scoped)?;
+        let options = if wait {
+            ExecuteOptions::default()
+        } else {
+            ExecuteOptions::NO_WAIT
+        };
+        let begun = self.inner.begin(&key.inner, fingerprint, options);
+        let out = match begun.py(py)? {
+            Begin::Replay(Ok(v)) => executed(py, v.bind(py).unbind(), "replayed"),
+            Begin::Replay(Err(f)) => failure_tuple(py, &f),
+            Begin::Lead(lease) => Ok(Py::new(
+                py,
+                Lease {
+                    inner: Mutex::new(Some(lease)),
+                },
+            )?
+            .into_any()),
+            Begin::Join(join) => Ok(Py::new(
+                py,
+                Join {
+                    inner: Mutex::new(Some(join)),
+                    registration: Mutex::new(None),
+                },
+            )?
+            .into_any()),
+        };
+        bury(py);
+        out
+    }
+
+    /// Whether failures classified permanent are cached (they then need a code).
+    #[getter]
+    fn caches_failures(&self) -> bool {
+        self.caches_failures
+    }
+
+    /// The TTL of completed entries, in seconds.
+    #[getter]
+    fn ttl(&self) -> f64 {
+        self.inner.ttl().as_secs_f64()
+    }
+
+    /// Counts of leads, joins, replays, conflicts, expirations, evictions.
+    fn counters(&self) -> Counters {
+        let c = self.inner.counters();
+        Counters {
+            leads: c.leads,
+            joins: c.joins,
+            replays: c.replays,
+            conflicts: c.conflicts,
+            expirations: c.expirations,
+            evictions: c.evictions,
+        }
+    }
+
+    /// Removes a completed entry (e.g. a cached failure) so the next call runs again.
+    fn remove(&self, py: Python<'_>, scoped: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let key = scoped_key(scoped)?;
+        let removed = self.inner.remove(&key.inner);
+        bury(py);
+        Ok(removed)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+}
+
+fn scoped_key<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> PyResult<PyRef<'py, ScopedKey>> {
+    obj.extract::<PyRef<'py, ScopedKey>>().map_err(|_| {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "scoped must be an oncely.ScopedKey made by oncely.scope(tenant, method, key), not {}",
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })
+}
+
+/// The leader's claim on a key: settle it with `complete`, `fail` or `panicked`;
+/// `abandon` (or garbage collection) lets a waiter take over.
+#[pyclass(frozen, module = "oncely")]
+pub struct Lease {
+    inner: Mutex<Option<CoreLease>>,
+}
+
+impl Lease {
+    fn take(&self) -> PyResult<CoreLease> {
+        lock(&self.inner)
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("this lease is already settled"))
+    }
+}
+
+#[pymethods]
+impl Lease {
+    /// Stores `value` and wakes the waiters with it; returns the leader's `Executed`.
+    fn complete(&self, py: Python<'_>, value: Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let lease = self.take()?;
+        lease.complete_now(Arc::new(Held::new(value.clone().unbind())));
+        bury(py);
+        executed(py, value.unbind(), "led")
+    }
+
+    /// The action raised `exc`: wakes the waiters with it (and removes the entry, or
+    /// caches it when the store caches permanent failures and `code` is one).
+    #[pyo3(signature = (exc, code=None))]
+    fn fail(
+        &self,
+        py: Python<'_>,
+        exc: Bound<'_, PyAny>,
+        code: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let code = match code.filter(|c| !c.is_none()) {
+            Some(c) => Some(code_of(py, c)?),
+            None => None,
+        };
+        let tb = exc.getattr(pyo3::intern!(py, "__traceback__"))?;
+        let lease = self.take()?;
+        drop(lease.fail_now(PyFailure {
+            exc: Held::new(exc.unbind()),
+            tb: Held::new(tb.unbind()),
+            code,
+        }));
+        bury(py);
+        Ok(())
+    }
+
+    /// The action failed without an error value: waiters get `LeaderPanickedError`.
+    fn panicked(&self, py: Python<'_>, message: &str) -> PyResult<()> {
+        self.take()?.panicked_now(message);
+        bury(py);
+        Ok(())
+    }
+
+    /// Gives the claim up unsettled (the leader was cancelled): one waiter takes over.
+    fn abandon(&self, py: Python<'_>) {
+        let lease = lock(&self.inner).take();
+        drop(lease);
+        bury(py);
+    }
+
+    /// The scoped key this lease is for.
+    #[getter]
+    fn key(&self) -> Option<String> {
+        lock(&self.inner).as_ref().map(|l| l.key().to_owned())
+    }
+}
+
+/// A wait on a running call with the same key.
+#[pyclass(frozen, module = "oncely")]
+pub struct Join {
+    inner: Mutex<Option<CoreJoin>>,
+    registration: Mutex<Option<u64>>,
+}
+
+impl Join {
+    fn take(&self) -> PyResult<CoreJoin> {
+        lock(&self.inner)
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("this join was already waited on"))
+    }
+}
+
+#[pymethods]
+impl Join {
+    /// Waits from asyncio: returns the outcome at once if the leader has settled;
+    /// otherwise registers `fut` (a future of `loop`), which gets the outcome through
+    /// `loop.call_soon_threadsafe`, and returns `fut` itself.
+    fn subscribe(
+        &self,
+        py: Python<'_>,
+        r#loop: Bound<'_, PyAny>,
+        fut: Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let mut join = self.take()?;
+        if let Some(out) = join.try_get() {
+            return outcome(py, out, "joined");
+        }
+        let id = REGISTRY.next.fetch_add(1, Ordering::Relaxed);
+        let waker = Waker::from(Arc::new(IdWaker(id)));
+        let ready = {
+            let mut map = lock(&REGISTRY.map);
+            // Polled under the registry lock: a wake that comes before the entry is
+            // in the map waits for the lock in the pump, so it is never lost.
+            match Pin::new(&mut join).poll(&mut Context::from_waker(&waker)) {
+                Poll::Ready(out) => Some(out),
+                Poll::Pending => {
+                    map.insert(
+                        id,
+                        Entry {
+                            join,
+                            waker,
+                            event_loop: r#loop.unbind(),
+                            fut: fut.clone().unbind(),
+                        },
+                    );
+                    None
+                }
+            }
+        };
+        match ready {
+            Some(out) => outcome(py, out, "joined"),
+            None => {
+                *lock(&self.registration) = Some(id);
+                Ok(fut.unbind())
+            }
+        }
+    }
+
+    /// Stops waiting (the waiter was cancelled); the leader and other waiters go on.
+    fn cancel(&self, py: Python<'_>) {
+        let id = lock(&self.registration).take();
+        if let Some(id) = id {
+            let entry = lock(&REGISTRY.map).remove(&id);
+            drop(entry);
+        }
+        let join = lock(&self.inner).take();
+        drop(join);
+        bury(py);
+    }
+
+    /// Blocks this thread, with the GIL released, until the leader settles.
+    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let join = self.take()?;
+        let out = py.detach(move || join.wait());
+        let r = outcome(py, out, "joined");
+        bury(py);
+        r
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The pump: wakes of asyncio waiters, forwarded to their event loops
+// ---------------------------------------------------------------------------------------
+
+struct Entry {
+    join: CoreJoin,
+    waker: Waker,
+    event_loop: Py<PyAny>,
+    fut: Py<PyAny>,
+}
+
+struct Registry {
+    map: Mutex<HashMap<u64, Entry>>,
+    next: AtomicU64,
+}
+
+static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
+    map: Mutex::new(HashMap::new()),
+    next: AtomicU64::new(1),
+});
+
+/// The waker of one registration: it only sends the id to the pump.
+struct IdWaker(u64);
+
+impl Wake for IdWaker {
+    fn wake(self: Arc<Self>) {
+        send(self.0);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        send(self.0);
+    }
+}
+
+struct Pump {
+    pid: u32,
+    tx: Sender<u64>,
+}
+
+static PUMP: Mutex<Option<Pump>> = Mutex::new(None);
+
+fn send(id: u64) {
+    let mut pump = lock(&PUMP);
+    let pid = std::process::id();
+    if pump.as_ref().is_none_or(|p| p.pid != pid) {
+        // First use, or a child after fork (threads do not survive fork).
+        let (tx, rx) = channel();
+        let spawned = std::thread::Builder::new()
+            .name("oncely-waker".into())
+            .spawn(move || run_pump(rx));
+        if spawned.is_err() {
+            return;
+        }
+        *pump = Some(Pump { pid, tx });
+    }
+    if let Some(p) = pump.as_ref() {
+        let _ = p.tx.send(id);
+    }
+}
+
+const BATCH: usize = 4096;
+
+fn run_pump(rx: Receiver<u64>) {
+    let mut ready: Vec<(Entry, Outcome)> = Vec::new();
+    while let Ok(first) = rx.recv() {
+        let mut ids = vec![first];
+        while ids.len() < BATCH {
+            match rx.try_recv() {
+                Ok(id) => ids.push(id),
+                Err(_) => break,
+            }
+        }
+        {
+            let mut map = lock(&REGISTRY.map);
+            for id in ids {
+                let Some(entry) = map.get_mut(&id) else {
+                    continue; // cancelled, or already resolved by an earlier wake
+                };
+                let waker = entry.waker.clone();
+                if let Poll::Ready(out) =
+                    Pin::new(&mut entry.join).poll(&mut Context::from_waker(&waker))
+                {
+                    let entry = map.remove(&id).expect("entry present");
+                    ready.push((entry, out));
+                }
+            }
+        }
+        if ready.is_empty() {
+            continue;
+        }
+        let batch = std::mem::take(&mut ready);
+        // Attach only now, holding no lock. During interpreter shutdown there is no
+        // loop left to wake: the references are left to PyO3's release pool.
+        let _ = Python::try_attach(move |py| deliver(py, batch));
+    }
+}
+
+fn deliver(py: Python<'_>, batch: Vec<(Entry, Outcome)>) {
+    static SETTLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let Ok(settle) = SETTLE.import(py, "oncely.store", "_settle_batch") else {
+        return;
+    };
+    let mut groups: Vec<(Py<PyAny>, Bound<'_, PyList>)> = Vec::new();
+    for (entry, out) in batch {
+        let value = match outcome(py, out, "joined") {
+            Ok(v) => v,
+            Err(e) => e.into_value(py).into_any(),
+        };
+        let Ok(item) = PyTuple::new(py, [entry.fut.clone_ref(py), value]) else {
+            continue;
+        };
+        let group = match groups
+            .iter()
+            .position(|(l, _)| l.bind(py).is(entry.event_loop.bind(py)))
+        {
+            Some(i) => &groups[i].1,
+            None => {
+                groups.push((entry.event_loop.clone_ref(py), PyList::empty(py)));
+                &groups[groups.len() - 1].1
+            }
+        };
+        let _ = group.append(item);
+    }
+    for (event_loop, items) in groups {
+        // A closed loop refuses the call; its waiters are gone with it.
+        let _ = event_loop.call_method1(py, "call_soon_threadsafe", (settle, items));
+    }
+    bury(py);
+}
