@@ -1,0 +1,214 @@
+"""The shared cross-language vectors (tests/vectors/*.json, see their README) through
+the Python API: the same results as the Rust core's own test (core/tests/vectors.rs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import oncely
+from oncely import Code, Failure, ManualClock, RetryPolicy
+
+from conftest import case_id, load_vectors
+
+
+def _policy(p: dict[str, Any]) -> RetryPolicy:
+    kwargs: dict[str, Any] = dict(
+        max_attempts=p["max_attempts"],
+        base_delay=p["base_delay_ms"] / 1000,
+        max_delay=p["max_delay_ms"] / 1000,
+        multiplier=p["multiplier"],
+        jitter=p["jitter"],
+        seed=p["seed"],
+    )
+    if "min_attempt_ms" in p:
+        kwargs["min_attempt"] = p["min_attempt_ms"] / 1000
+    return RetryPolicy(**kwargs)
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def _check_error(exc: BaseException, expected: dict[str, Any]) -> None:
+    assert isinstance(exc, oncely.OncelyError)
+    assert exc.code == Code.INVALID_ARGUMENT
+    assert isinstance(exc, ValueError)
+    if expected["kind"] == "missing_key":
+        assert isinstance(exc, oncely.MissingKeyError)
+    else:
+        assert expected["kind"] == "invalid_argument"
+        assert isinstance(exc, oncely.InvalidArgumentError)
+        assert exc.field == expected["field"], str(exc)
+
+
+BACKOFF = load_vectors("backoff.json")
+
+
+@pytest.mark.parametrize("case", BACKOFF, ids=case_id)
+def test_backoff(case: dict[str, Any]) -> None:
+    if "error" in case:
+        with pytest.raises(oncely.InvalidArgumentError) as info:
+            _policy(case["policy"])
+        _check_error(info.value, case["error"])
+        return
+    policy = _policy(case["policy"])
+    seed = case["policy"]["seed"]
+    for d in case["delays"]:
+        n, want = d["failed_attempt"], d["delay_ms"]
+        assert _ms(policy.delay_after(n)) == want, (n, case["comment"])
+        if seed is not None:
+            assert _ms(policy.delay_with_seed(n, seed)) == want
+    if "sequence_ms" in case:
+        assert [_ms(s) for s in policy.backoff()] == case["sequence_ms"]
+
+
+@pytest.mark.parametrize("case", load_vectors("classification.json"), ids=lambda c: f"{c['code']}-{c['safe']}-{c['rereads']}-{c['transient_internal']}")
+def test_classification(case: dict[str, Any]) -> None:
+    got = oncely.classify(
+        Code[case["code"]],
+        safe=case["safe"],
+        rereads=case["rereads"],
+        transient_internal=case["transient_internal"],
+    )
+    assert (got.retryable, got.rule) == (case["retryable"], case["rule"])
+
+
+def test_http_table() -> None:
+    cases = load_vectors("http.json")
+    bad = [
+        (c["status"], Code.from_http(c["status"]).name, c["code"])
+        for c in cases
+        if Code.from_http(c["status"]).name != c["code"]
+    ]
+    assert not bad
+    assert len(cases) > 50
+
+
+@pytest.mark.parametrize("case", load_vectors("retry_after.json"), ids=case_id)
+def test_retry_after(case: dict[str, Any]) -> None:
+    value = case["value"]
+    if case["header"] == "Retry-After":
+        if "error" in case:
+            with pytest.raises(oncely.InvalidArgumentError) as info:
+                oncely.parse_retry_after(value, now=case["now"])
+            _check_error(info.value, case["error"])
+        else:
+            assert _ms(oncely.parse_retry_after(value, now=case["now"])) == case["delay_ms"]
+    else:
+        assert case["header"] == "grpc-retry-pushback-ms"
+        if "error" in case:
+            with pytest.raises(oncely.InvalidArgumentError) as info:
+                oncely.parse_pushback_ms(value)
+            _check_error(info.value, case["error"])
+        elif case.get("do_not_retry"):
+            assert oncely.parse_pushback_ms(value) is None
+        else:
+            got = oncely.parse_pushback_ms(value)
+            assert got is not None and _ms(got) == case["delay_ms"]
+
+
+@pytest.mark.parametrize("case", load_vectors("keys.json"), ids=case_id)
+def test_keys(case: dict[str, Any]) -> None:
+    op = case["op"]
+    if op == "parse":
+        call = lambda: oncely.validate_key(case["key"])  # noqa: E731
+        expect = case["key"] if case.get("valid") else None
+    elif op == "derive":
+        call = lambda: oncely.derive_key(case["business_id"], case["operation"])  # noqa: E731
+        expect = case.get("key")
+    else:
+        assert op == "scope"
+        call = lambda: str(oncely.scope(case["tenant"], case["method"], case["key"]))  # noqa: E731
+        expect = case.get("scoped")
+    if "error" in case:
+        with pytest.raises(oncely.InvalidArgumentError) as info:
+            call()
+        _check_error(info.value, case["error"])
+        if case["error"].get("field") == "idempotency_key":
+            assert isinstance(info.value, oncely.InvalidKeyError)
+    else:
+        assert call() == expect
+
+
+def test_scoped_keys_are_distinct() -> None:
+    cases = [c for c in load_vectors("keys.json") if c["op"] == "scope" and "scoped" in c]
+    triples = {(c["tenant"], c["method"], c["key"]) for c in cases}
+    scoped = {str(oncely.scope(*t)) for t in triples}
+    assert len(scoped) == len(triples)
+
+
+@pytest.mark.parametrize("case", load_vectors("fingerprints.json"), ids=case_id)
+def test_fingerprints(case: dict[str, Any]) -> None:
+    assert oncely.canonical_json(case["value"]) == case["canonical"].encode("utf-8")
+    assert oncely.fingerprint(case["value"]) == case["sha256"]
+    assert oncely.fingerprint_bytes(case["canonical"].encode("utf-8")) == case["sha256"]
+
+
+class Scripted(Exception):
+    def __init__(self, code: Code, server_delay: Any) -> None:
+        super().__init__(code.name)
+        self.code = code
+        self.server_delay = server_delay
+
+
+def _classify(exc: BaseException) -> Failure | None:
+    assert isinstance(exc, Scripted)
+    if exc.server_delay is None:
+        return Failure(exc.code)
+    if exc.server_delay == "do_not_retry":
+        return Failure(exc.code, do_not_retry=True)
+    return Failure(exc.code, delay=exc.server_delay["after_ms"] / 1000)
+
+
+@pytest.mark.parametrize("case", load_vectors("retry_decisions.json"), ids=case_id)
+def test_retry_decisions_through_the_sync_loop(case: dict[str, Any]) -> None:
+    """The real retry_sync loop on a manual clock: attempts advance it by `takes_ms`,
+    sleeps by the delay; the timeline must equal the vector (and Rust's simulate)."""
+    clock = ManualClock()
+    script = case["script"]
+    delays: list[int] = []
+    attempts = 0
+
+    def attempt() -> str:
+        nonlocal attempts
+        step = script[min(attempts, len(script) - 1)]
+        attempts += 1
+        clock.advance(step["takes_ms"] / 1000)
+        if step["outcome"] == "ok":
+            return "ok"
+        raise Scripted(Code[step["outcome"]], step["server_delay"])
+
+    def sleep(seconds: float) -> None:
+        delays.append(_ms(seconds))
+        clock.advance(seconds)
+
+    def zero_sleep_recorder(event: oncely.RetryEvent) -> None:
+        if event.delay == 0:
+            delays.append(0)  # the loop skips the sleep for a zero delay
+
+    deadline = case["deadline_ms"]
+    try:
+        result = oncely.retry_sync(
+            attempt,
+            policy=_policy(case["policy"]),
+            safe=case["safe"],
+            rereads=case["rereads"],
+            transient_internal=case["transient_internal"],
+            deadline=None if deadline is None else deadline / 1000,
+            classify=_classify,
+            on_retry=zero_sleep_recorder,
+            _clock=clock,
+            _sleep=sleep,
+        )
+    except Scripted as exc:
+        result = exc.stop_reason  # type: ignore[attr-defined]
+        assert exc.attempts == attempts  # type: ignore[attr-defined]
+    expect = case["expect"]
+    assert (attempts, delays, result, _ms(clock.now())) == (
+        expect["attempts"],
+        expect["delays_ms"],
+        expect["result"],
+        expect["elapsed_ms"],
+    )
