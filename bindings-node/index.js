@@ -1,0 +1,533 @@
+'use strict'
+// oncely for Node.js: the hand-written layer over the native addon (native.js, generated
+// by `napi build`). It only translates: it extracts codes from JavaScript errors, reads
+// milliseconds as numbers, and hosts the waiting (timers, Promises) in the event loop.
+// Every rule — backoff, classification, the retry decision, budgets, keys,
+// fingerprints, the dedup store — is the Rust core's.
+
+const native = require('./native.js')
+
+const {
+  Deadline,
+  ManualClock,
+  NativeLease,
+  NativeStore,
+  ReasonCodes,
+  RetryBudget,
+  RetryPolicy,
+  RetryState,
+  ScopedKey,
+} = native
+
+// ---------------------------------------------------------------------------------------
+// Codes and protocol constants (from the core)
+// ---------------------------------------------------------------------------------------
+
+/** The 17 gRPC codes, both ways: `Code.UNAVAILABLE === 14`, `Code[14] === 'UNAVAILABLE'`. */
+const Code = {}
+native.codeNames().forEach((name, n) => {
+  Code[name] = n
+  Code[n] = name
+})
+Object.freeze(Code)
+
+/** Header and metadata names of the protocol. */
+const headers = Object.freeze(native.protocolHeaders())
+/** HTTP statuses of the server side of the protocol (400, 422, 409). */
+const httpStatus = Object.freeze(native.protocolHttpStatus())
+
+// ---------------------------------------------------------------------------------------
+// Errors raised in this file (bad input to the JavaScript-only functions)
+// ---------------------------------------------------------------------------------------
+
+function invalid(Ctor, field, message) {
+  const e = new Ctor(message)
+  e.code = 'INVALID_ARGUMENT'
+  e.kind = 'invalid_argument'
+  e.field = field
+  return e
+}
+
+function typeName(v) {
+  if (v === null) return 'null'
+  if (Array.isArray(v)) return 'an array'
+  const t = typeof v
+  return t === 'undefined' ? 'undefined' : t === 'object' ? 'an object' : `a ${t}`
+}
+
+function mustBe(what, field, v) {
+  return invalid(TypeError, field, `${field} must be ${what}, got ${typeName(v)}`)
+}
+
+function isSignal(s) {
+  return s !== null && typeof s === 'object' && typeof s.aborted === 'boolean' && typeof s.addEventListener === 'function'
+}
+
+// ---------------------------------------------------------------------------------------
+// Fingerprints: JSON.stringify gives JavaScript's JSON form (toJSON, undefined members
+// dropped); the core canonicalizes (RFC 8785) and hashes it.
+// ---------------------------------------------------------------------------------------
+
+function rejectNonFinite(key, v) {
+  if (typeof v === 'number' && !Number.isFinite(v)) {
+    throw invalid(RangeError, 'value', `value has no JSON form: ${v}${key === '' ? '' : ` at key ${JSON.stringify(key)}`} (JSON has no NaN or Infinity)`)
+  }
+  return v
+}
+
+function jsonText(value) {
+  let text
+  try {
+    text = JSON.stringify(value, rejectNonFinite)
+  } catch (e) {
+    if (e && e.code === 'INVALID_ARGUMENT') throw e
+    const err = invalid(TypeError, 'value', `value has no JSON form: ${e && e.message}`)
+    err.cause = e
+    throw err
+  }
+  if (text === undefined) {
+    throw invalid(TypeError, 'value', `value has no JSON form: got ${typeName(value)}`)
+  }
+  return text
+}
+
+/** SHA-256 (hex) over the canonical JSON (RFC 8785) of `value`: the same in Rust, Python and Node. */
+function fingerprint(value) {
+  return native.fingerprintText(jsonText(value))
+}
+
+/** The canonical JSON (RFC 8785) of `value`, as a string. */
+function canonicalJson(value) {
+  return native.canonicalJsonText(jsonText(value))
+}
+
+// ---------------------------------------------------------------------------------------
+// Error extraction: which gRPC code (and server delay) a JavaScript error stands for
+// ---------------------------------------------------------------------------------------
+
+const { CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, UNAVAILABLE, UNIMPLEMENTED } = Code
+
+// Node system errors and undici's. The request may have been sent (ECONNRESET, EPIPE,
+// a socket closed mid-response): the outcome is unknown, which is UNAVAILABLE, retried
+// only by a safe (keyed) call. Not sent (refused, unreachable, DNS): UNAVAILABLE too.
+const SYSTEM_CODES = {
+  __proto__: null,
+  ECONNRESET: UNAVAILABLE,
+  EPIPE: UNAVAILABLE,
+  ECONNABORTED: UNAVAILABLE,
+  ECONNREFUSED: UNAVAILABLE,
+  EHOSTUNREACH: UNAVAILABLE,
+  EHOSTDOWN: UNAVAILABLE,
+  ENETUNREACH: UNAVAILABLE,
+  ENETDOWN: UNAVAILABLE,
+  EAI_AGAIN: UNAVAILABLE,
+  ENOTFOUND: UNAVAILABLE,
+  ETIMEDOUT: DEADLINE_EXCEEDED,
+  ESOCKETTIMEDOUT: DEADLINE_EXCEEDED,
+  UND_ERR_SOCKET: UNAVAILABLE,
+  UND_ERR_CLOSED: UNAVAILABLE,
+  UND_ERR_CONNECT_TIMEOUT: UNAVAILABLE,
+  UND_ERR_REQ_RETRY: UNAVAILABLE,
+  UND_ERR_HEADERS_TIMEOUT: DEADLINE_EXCEEDED,
+  UND_ERR_BODY_TIMEOUT: DEADLINE_EXCEEDED,
+  UND_ERR_ABORTED: CANCELLED,
+  ABORT_ERR: CANCELLED,
+  UND_ERR_INVALID_ARG: INVALID_ARGUMENT,
+  UND_ERR_INVALID_RETURN_VALUE: INVALID_ARGUMENT,
+  UND_ERR_NOT_SUPPORTED: UNIMPLEMENTED,
+}
+
+const defaultReasons = new ReasonCodes()
+
+function header(h, name) {
+  if (h === null || typeof h !== 'object') return undefined
+  let v
+  if (typeof h.get === 'function') v = h.get(name)
+  else v = h[name.toLowerCase()] ?? h[name]
+  if (Array.isArray(v)) v = v[0]
+  if (v === undefined || v === null) return undefined
+  return typeof v === 'string' ? v : String(v)
+}
+
+function isStatus(n) {
+  return typeof n === 'number' && Number.isInteger(n) && n >= 0 && n <= 65535
+}
+
+/** A failure in the core's terms: `code` and the server's delay, if any. */
+class Failure {
+  constructor(code) {
+    this.code = code
+    this.delayMs = undefined
+    this.doNotRetry = undefined
+    this.pushback = undefined
+    this.retryAfter = undefined
+  }
+}
+
+function fromHttp(status, h) {
+  const f = new Failure(native.codeFromHttp(status))
+  f.retryAfter = header(h, 'retry-after')
+  return f
+}
+
+function extract(err, reasons, depth) {
+  if (err === null || (typeof err !== 'object' && typeof err !== 'function')) return new Failure(UNKNOWN)
+  const code = err.code
+  // A fetch Response (thrown by the caller), or an error carrying one.
+  if (isStatus(err.status) && err.headers && typeof err.headers.get === 'function' && typeof code !== 'string') {
+    return fromHttp(err.status, err.headers)
+  }
+  const res = err.response
+  if (res !== null && typeof res === 'object') {
+    const status = isStatus(res.status) ? res.status : res.statusCode
+    if (isStatus(status)) return fromHttp(status, res.headers)
+  }
+  // @grpc/grpc-js: a numeric status code and metadata with the server's pushback.
+  if (typeof code === 'number' && Number.isInteger(code) && code >= 0 && code <= 16) {
+    const f = new Failure(code)
+    const md = err.metadata
+    if (md && typeof md.get === 'function') f.pushback = header(md, headers.grpcRetryPushbackMs)
+    return f
+  }
+  if (typeof code === 'string') {
+    let c = SYSTEM_CODES[code]
+    if (c === undefined && Object.hasOwn(Code, code) && typeof Code[code] === 'number') c = Code[code]
+    if (c === undefined) {
+      const r = (reasons ?? defaultReasons).resolve(code)
+      if (r !== null) c = r
+    }
+    if (c !== undefined) {
+      const f = new Failure(c)
+      // oncely's own in-progress error, or any error saying when to come back.
+      if (typeof err.retryAfterMs === 'number' && err.retryAfterMs >= 0 && Number.isFinite(err.retryAfterMs)) f.delayMs = err.retryAfterMs
+      return f
+    }
+    if (code.startsWith('UND_ERR')) return new Failure(UNAVAILABLE)
+  }
+  const status = isStatus(err.status) ? err.status : err.statusCode
+  if (isStatus(status)) return fromHttp(status, err.headers)
+  if (err.name === 'TimeoutError') return new Failure(DEADLINE_EXCEEDED)
+  if (err.name === 'AbortError') return new Failure(CANCELLED)
+  // fetch() rejects with TypeError('fetch failed') whose cause is the socket error.
+  if (err.cause !== undefined && depth < 4) return extract(err.cause, reasons, depth + 1)
+  return new Failure(UNKNOWN)
+}
+
+function fromUser(out, err, reasons) {
+  if (out === undefined || out === null) return extract(err, reasons, 0)
+  if (typeof out === 'number' || typeof out === 'string') return new Failure(toCode(out, 'classify() result'))
+  if (typeof out !== 'object') throw mustBe('a code, an object or undefined', 'classify() result', out)
+  const f = new Failure(toCode(out.code, 'classify() result code'))
+  if (out.retryAfterMs !== undefined) {
+    if (typeof out.retryAfterMs !== 'number') throw mustBe('a number', 'retryAfterMs', out.retryAfterMs)
+    f.delayMs = out.retryAfterMs
+  }
+  if (out.doNotRetry !== undefined) f.doNotRetry = out.doNotRetry === true
+  return f
+}
+
+function toCode(c, field) {
+  if (typeof c === 'number' && Number.isInteger(c) && c >= 0 && c <= 16) return c
+  if (typeof c === 'string' && Object.hasOwn(Code, c) && typeof Code[c] === 'number') return Code[c]
+  if (typeof c === 'string') {
+    const r = defaultReasons.resolve(c)
+    if (r !== null) return r
+  }
+  throw invalid(typeof c === 'number' || typeof c === 'string' ? RangeError : TypeError, field, `${field} must be a gRPC code (0..16 or a name such as 'UNAVAILABLE'), got ${typeof c === 'string' ? JSON.stringify(c) : typeName(c)}`)
+}
+
+/**
+ * The failure an error stands for: `{ code, delayMs?, doNotRetry?, pushback?, retryAfter? }`.
+ * Understands fetch Responses (and errors carrying one), Node and undici system errors,
+ * @grpc/grpc-js errors, oncely's own errors and objects with `code`/`status`/`statusCode`.
+ */
+function failureOf(err, options) {
+  const reasons = options?.reasons
+  const classify = options?.classify
+  return classify === undefined ? extract(err, reasons, 0) : fromUser(classify(err), err, reasons)
+}
+
+/** The gRPC code an error stands for (see `failureOf`). */
+function codeOf(err) {
+  return extract(err, undefined, 0).code
+}
+
+// ---------------------------------------------------------------------------------------
+// The retry loop: JavaScript drives the core's RetryState. The success path never
+// enters Rust (the state is made at the first failure, unless a budget must count the
+// call); zero delays retry at once, without a timer.
+// ---------------------------------------------------------------------------------------
+
+let defaultPolicy
+const MAX_TIMER_MS = 2 ** 31 - 1
+
+function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    let timer
+    const onAbort = () => {
+      clearTimeout(timer)
+      reject(signal.reason)
+    }
+    const arm = (left) => {
+      timer = setTimeout(() => {
+        if (left > MAX_TIMER_MS) return arm(left - MAX_TIMER_MS)
+        if (signal !== undefined) signal.removeEventListener('abort', onAbort)
+        resolve()
+      }, Math.min(left, MAX_TIMER_MS))
+    }
+    if (signal !== undefined) {
+      if (signal.aborted) return reject(signal.reason)
+      signal.addEventListener('abort', onAbort, { once: true })
+    }
+    arm(ms)
+  })
+}
+
+/** What the action is told about its attempt. */
+class AttemptInfo {
+  constructor(attempt, signal, deadline) {
+    this.attempt = attempt
+    this.signal = signal
+    this.deadline = deadline
+  }
+  /** Milliseconds left before the deadline (Infinity without one): forward it as a per-attempt timeout. */
+  get remainingMs() {
+    return this.deadline === undefined ? Infinity : this.deadline.remainingMs
+  }
+}
+
+function annotate(error, attempt, reason) {
+  if (error !== null && (typeof error === 'object' || typeof error === 'function')) {
+    try {
+      error.attemptNumber = attempt
+      error.stopReason = reason
+    } catch {
+      // a frozen error is rethrown as it is
+    }
+  }
+}
+
+function retryOptions(options) {
+  if (options === null || typeof options !== 'object') throw mustBe('an object', 'options', options)
+  let { policy, deadline, budget, signal, onRetry, classify, reasons, safe, rereads, transientInternal } = options
+  if (policy !== undefined && !(policy instanceof RetryPolicy)) {
+    if (policy === null || typeof policy !== 'object') throw mustBe('a RetryPolicy or its options', 'policy', policy)
+    policy = new RetryPolicy(policy)
+  }
+  if (typeof deadline === 'number') deadline = new Deadline(deadline)
+  else if (deadline !== undefined && !(deadline instanceof Deadline)) throw mustBe('a Deadline or a number of ms', 'deadline', deadline)
+  if (budget !== undefined && !(budget instanceof RetryBudget)) throw mustBe('a RetryBudget', 'budget', budget)
+  if (signal !== undefined && !isSignal(signal)) throw mustBe('an AbortSignal', 'signal', signal)
+  if (onRetry !== undefined && typeof onRetry !== 'function') throw mustBe('a function', 'onRetry', onRetry)
+  if (classify !== undefined && typeof classify !== 'function') throw mustBe('a function', 'classify', classify)
+  if (reasons !== undefined && !(reasons instanceof ReasonCodes)) throw mustBe('a ReasonCodes', 'reasons', reasons)
+  if (safe !== undefined && typeof safe !== 'boolean') throw mustBe('a boolean', 'safe', safe)
+  if (rereads !== undefined && typeof rereads !== 'boolean') throw mustBe('a boolean', 'rereads', rereads)
+  if (transientInternal !== undefined && typeof transientInternal !== 'boolean') throw mustBe('a boolean', 'transientInternal', transientInternal)
+  return { policy, deadline, budget, signal, onRetry, classify, reasons, safe: safe === true, rereads: rereads === true, transientInternal: transientInternal === true }
+}
+
+const NO_OPTIONS = Object.freeze({ safe: false, rereads: false, transientInternal: false })
+
+/**
+ * Calls `fn(attempt, info)` until it succeeds or the core says stop (SPEC §4); the
+ * last error is rethrown unchanged, with `attemptNumber` and `stopReason` added.
+ */
+async function retry(fn, options) {
+  if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
+  const o = options === undefined ? NO_OPTIONS : retryOptions(options)
+  const signal = o.signal
+  if (signal !== undefined && signal.aborted) throw signal.reason
+  let state = o.budget === undefined ? null : newState(o)
+  let attempt = 1
+  for (;;) {
+    try {
+      return await fn(attempt, new AttemptInfo(attempt, signal, o.deadline))
+    } catch (error) {
+      if (signal !== undefined && signal.aborted) throw signal.reason
+      if (state === null) state = newState(o)
+      const f = o.classify === undefined ? extract(error, o.reasons, 0) : fromUser(o.classify(error), error, o.reasons)
+      const delay = state.onFailure(f.code, f.delayMs, f.doNotRetry, f.pushback, f.retryAfter)
+      if (delay < 0) {
+        annotate(error, attempt, state.stopReason)
+        throw error
+      }
+      if (o.onRetry !== undefined) o.onRetry({ attempt, delayMs: delay, error, reason: state.rule, code: f.code })
+      if (delay > 0) await sleep(delay, signal)
+      else if (signal !== undefined && signal.aborted) throw signal.reason
+      attempt = state.attempt
+    }
+  }
+}
+
+function newState(o) {
+  return new RetryState(o.policy ?? (defaultPolicy ??= new RetryPolicy()), o.safe, o.rereads, o.transientInternal, o.deadline, o.budget)
+}
+
+// ---------------------------------------------------------------------------------------
+// The dedup store
+// ---------------------------------------------------------------------------------------
+
+/** What a joiner's Promise resolves to when its leader went away: begin again. */
+const ABANDONED = Object.freeze({ oncelyAbandoned: true })
+
+function abortable(promise, signal) {
+  if (signal.aborted) return Promise.reject(signal.reason)
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(signal.reason)
+    signal.addEventListener('abort', onAbort, { once: true })
+    promise.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort)
+        resolve(v)
+      },
+      (e) => {
+        signal.removeEventListener('abort', onAbort)
+        reject(e)
+      },
+    )
+  })
+}
+
+const LED = 'led'
+const JOINED = 'joined'
+const REPLAYED = 'replayed'
+
+/**
+ * Runs an action at most once per scoped key within the TTL and gives every caller its
+ * result (SPEC §6), over the core's in-process store.
+ */
+class IdempotencyStore {
+  #native
+  #cacheFailures
+
+  /** `{ ttlMs = 86_400_000, maxEntries, inProgressRetryAfterMs = 1000, cachePermanentFailures = false }` */
+  constructor(options) {
+    this.#native = new NativeStore(options, ABANDONED)
+    this.#cacheFailures = options != null && options.cachePermanentFailures === true
+  }
+
+  /**
+   * `fn` runs only if this caller leads. Resolves to `{ value, replayed, source }`: the
+   * leader's value (the same object for every caller), whether this caller got it from
+   * another call, and how (`'led'`, `'joined'`, `'replayed'`).
+   */
+  async execute(scoped, fingerprint, fn, options) {
+    if (!(scoped instanceof ScopedKey)) throw mustBe('a ScopedKey (from scope())', 'scoped', scoped)
+    if (typeof fingerprint !== 'string') throw mustBe('a string', 'fingerprint', fingerprint)
+    if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
+    let wait = true
+    let signal
+    if (options !== undefined) {
+      if (options === null || typeof options !== 'object') throw mustBe('an object', 'options', options)
+      signal = options.signal
+      if (signal !== undefined && !isSignal(signal)) throw mustBe('an AbortSignal', 'signal', signal)
+      if (options.wait !== undefined) {
+        if (typeof options.wait !== 'boolean') throw mustBe('a boolean', 'wait', options.wait)
+        wait = options.wait
+      }
+      if (signal !== undefined && signal.aborted) throw signal.reason
+    }
+    for (;;) {
+      const r = this.#native.begin(scoped, fingerprint, wait)
+      if (r instanceof NativeLease) return { value: await this.#lead(r, fn, signal), replayed: false, source: LED }
+      if (r instanceof Promise) {
+        const v = await (signal === undefined ? r : abortable(r, signal))
+        if (v === ABANDONED) continue
+        return { value: v, replayed: true, source: JOINED }
+      }
+      return { value: r, replayed: true, source: REPLAYED }
+    }
+  }
+
+  async #lead(lease, fn, signal) {
+    let value
+    try {
+      const p = fn()
+      value = await (signal === undefined ? p : abortable(Promise.resolve(p), signal))
+    } catch (error) {
+      if (signal !== undefined && signal.aborted) {
+        lease.abandon()
+        throw signal.reason
+      }
+      lease.fail(error, this.#cacheFailures ? codeOf(error) : UNKNOWN)
+      throw error
+    }
+    lease.complete(value)
+    return value
+  }
+
+  /** Counts since the store was made: leads, joins, replays, conflicts, expirations, evictions. */
+  counters() {
+    return this.#native.counters()
+  }
+
+  /** Entries held now (running and completed; expired ones not yet swept included). */
+  get size() {
+    return this.#native.size
+  }
+
+  /** The TTL of completed entries, ms. */
+  get ttlMs() {
+    return this.#native.ttlMs
+  }
+
+  /** Waiters not yet woken (for tests and metrics). */
+  get pendingWaiters() {
+    return this.#native.pendingWaiters
+  }
+
+  /** Clears a completed entry (e.g. a cached failure) so the next call runs again. */
+  remove(scoped) {
+    if (!(scoped instanceof ScopedKey)) throw mustBe('a ScopedKey (from scope())', 'scoped', scoped)
+    return this.#native.remove(scoped)
+  }
+}
+
+/**
+ * The HTTP status for an error of `execute` by the protocol (400 missing key, 422
+ * fingerprint mismatch, 409 in progress), or `undefined` for any other error.
+ */
+function httpStatusOf(err) {
+  switch (err !== null && typeof err === 'object' ? err.kind : undefined) {
+    case 'missing_key':
+      return httpStatus.missingKey
+    case 'fingerprint_mismatch':
+      return httpStatus.fingerprintMismatch
+    case 'in_progress':
+      return httpStatus.inProgress
+    default:
+      return undefined
+  }
+}
+
+module.exports = {
+  // backoff, classification, the retry loop
+  RetryPolicy,
+  Deadline,
+  RetryBudget,
+  ManualClock,
+  ReasonCodes,
+  Code,
+  codeFromHttp: native.codeFromHttp,
+  classify: native.classify,
+  parseRetryAfter: native.parseRetryAfter,
+  parsePushbackMs: native.parsePushbackMs,
+  failureOf,
+  codeOf,
+  retry,
+  // keys and fingerprints
+  newKey: native.newKey,
+  deriveKey: native.deriveKey,
+  validateKey: native.validateKey,
+  scope: native.scope,
+  ScopedKey,
+  fingerprint,
+  canonicalJson,
+  fingerprintBytes: native.fingerprintBytes,
+  headers,
+  httpStatus,
+  httpStatusOf,
+  // the dedup store
+  IdempotencyStore,
+}

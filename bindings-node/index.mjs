@@ -1,0 +1,35 @@
+// The ES module entry of oncely: the same objects as the CommonJS entry (index.js).
+import { createRequire } from 'node:module'
+
+const require = createRequire(import.meta.url)
+const oncely = require('./index.js')
+
+export const {
+  RetryPolicy,
+  Deadline,
+  RetryBudget,
+  ManualClock,
+  ReasonCodes,
+  Code,
+  codeFromHttp,
+  classify,
+  parseRetryAfter,
+  parsePushbackMs,
+  failureOf,
+  codeOf,
+  retry,
+  newKey,
+  deriveKey,
+  validateKey,
+  scope,
+  ScopedKey,
+  fingerprint,
+  canonicalJson,
+  fingerprintBytes,
+  headers,
+  httpStatus,
+  httpStatusOf,
+  IdempotencyStore,
+} = oncely
+
+export default oncely

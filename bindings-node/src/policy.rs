@@ -1,0 +1,583 @@
+//! Backoff, classification, deadlines, budgets, the manual clock and the sans-IO retry
+//! machine, as JavaScript classes. Durations are milliseconds as `number`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use napi::bindgen_prelude::*;
+use napi::sys;
+use napi_derive::napi;
+
+use oncely::{CallFacts, Clock, Code, Decision, Failure, ServerDelay, StopReason};
+
+use crate::convert::{self, Options, SHORT_STRING_MAX};
+use crate::errors::{range_error, type_error, OrThrow};
+
+/// Milliseconds of a duration, exact for whole milliseconds.
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_millis() as f64 + f64::from(d.subsec_nanos() % 1_000_000) / 1e6
+}
+
+/// Unwraps an instance of the native class `T` from `v`, or throws a `TypeError`
+/// naming `field`.
+pub(crate) fn instance<'a, T: JavaScriptClassExt + FromNapiRef + 'static>(
+    env: &Env,
+    v: sys::napi_value,
+    field: &str,
+    class: &str,
+) -> Result<&'a T> {
+    // SAFETY: `v` is a live value of the current call.
+    let unknown = unsafe { Unknown::from_raw_unchecked(env.raw(), v) };
+    if !T::instance_of(env, &unknown)? {
+        return Err(type_error(
+            env.raw(),
+            field,
+            &format!(
+                "{field} must be a {class}, got {}",
+                convert::type_name(env.raw(), v)
+            ),
+        ));
+    }
+    // SAFETY: `v` is an instance of `T` (checked above).
+    unsafe { <&T as FromNapiValue>::from_napi_value(env.raw(), v) }
+}
+
+/// Options of `new RetryPolicy(options)`; every field is optional (SPEC §2 defaults).
+// Read by hand (`Options`), declared for the generated typings only.
+#[allow(dead_code)]
+#[napi(object)]
+pub struct RetryPolicyOptions {
+    /// Total attempts, the first included (integer ≥ 1; default 3).
+    pub max_attempts: Option<u32>,
+    /// Delay after the first failure, before jitter (default 20).
+    pub base_delay_ms: Option<f64>,
+    /// Cap on the delay before jitter (default 1000).
+    pub max_delay_ms: Option<f64>,
+    /// Growth per attempt (≥ 1; default 2).
+    pub multiplier: Option<f64>,
+    /// Relative jitter in [0, 1) (default 0.2).
+    pub jitter: Option<f64>,
+    /// Makes the jitter deterministic: the same delays in Rust, Python and Node.
+    #[napi(ts_type = "number | bigint | null")]
+    pub seed: Option<f64>,
+    /// Time an attempt needs at least before the deadline (default 50).
+    pub min_attempt_ms: Option<f64>,
+}
+
+const POLICY_OPTIONS: &[&str] = &[
+    "maxAttempts",
+    "baseDelayMs",
+    "maxDelayMs",
+    "multiplier",
+    "jitter",
+    "seed",
+    "minAttemptMs",
+];
+
+/// How often and how patiently to retry: exponential, capped, jittered backoff
+/// (SPEC §2). Invalid settings throw a `RangeError`/`TypeError` naming the field.
+#[napi]
+pub struct RetryPolicy {
+    pub(crate) inner: oncely::RetryPolicy,
+}
+
+#[napi]
+impl RetryPolicy {
+    #[napi(constructor, ts_args_type = "options?: RetryPolicyOptions")]
+    pub fn new(env: &Env, options: Unknown<'_>) -> Result<Self> {
+        let raw = env.raw();
+        let o = Options::new(raw, options.raw(), "RetryPolicy", POLICY_OPTIONS)?;
+        let mut p = oncely::RetryPolicy::new();
+        if let Some(n) = o.integer(c"maxAttempts", 0.0, f64::from(u32::MAX))? {
+            p = p.with_max_attempts(n as u32);
+        }
+        if let Some(d) = o.millis(c"baseDelayMs", "base_delay")? {
+            p = p.with_base_delay(d);
+        }
+        if let Some(d) = o.millis(c"maxDelayMs", "max_delay")? {
+            p = p.with_max_delay(d);
+        }
+        if let Some(m) = o.number(c"multiplier")? {
+            p = p.with_multiplier(m);
+        }
+        if let Some(j) = o.number(c"jitter")? {
+            p = p.with_jitter(j);
+        }
+        if let Some(s) = o.seed(c"seed")? {
+            p = p.with_seed(s);
+        }
+        if let Some(d) = o.millis(c"minAttemptMs", "min_attempt")? {
+            p = p.with_min_attempt(d);
+        }
+        p.validate().or_throw(raw)?;
+        Ok(RetryPolicy { inner: p })
+    }
+
+    /// Total attempts, the first included.
+    #[napi(getter)]
+    pub fn max_attempts(&self) -> u32 {
+        self.inner.max_attempts()
+    }
+    /// Delay after the first failure, before jitter.
+    #[napi(getter)]
+    pub fn base_delay_ms(&self) -> f64 {
+        ms(self.inner.base_delay())
+    }
+    /// Cap on the delay before jitter.
+    #[napi(getter)]
+    pub fn max_delay_ms(&self) -> f64 {
+        ms(self.inner.max_delay())
+    }
+    /// Growth factor per attempt.
+    #[napi(getter)]
+    pub fn multiplier(&self) -> f64 {
+        self.inner.multiplier()
+    }
+    /// Relative jitter.
+    #[napi(getter)]
+    pub fn jitter(&self) -> f64 {
+        self.inner.jitter()
+    }
+    /// The jitter seed, or `null` when jitter is drawn from the OS.
+    #[napi(getter)]
+    pub fn seed(&self) -> Option<BigInt> {
+        self.inner.seed().map(BigInt::from)
+    }
+    /// Time an attempt needs at least before the deadline.
+    #[napi(getter)]
+    pub fn min_attempt_ms(&self) -> f64 {
+        ms(self.inner.min_attempt())
+    }
+
+    /// The delay (ms) after the `failedAttempt`-th failure (1-based).
+    #[napi(ts_args_type = "failedAttempt: number")]
+    pub fn delay_after(&self, env: &Env, failed_attempt: Unknown<'_>) -> Result<f64> {
+        let n = convert::integer(
+            env.raw(),
+            failed_attempt.raw(),
+            "failedAttempt",
+            1.0,
+            f64::from(u32::MAX),
+        )?;
+        Ok(ms(self.inner.delay_after(n as u32)))
+    }
+
+    /// The whole delay sequence (`maxAttempts − 1` delays, ms).
+    #[napi]
+    pub fn delays(&self) -> Vec<f64> {
+        self.inner.backoff().map(ms).collect()
+    }
+}
+
+/// The point in time by which a whole call (all its attempts) must finish, on the
+/// process's monotonic clock.
+#[napi]
+pub struct Deadline {
+    pub(crate) inner: oncely::Deadline,
+}
+
+#[napi]
+impl Deadline {
+    /// A deadline `ms` milliseconds from now.
+    #[napi(constructor, ts_args_type = "ms: number")]
+    pub fn new(env: &Env, ms: Unknown<'_>) -> Result<Self> {
+        let budget = convert::millis(env.raw(), ms.raw(), "deadline")?;
+        Ok(Deadline {
+            inner: oncely::Deadline::from_now(budget),
+        })
+    }
+    /// Milliseconds left (0 once passed).
+    #[napi(getter)]
+    pub fn remaining_ms(&self) -> f64 {
+        ms(self.inner.remaining(&oncely::SystemClock))
+    }
+    /// Whether the deadline has passed.
+    #[napi(getter)]
+    pub fn expired(&self) -> bool {
+        self.inner.is_expired(&oncely::SystemClock)
+    }
+}
+
+/// A clock that moves only when told to: the test hook of `IdempotencyStore` and
+/// `RetryBudget` (`_clock` option).
+#[napi]
+pub struct ManualClock {
+    pub(crate) inner: oncely::ManualClock,
+}
+
+#[napi]
+impl ManualClock {
+    /// A clock at time zero.
+    #[napi(constructor)]
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        ManualClock {
+            inner: oncely::ManualClock::new(),
+        }
+    }
+    /// Moves the clock forward by `ms`.
+    #[napi(ts_args_type = "ms: number")]
+    pub fn advance(&self, env: &Env, ms: Unknown<'_>) -> Result<()> {
+        let by = convert::millis(env.raw(), ms.raw(), "ms")?;
+        self.inner.advance(by);
+        Ok(())
+    }
+    /// Sets the clock to `ms` (it may go backwards).
+    #[napi(ts_args_type = "ms: number")]
+    pub fn set(&self, env: &Env, ms: Unknown<'_>) -> Result<()> {
+        let to = convert::millis(env.raw(), ms.raw(), "ms")?;
+        self.inner.set(to);
+        Ok(())
+    }
+    /// The clock's time in milliseconds.
+    #[napi(getter)]
+    pub fn now_ms(&self) -> f64 {
+        ms(self.inner.now())
+    }
+}
+
+/// Options of `new RetryBudget(options)`.
+// Read by hand (`Options`), declared for the generated typings only.
+#[allow(dead_code)]
+#[napi(object)]
+pub struct RetryBudgetOptions {
+    /// Retries allowed per request over the window (default 0.1).
+    pub ratio: Option<f64>,
+    /// The sliding window (default 10000, at least 10).
+    pub window_ms: Option<f64>,
+    /// Retries per second of window allowed regardless (default 10).
+    pub min_per_sec: Option<u32>,
+}
+
+/// What a `RetryBudget` holds in its window right now.
+#[napi(object)]
+pub struct BudgetSnapshot {
+    /// Requests recorded in the window.
+    pub requests: f64,
+    /// Retries withdrawn in the window.
+    pub retries: f64,
+    /// Retries the window allows in total.
+    pub allowed: f64,
+}
+
+/// Caps retries across calls (retry storms, SPEC §4): share one budget between all the
+/// calls of a client.
+#[napi]
+pub struct RetryBudget {
+    pub(crate) inner: oncely::RetryBudget,
+}
+
+#[napi]
+impl RetryBudget {
+    #[napi(constructor, ts_args_type = "options?: RetryBudgetOptions")]
+    pub fn new(env: &Env, options: Unknown<'_>) -> Result<Self> {
+        let raw = env.raw();
+        let o = Options::new(
+            raw,
+            options.raw(),
+            "RetryBudget",
+            &["ratio", "windowMs", "minPerSec", "_clock"],
+        )?;
+        let ratio = o.number(c"ratio")?.unwrap_or(0.1);
+        let window = o
+            .millis(c"windowMs", "window")?
+            .unwrap_or(Duration::from_secs(10));
+        let min_per_sec = o
+            .integer(c"minPerSec", 0.0, f64::from(u32::MAX))?
+            .map_or(10, |n| n as u32);
+        let mut budget = oncely::RetryBudget::new(ratio, window, min_per_sec).or_throw(raw)?;
+        if let Some(v) = o.get(c"_clock")? {
+            let clock = instance::<ManualClock>(env, v, "_clock", "ManualClock")?;
+            budget = budget.with_clock(clock.inner.clone());
+        }
+        Ok(RetryBudget { inner: budget })
+    }
+
+    /// The window's counts now.
+    #[napi]
+    pub fn snapshot(&self) -> BudgetSnapshot {
+        let s = self.inner.snapshot();
+        BudgetSnapshot {
+            requests: s.requests as f64,
+            retries: s.retries as f64,
+            allowed: s.allowed,
+        }
+    }
+}
+
+/// The sans-IO retry machine of one call (the core's `RetryState`), driven by the
+/// JavaScript `retry` loop after a failure. Internal.
+#[napi]
+pub struct RetryState {
+    inner: oncely::RetryState,
+    stop: Option<StopReason>,
+    rule: Option<oncely::Rule>,
+}
+
+#[napi]
+impl RetryState {
+    /// `deadline` and `budget` may be `undefined`. Counts the call in `budget`.
+    #[napi(constructor)]
+    pub fn new(
+        policy: &RetryPolicy,
+        safe: bool,
+        rereads: bool,
+        transient_internal: bool,
+        deadline: Option<&Deadline>,
+        budget: Option<&RetryBudget>,
+    ) -> Self {
+        let mut inner = oncely::RetryState::new(policy.inner).with_facts(CallFacts {
+            safe,
+            rereads,
+            transient_internal,
+        });
+        if let Some(d) = deadline {
+            inner = inner.with_deadline(d.inner);
+        }
+        if let Some(b) = budget {
+            inner = inner.with_budget(b.inner.clone());
+        }
+        RetryState {
+            inner,
+            stop: None,
+            rule: None,
+        }
+    }
+
+    /// Decides what follows a failed attempt: the delay in ms before the next one, or
+    /// -1 to stop (see `stopReason`). The server's delay, if any, is `delayMs` (already
+    /// in ms), `doNotRetry`, a `grpc-retry-pushback-ms` value or a `Retry-After` value,
+    /// in that order of precedence; unparseable header values are ignored.
+    #[napi]
+    pub fn on_failure(
+        &mut self,
+        env: &Env,
+        code: u32,
+        delay_ms: Option<f64>,
+        do_not_retry: Option<bool>,
+        pushback: Option<String>,
+        retry_after: Option<String>,
+    ) -> Result<f64> {
+        let raw = env.raw();
+        let Some(code) = i32::try_from(code).ok().and_then(Code::from_i32) else {
+            return Err(range_error(
+                raw,
+                "code",
+                &format!("{code} is not a gRPC code (0..=16)"),
+            ));
+        };
+        let mut failure = Failure::new(code);
+        let server = if do_not_retry == Some(true) {
+            Some(ServerDelay::DoNotRetry)
+        } else if let Some(d) = delay_ms {
+            Some(ServerDelay::After(
+                oncely::duration_from_millis_f64("retry_after", d).or_throw(raw)?,
+            ))
+        } else if let Some(p) = pushback.as_deref() {
+            oncely::parse_pushback_ms(p).ok()
+        } else if let Some(r) = retry_after.as_deref() {
+            oncely::parse_retry_after(r, SystemTime::now()).ok()
+        } else {
+            None
+        };
+        if let Some(s) = server {
+            failure = failure.with_server_delay(s);
+        }
+        let now = oncely::SystemClock.now();
+        match self.inner.on_failure(failure, now) {
+            Decision::Retry { delay, rule } => {
+                self.rule = Some(rule);
+                Ok(ms(delay))
+            }
+            Decision::Stop(reason) => {
+                self.stop = Some(reason);
+                Ok(-1.0)
+            }
+        }
+    }
+
+    /// The number of the attempt in progress (1 for the first).
+    #[napi(getter)]
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt()
+    }
+    /// Why the loop stopped, after `onFailure` returned -1.
+    #[napi(getter)]
+    pub fn stop_reason(&self) -> Option<&'static str> {
+        self.stop.map(StopReason::as_str)
+    }
+    /// The classification rule that allowed the last retry.
+    #[napi(getter)]
+    pub fn rule(&self) -> Option<&'static str> {
+        self.rule.map(oncely::Rule::as_str)
+    }
+    /// Milliseconds left before the deadline (`null` without one).
+    #[napi(getter)]
+    pub fn remaining_ms(&self) -> Option<f64> {
+        self.inner.remaining_at(oncely::SystemClock.now()).map(ms)
+    }
+}
+
+/// The gRPC code names, in numeric order (0 = `OK` … 16 = `UNAUTHENTICATED`).
+#[napi]
+pub fn code_names() -> Vec<&'static str> {
+    Code::ALL.iter().map(|c| c.as_str()).collect()
+}
+
+/// Reads a code given as its number or its name (`14`, `"UNAVAILABLE"`).
+pub(crate) fn code_arg(env: sys::napi_env, v: sys::napi_value, field: &str) -> Result<Code> {
+    match convert::type_of(env, v) {
+        sys::ValueType::napi_number => {
+            let n = convert::integer(env, v, field, 0.0, 16.0)?;
+            Ok(Code::ALL[n as usize])
+        }
+        sys::ValueType::napi_string => {
+            let s = convert::string(env, v, field, SHORT_STRING_MAX)?;
+            s.parse::<Code>().or_throw(env)
+        }
+        _ => Err(type_error(
+            env,
+            field,
+            &format!(
+                "{field} must be a gRPC code number or name, got {}",
+                convert::type_name(env, v)
+            ),
+        )),
+    }
+}
+
+/// The gRPC code an HTTP status means (the table of SPEC §3).
+#[napi(ts_args_type = "status: number", ts_return_type = "Code")]
+pub fn code_from_http(env: &Env, status: Unknown<'_>) -> Result<u32> {
+    let s = convert::integer(env.raw(), status.raw(), "status", 0.0, 65535.0)?;
+    Ok(Code::from_http(s as u16) as u32)
+}
+
+/// The answer of `classify`.
+#[napi(object)]
+pub struct Classification {
+    /// Whether the failure may be retried (subject to attempts, deadline and budget).
+    pub retryable: bool,
+    /// The rule that decided it (`"transient_safe"`, `"permanent"`, …).
+    pub rule: String,
+}
+
+/// Facts about a call that decide whether resending it is safe.
+// Read by hand (`Options`), declared for the generated typings only.
+#[allow(dead_code)]
+#[napi(object)]
+pub struct CallFactsOptions {
+    /// The operation is idempotent or carries an idempotency key.
+    pub safe: Option<bool>,
+    /// Each attempt re-reads state before writing (conflicts may be retried).
+    pub rereads: Option<bool>,
+    /// INTERNAL/UNKNOWN are declared transient for this (safe) call.
+    pub transient_internal: Option<bool>,
+}
+
+/// Whether a failure with `code` may be retried, and by which rule (SPEC §3).
+#[napi(ts_args_type = "code: Code | CodeName, facts?: CallFactsOptions")]
+pub fn classify(env: &Env, code: Unknown<'_>, facts: Unknown<'_>) -> Result<Classification> {
+    let raw = env.raw();
+    let code = code_arg(raw, code.raw(), "code")?;
+    let o = Options::new(
+        raw,
+        facts.raw(),
+        "classify",
+        &["safe", "rereads", "transientInternal"],
+    )?;
+    let facts = CallFacts {
+        safe: o.boolean(c"safe")?.unwrap_or(false),
+        rereads: o.boolean(c"rereads")?.unwrap_or(false),
+        transient_internal: o.boolean(c"transientInternal")?.unwrap_or(false),
+    };
+    let c = oncely::classify(code, facts);
+    Ok(Classification {
+        retryable: c.retryable,
+        rule: c.rule.as_str().to_owned(),
+    })
+}
+
+/// Parses an HTTP `Retry-After` value (delta-seconds or an HTTP-date) into a delay in
+/// ms, measured from `nowMs` (Unix time in ms; default: now). Throws a `RangeError`
+/// naming `retryAfter` for anything else.
+#[napi(ts_args_type = "value: string, nowMs?: number")]
+pub fn parse_retry_after(env: &Env, value: Unknown<'_>, now_ms: Unknown<'_>) -> Result<f64> {
+    let raw = env.raw();
+    let v = convert::string(raw, value.raw(), "retryAfter", SHORT_STRING_MAX)?;
+    let now = if convert::is_nullish(raw, now_ms.raw()) {
+        SystemTime::now()
+    } else {
+        let n = convert::number(raw, now_ms.raw(), "nowMs")?;
+        if !n.is_finite() {
+            return Err(range_error(raw, "nowMs", "must be finite"));
+        }
+        let d = Duration::from_secs_f64(n.abs().min(1e15) / 1000.0);
+        if n >= 0.0 {
+            UNIX_EPOCH + d
+        } else {
+            UNIX_EPOCH - d
+        }
+    };
+    match oncely::parse_retry_after(&v, now).or_throw(raw)? {
+        ServerDelay::After(d) => Ok(ms(d)),
+        ServerDelay::DoNotRetry => Ok(-1.0),
+    }
+}
+
+/// A parsed `grpc-retry-pushback-ms`.
+#[napi(object)]
+pub struct Pushback {
+    /// The delay in ms, or `null` when the server said not to retry.
+    pub delay_ms: Option<f64>,
+    /// True for a negative pushback: do not retry.
+    pub do_not_retry: bool,
+}
+
+/// Parses gRPC's `grpc-retry-pushback-ms`: a non-negative integer is the delay, a
+/// negative one means do not retry; anything else throws a `RangeError`.
+#[napi(ts_args_type = "value: string")]
+pub fn parse_pushback_ms(env: &Env, value: Unknown<'_>) -> Result<Pushback> {
+    let raw = env.raw();
+    let v = convert::string(raw, value.raw(), "grpc-retry-pushback-ms", SHORT_STRING_MAX)?;
+    Ok(match oncely::parse_pushback_ms(&v).or_throw(raw)? {
+        ServerDelay::After(d) => Pushback {
+            delay_ms: Some(ms(d)),
+            do_not_retry: false,
+        },
+        ServerDelay::DoNotRetry => Pushback {
+            delay_ms: None,
+            do_not_retry: true,
+        },
+    })
+}
+
+/// Domain reason codes (`"RATE_LIMITED"`, …) and the gRPC code each one means; starts
+/// with the built-in ones, callers add their own.
+#[napi]
+pub struct ReasonCodes {
+    inner: oncely::ReasonCodes,
+}
+
+#[napi]
+impl ReasonCodes {
+    #[napi(constructor)]
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        ReasonCodes {
+            inner: oncely::ReasonCodes::default(),
+        }
+    }
+    /// Adds a reason (`[A-Z][A-Z0-9_]{0,63}`) meaning `code`.
+    #[napi(ts_args_type = "reason: string, code: Code | CodeName")]
+    pub fn register(&mut self, env: &Env, reason: Unknown<'_>, code: Unknown<'_>) -> Result<()> {
+        let raw = env.raw();
+        let r = convert::string(raw, reason.raw(), "reason", SHORT_STRING_MAX)?;
+        let c = code_arg(raw, code.raw(), "code")?;
+        self.inner.register(&r, c).or_throw(raw)
+    }
+    /// The code a reason means, or `null`.
+    #[napi(ts_return_type = "Code | null")]
+    pub fn resolve(&self, reason: String) -> Option<u32> {
+        self.inner.resolve(&reason).map(|c| c as u32)
+    }
+}

@@ -1,0 +1,611 @@
+//! The dedup store: the core's `MemoryStore` holding JavaScript values.
+//!
+//! The JavaScript `IdempotencyStore.execute` drives the core's primitives: `begin` →
+//! replay (the stored value itself), lead (a `NativeLease` the caller settles with
+//! `complete`/`fail`/`abandon`) or join (a Promise). Every rule — fingerprints, TTL,
+//! single flight, takeover, eviction, counters — is the core's.
+//!
+//! **Values.** Results and errors stay JavaScript values, kept by one napi reference
+//! each (`Held`) and shared by `Arc`: every waiter and every replay gets the very same
+//! object (`===`). The reference is deleted when the core drops its last copy (entry
+//! expired, evicted, removed, failure handed to all waiters).
+//!
+//! **Waiting.** A joiner gets a Promise (a napi deferred). Its core `Join` is polled
+//! with a waker that queues the waiter's id; the queue is drained on the JS thread,
+//! which settles the deferreds. The leader's `complete`/`fail`/`abandon` drain it
+//! right away (the core wakes the waiters synchronously inside those calls); a wake
+//! from anywhere else (a lease dropped by the garbage collector: a takeover) schedules
+//! a drain through a threadsafe function, which is unref'd so it never keeps the
+//! process alive. No runtime, no polling, no thread.
+
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::future::Future;
+use std::pin::Pin;
+use std::ptr;
+use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+
+use napi::bindgen_prelude::*;
+use napi::sys;
+use napi_derive::napi;
+
+use oncely::{Begin, Code, ExecuteOptions, Join, Joined, Lease, MemoryStore};
+
+use crate::convert::{self, Options};
+use crate::errors::{self, core_error, Ctor, OrThrow, Prop};
+use crate::keys::ScopedKey;
+use crate::policy::{instance, ms, ManualClock};
+
+/// A JavaScript value kept alive by a napi reference, deleted on drop.
+///
+/// Created, read and dropped on the JS thread of `env` only: the store and everything
+/// holding a `Held` live behind `Rc`s owned by native objects of that thread.
+pub(crate) struct Held {
+    env: sys::napi_env,
+    raw: sys::napi_ref,
+    /// Primitives cannot be referenced (Node-API < 10): they sit in a one-element array.
+    boxed: bool,
+}
+
+impl Held {
+    fn new(env: sys::napi_env, value: sys::napi_value) -> Result<Held> {
+        let direct = matches!(
+            convert::type_of(env, value),
+            sys::ValueType::napi_object | sys::ValueType::napi_function
+        );
+        // SAFETY: `value` is a live value of the current call on the JS thread.
+        unsafe {
+            let target = if direct {
+                value
+            } else {
+                let mut arr = ptr::null_mut();
+                sys::napi_create_array_with_length(env, 1, &mut arr);
+                sys::napi_set_element(env, arr, 0, value);
+                arr
+            };
+            let mut raw = ptr::null_mut();
+            if sys::napi_create_reference(env, target, 1, &mut raw) != sys::Status::napi_ok {
+                return Err(Error::new(
+                    Status::GenericFailure,
+                    "oncely: could not keep a reference to the value",
+                ));
+            }
+            Ok(Held {
+                env,
+                raw,
+                boxed: !direct,
+            })
+        }
+    }
+
+    fn value(&self, env: sys::napi_env) -> sys::napi_value {
+        // SAFETY: `self.raw` is a live strong reference of `env` (same thread).
+        unsafe {
+            let mut v = ptr::null_mut();
+            sys::napi_get_reference_value(env, self.raw, &mut v);
+            if self.boxed {
+                let mut inner = ptr::null_mut();
+                sys::napi_get_element(env, v, 0, &mut inner);
+                inner
+            } else {
+                v
+            }
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // SAFETY: dropped on the JS thread of `env` (see the type's doc).
+        unsafe { sys::napi_delete_reference(self.env, self.raw) };
+    }
+}
+
+/// The stored result.
+type Value = Rc<Held>;
+
+/// A leader's error: the JavaScript value, and the code extracted from it (used only
+/// to decide whether a permanent failure is cached, when that is enabled).
+pub(crate) struct Failed {
+    held: Held,
+    code: Code,
+}
+
+impl oncely::Classify for Failed {
+    fn code(&self) -> Code {
+        self.code
+    }
+}
+
+type Store = MemoryStore<Value, Failed>;
+
+/// The part of a store the wakers reach (from any thread, in principle).
+struct Hub {
+    ready: Mutex<Vec<u32>>,
+    /// A drain through the threadsafe function is on its way.
+    scheduled: AtomicBool,
+    /// The running native call drains the queue itself when it returns.
+    draining: AtomicBool,
+    /// Null once Node has finalized the threadsafe function.
+    tsfn: AtomicPtr<sys::napi_threadsafe_function__>,
+}
+
+impl Hub {
+    fn push(&self, id: u32) {
+        self.ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(id);
+        if !self.draining.load(Ordering::Acquire) && !self.scheduled.swap(true, Ordering::AcqRel) {
+            let tsfn = self.tsfn.load(Ordering::Acquire);
+            if !tsfn.is_null() {
+                // SAFETY: the threadsafe function is alive (not yet finalized); calling
+                // it is allowed from any thread.
+                unsafe {
+                    sys::napi_call_threadsafe_function(
+                        tsfn,
+                        ptr::null_mut(),
+                        sys::ThreadsafeFunctionCallMode::nonblocking,
+                    )
+                };
+            }
+        }
+    }
+
+    fn take(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.ready.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+struct WakeEntry {
+    hub: Arc<Hub>,
+    id: u32,
+}
+
+impl Wake for WakeEntry {
+    fn wake(self: Arc<Self>) {
+        self.hub.push(self.id);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.hub.push(self.id);
+    }
+}
+
+struct Waiter {
+    join: Join<Value, Failed>,
+    deferred: sys::napi_deferred,
+    waker: Waker,
+}
+
+#[derive(Default)]
+struct Waiters {
+    slots: Vec<Option<Waiter>>,
+    free: Vec<u32>,
+}
+
+struct Inner {
+    store: Store,
+    waiters: RefCell<Waiters>,
+    hub: Arc<Hub>,
+    /// What a joiner's Promise resolves to when its leader went away: call `begin` again.
+    abandoned: Held,
+}
+
+impl Inner {
+    /// Runs `settle` (a lease transition, which wakes waiters synchronously), then
+    /// settles the woken waiters' Promises.
+    fn settling(&self, env: sys::napi_env, settle: impl FnOnce()) {
+        let was = self.hub.draining.swap(true, Ordering::AcqRel);
+        settle();
+        self.hub.draining.store(was, Ordering::Release);
+        self.drain(env);
+    }
+
+    fn drain(&self, env: sys::napi_env) {
+        loop {
+            let ids = self.hub.take();
+            if ids.is_empty() {
+                return;
+            }
+            for id in ids {
+                let done = {
+                    let mut ws = self.waiters.borrow_mut();
+                    let Some(Some(w)) = ws.slots.get_mut(id as usize) else {
+                        continue;
+                    };
+                    let mut cx = Context::from_waker(&w.waker);
+                    match Pin::new(&mut w.join).poll(&mut cx) {
+                        Poll::Pending => None,
+                        Poll::Ready(out) => {
+                            let w = ws.slots[id as usize].take();
+                            ws.free.push(id);
+                            w.map(|w| (w.deferred, out))
+                        }
+                    }
+                };
+                if let Some((deferred, out)) = done {
+                    self.settle(env, deferred, out);
+                }
+            }
+        }
+    }
+
+    fn settle(&self, env: sys::napi_env, deferred: sys::napi_deferred, out: Joined<Value, Failed>) {
+        // SAFETY: `deferred` is unsettled and belongs to `env`; on the JS thread.
+        unsafe {
+            match out {
+                Joined::Value(v) => {
+                    sys::napi_resolve_deferred(env, deferred, v.value(env));
+                }
+                Joined::Failed(e) => {
+                    sys::napi_reject_deferred(env, deferred, e.held.value(env));
+                }
+                Joined::Panicked(message) => {
+                    let err = errors::make_error(
+                        env,
+                        Ctor::Error,
+                        Code::Internal.as_str(),
+                        &oncely::Error::LeaderPanicked(message.to_string()).to_string(),
+                        &[Prop::Str(c"kind", "leader_panicked")],
+                    );
+                    sys::napi_reject_deferred(env, deferred, err);
+                }
+                Joined::Abandoned => {
+                    sys::napi_resolve_deferred(env, deferred, self.abandoned.value(env));
+                }
+            }
+        }
+    }
+
+    /// A Promise for the outcome of `join`.
+    fn wait(&self, env: sys::napi_env, mut join: Join<Value, Failed>) -> Result<sys::napi_value> {
+        let mut deferred = ptr::null_mut();
+        let mut promise = ptr::null_mut();
+        // SAFETY: on the JS thread of `env`.
+        if unsafe { sys::napi_create_promise(env, &mut deferred, &mut promise) }
+            != sys::Status::napi_ok
+        {
+            return Err(Error::new(
+                Status::GenericFailure,
+                "oncely: napi_create_promise failed",
+            ));
+        }
+        let mut ws = self.waiters.borrow_mut();
+        let id = match ws.free.pop() {
+            Some(id) => id,
+            None => {
+                ws.slots.push(None);
+                (ws.slots.len() - 1) as u32
+            }
+        };
+        let waker = Waker::from(Arc::new(WakeEntry {
+            hub: self.hub.clone(),
+            id,
+        }));
+        let mut cx = Context::from_waker(&waker);
+        match Pin::new(&mut join).poll(&mut cx) {
+            Poll::Ready(out) => {
+                ws.free.push(id);
+                drop(ws);
+                self.settle(env, deferred, out);
+            }
+            Poll::Pending => {
+                ws.slots[id as usize] = Some(Waiter {
+                    join,
+                    deferred,
+                    waker,
+                });
+            }
+        }
+        Ok(promise)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let tsfn = self.hub.tsfn.swap(ptr::null_mut(), Ordering::AcqRel);
+        if !tsfn.is_null() {
+            // SAFETY: not yet finalized (the finalizer nulls the pointer first).
+            unsafe {
+                sys::napi_release_threadsafe_function(
+                    tsfn,
+                    sys::ThreadsafeFunctionReleaseMode::release,
+                )
+            };
+        }
+    }
+}
+
+/// The threadsafe function's context: reclaimed by its finalizer.
+struct TsfnContext {
+    inner: Weak<Inner>,
+    hub: Arc<Hub>,
+}
+
+unsafe extern "C" fn call_js(
+    env: sys::napi_env,
+    _js_callback: sys::napi_value,
+    context: *mut c_void,
+    _data: *mut c_void,
+) {
+    if env.is_null() || context.is_null() {
+        return; // the environment is shutting down
+    }
+    // SAFETY: `context` is the `TsfnContext` leaked at creation, freed only by `finalize`,
+    // which Node runs after the last call.
+    let ctx = unsafe { &*(context as *const TsfnContext) };
+    ctx.hub.scheduled.store(false, Ordering::Release);
+    if let Some(inner) = ctx.inner.upgrade() {
+        inner.drain(env);
+    }
+}
+
+unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
+    if data.is_null() {
+        return;
+    }
+    // SAFETY: `data` is the `TsfnContext` leaked at creation; finalize runs once.
+    let ctx = unsafe { Box::from_raw(data as *mut TsfnContext) };
+    ctx.hub.tsfn.store(ptr::null_mut(), Ordering::Release);
+}
+
+/// Counts of what a store has done since it was made.
+#[napi(object)]
+pub struct StoreCounters {
+    /// Calls that ran the action.
+    pub leads: f64,
+    /// Calls that waited for a running call and shared its result.
+    pub joins: f64,
+    /// Calls answered from a completed entry.
+    pub replays: f64,
+    /// Calls refused because the fingerprint differed.
+    pub conflicts: f64,
+    /// Completed entries removed because their TTL passed.
+    pub expirations: f64,
+    /// Completed entries removed early to stay within `maxEntries`.
+    pub evictions: f64,
+}
+
+/// The core's in-process dedup store holding JavaScript values. Internal: used through
+/// `IdempotencyStore`.
+#[napi]
+pub struct NativeStore {
+    inner: Rc<Inner>,
+}
+
+#[napi]
+impl NativeStore {
+    /// `options` as `IdempotencyStore`'s; `abandoned` is the value a joiner's Promise
+    /// resolves to when its leader went away.
+    #[napi(constructor)]
+    pub fn new(env: &Env, options: Unknown<'_>, abandoned: Unknown<'_>) -> Result<Self> {
+        let raw = env.raw();
+        let o = Options::new(
+            raw,
+            options.raw(),
+            "IdempotencyStore",
+            &[
+                "ttlMs",
+                "maxEntries",
+                "inProgressRetryAfterMs",
+                "cachePermanentFailures",
+                "_clock",
+            ],
+        )?;
+        let mut b = Store::builder();
+        if let Some(ttl) = o.millis(c"ttlMs", "ttl")? {
+            b = b.ttl(ttl);
+        }
+        if let Some(n) = o.integer(c"maxEntries", 0.0, 9_007_199_254_740_991.0)? {
+            b = b.max_entries(n as usize);
+        }
+        if let Some(d) = o.millis(c"inProgressRetryAfterMs", "in_progress_retry_after")? {
+            b = b.in_progress_retry_after(d);
+        }
+        if o.boolean(c"cachePermanentFailures")?.unwrap_or(false) {
+            b = b.cache_permanent_failures();
+        }
+        if let Some(v) = o.get(c"_clock")? {
+            let clock = instance::<ManualClock>(env, v, "_clock", "ManualClock")?;
+            b = b.clock(clock.inner.clone());
+        }
+        let store = b.build().or_throw(raw)?;
+        let abandoned = Held::new(raw, abandoned.raw())?;
+        let hub = Arc::new(Hub {
+            ready: Mutex::new(Vec::new()),
+            scheduled: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            tsfn: AtomicPtr::new(ptr::null_mut()),
+        });
+        let inner = Rc::new(Inner {
+            store,
+            waiters: RefCell::new(Waiters::default()),
+            hub: hub.clone(),
+            abandoned,
+        });
+        let ctx = Box::into_raw(Box::new(TsfnContext {
+            inner: Rc::downgrade(&inner),
+            hub: hub.clone(),
+        }));
+        let mut tsfn = ptr::null_mut();
+        // SAFETY: on the JS thread; `ctx` stays valid until `finalize` frees it.
+        let status = unsafe {
+            sys::napi_create_threadsafe_function(
+                raw,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                errors::js_string(raw, "oncely.IdempotencyStore"),
+                0,
+                1,
+                ctx.cast(),
+                Some(finalize),
+                ctx.cast(),
+                Some(call_js),
+                &mut tsfn,
+            )
+        };
+        if status != sys::Status::napi_ok {
+            // SAFETY: not handed to Node: free it here.
+            drop(unsafe { Box::from_raw(ctx) });
+            return Err(Error::new(
+                Status::GenericFailure,
+                "oncely: napi_create_threadsafe_function failed",
+            ));
+        }
+        // SAFETY: `tsfn` was just created on this thread. Unref'd: a pending drain
+        // never keeps the process alive on its own.
+        unsafe { sys::napi_unref_threadsafe_function(raw, tsfn) };
+        hub.tsfn.store(tsfn, Ordering::Release);
+        Ok(NativeStore { inner })
+    }
+
+    /// Looks `key` up (SPEC §6 rules 1–4): returns the stored value (a replay), a
+    /// `NativeLease` (this caller leads) or a Promise (a call is running: wait for it;
+    /// it resolves to the value, rejects with the leader's error, or resolves to the
+    /// `abandoned` sentinel). Throws a cached failure as is, and oncely's errors.
+    #[napi(ts_return_type = "unknown")]
+    pub fn begin<'env>(
+        &self,
+        env: &'env Env,
+        key: &ScopedKey,
+        fingerprint: String,
+        wait: bool,
+    ) -> Result<Unknown<'env>> {
+        let raw = env.raw();
+        let v = match self
+            .inner
+            .store
+            .begin(&key.inner, &fingerprint, ExecuteOptions { wait })
+        {
+            Err(e) => return Err(core_error(raw, &e)),
+            Ok(Begin::Replay(Ok(v))) => v.value(raw),
+            Ok(Begin::Replay(Err(e))) => {
+                // SAFETY: on the JS thread; throws the leader's own error value.
+                unsafe { sys::napi_throw(raw, e.held.value(raw)) };
+                return Err(Error::new(Status::PendingException, "cached failure"));
+            }
+            Ok(Begin::Lead(lease)) => {
+                let lease = NativeLease {
+                    lease: Some(lease),
+                    inner: self.inner.clone(),
+                };
+                let instance = lease.into_instance(env)?;
+                // SAFETY: a live object of this call.
+                return Ok(unsafe { Unknown::from_raw_unchecked(raw, instance.value) });
+            }
+            Ok(Begin::Join(join)) => self.inner.wait(raw, join)?,
+        };
+        // SAFETY: a live value of this call.
+        Ok(unsafe { Unknown::from_raw_unchecked(raw, v) })
+    }
+
+    /// The counters so far.
+    #[napi]
+    pub fn counters(&self) -> StoreCounters {
+        let c = self.inner.store.counters();
+        StoreCounters {
+            leads: c.leads as f64,
+            joins: c.joins as f64,
+            replays: c.replays as f64,
+            conflicts: c.conflicts as f64,
+            expirations: c.expirations as f64,
+            evictions: c.evictions as f64,
+        }
+    }
+
+    /// Entries held now (running and completed).
+    #[napi(getter)]
+    pub fn size(&self) -> u32 {
+        u32::try_from(self.inner.store.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Waiters whose Promise is not settled yet.
+    #[napi(getter)]
+    pub fn pending_waiters(&self) -> u32 {
+        let ws = self.inner.waiters.borrow();
+        (ws.slots.len() - ws.free.len()) as u32
+    }
+
+    /// The TTL of completed entries, ms.
+    #[napi(getter)]
+    pub fn ttl_ms(&self) -> f64 {
+        ms(self.inner.store.ttl())
+    }
+
+    /// Removes a completed entry so the next call runs again; running ones are left
+    /// alone. Returns whether one was removed.
+    #[napi]
+    pub fn remove(&self, key: &ScopedKey) -> bool {
+        self.inner.store.remove(&key.inner)
+    }
+}
+
+/// The leader's claim on a key: settle it with `complete`, `fail` or `abandon`
+/// (a lease collected unsettled is abandoned: one waiter takes over). Internal.
+#[napi]
+pub struct NativeLease {
+    lease: Option<Lease<Value, Failed>>,
+    inner: Rc<Inner>,
+}
+
+impl NativeLease {
+    fn take(&mut self, env: sys::napi_env) -> Result<Lease<Value, Failed>> {
+        self.lease.take().ok_or_else(|| {
+            errors::throw(
+                env,
+                Ctor::Error,
+                Code::FailedPrecondition.as_str(),
+                "this lease is already settled",
+                &[Prop::Str(c"kind", "lease_settled")],
+            )
+        })
+    }
+}
+
+#[napi]
+impl NativeLease {
+    /// Stores `value` until the TTL and gives it to every waiter.
+    #[napi(ts_args_type = "value: unknown")]
+    pub fn complete(&mut self, env: &Env, value: Unknown<'_>) -> Result<()> {
+        let raw = env.raw();
+        let lease = self.take(raw)?;
+        let held = Rc::new(Held::new(raw, value.raw())?);
+        self.inner.settling(raw, move || lease.complete_now(held));
+        Ok(())
+    }
+
+    /// Gives `error` to every waiter and removes the entry (or caches it, when the store
+    /// caches permanent failures and `code` is one).
+    #[napi(ts_args_type = "error: unknown, code: number")]
+    pub fn fail(&mut self, env: &Env, error: Unknown<'_>, code: u32) -> Result<()> {
+        let raw = env.raw();
+        let lease = self.take(raw)?;
+        let code = i32::try_from(code)
+            .ok()
+            .and_then(Code::from_i32)
+            .unwrap_or(Code::Unknown);
+        let held = Held::new(raw, error.raw())?;
+        self.inner.settling(raw, move || {
+            lease.fail_now(Failed { held, code });
+        });
+        Ok(())
+    }
+
+    /// Gives up the claim without a result (the leader was aborted): the entry is
+    /// removed and one waiter takes over.
+    #[napi]
+    pub fn abandon(&mut self, env: &Env) {
+        if let Some(lease) = self.lease.take() {
+            self.inner.settling(env.raw(), move || drop(lease));
+        }
+    }
+
+    /// Whether `complete`, `fail` or `abandon` was called.
+    #[napi(getter)]
+    pub fn settled(&self) -> bool {
+        self.lease.is_none()
+    }
+}
