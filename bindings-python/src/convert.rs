@@ -130,7 +130,13 @@ pub fn to_json(py: Python<'_>, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult
         if let Ok(n) = obj.extract::<u64>() {
             return Ok(Value::Number(n.into()));
         }
-        let f: f64 = obj.extract()?;
+        let f: f64 = obj.extract().map_err(|_| {
+            invalid(
+                py,
+                "value",
+                "an int beyond the range of a double is not a JSON number",
+            )
+        })?;
         return float_value(py, f);
     }
     if let Ok(f) = obj.cast::<PyFloat>() {

@@ -127,6 +127,18 @@ impl Executed {
     fn replayed(&self) -> bool {
         self.source != "led"
     }
+    /// `Executed[T]` at run time (a `types.GenericAlias`), as in the stubs.
+    #[classmethod]
+    fn __class_getitem__<'py>(
+        cls: &Bound<'py, pyo3::types::PyType>,
+        item: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = cls.py();
+        py.import("types")?
+            .getattr("GenericAlias")?
+            .call1((cls, item))
+    }
+
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!(
             "Executed(value={}, source={:?})",

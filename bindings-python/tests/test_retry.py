@@ -8,9 +8,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import pytest
-
 import oncely
+import pytest
 from oncely import Code, RetryBudget, RetryPolicy
 
 FAST = RetryPolicy(max_attempts=4, base_delay=0.0, max_delay=0.0, jitter=0.0)

@@ -8,9 +8,8 @@ import gc
 import threading
 from typing import Any
 
-import pytest
-
 import oncely
+import pytest
 from oncely import IdempotencyStore, ManualClock
 
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 import oncely
-from oncely import Code, Failure, ManualClock, RetryPolicy
-
+import pytest
 from conftest import case_id, load_vectors
+from oncely import Code, Failure, ManualClock, RetryPolicy
 
 
 def _policy(p: dict[str, Any]) -> RetryPolicy:

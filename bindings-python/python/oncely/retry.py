@@ -16,7 +16,6 @@ import sys
 import time
 from datetime import timedelta
 from typing import (
-
     Any,
     Awaitable,
     Callable,
@@ -88,8 +87,8 @@ def _state(
 def _give_up(exc: BaseException, attempts: int, reason: str) -> None:
     """Attaches the attempt count and the stop reason (attributes and a PEP 678 note)."""
     try:
-        exc.attempts = attempts  # type: ignore[attr-defined]
-        exc.stop_reason = reason  # type: ignore[attr-defined]
+        exc.attempts = attempts  # type: ignore[attr-defined,unused-ignore]
+        exc.stop_reason = reason  # type: ignore[attr-defined,unused-ignore]
     except AttributeError:  # an exception type with __slots__: the note still says it
         pass
     note = f"oncely: gave up after {attempts} attempt{'s' if attempts != 1 else ''} ({reason})"
@@ -100,7 +99,7 @@ def _give_up(exc: BaseException, attempts: int, reason: str) -> None:
         if notes is None:
             notes = []
             try:
-                exc.__notes__ = notes  # type: ignore[attr-defined]
+                exc.__notes__ = notes  # type: ignore[attr-defined,unused-ignore]
             except AttributeError:
                 return
         notes.append(note)
@@ -115,19 +114,19 @@ def _decide(
     """The delay before the next attempt, or None after annotating ``exc`` (stop)."""
     attempt = state.attempt
     decision = state.on_failure(classify_exception(exc, classify))
-    if decision.__class__ is str:
-        _give_up(exc, attempt, decision)  # type: ignore[arg-type]
+    if isinstance(decision, str):
+        _give_up(exc, attempt, decision)
         return None
-    delay, rule, from_server = decision  # type: ignore[misc]
+    delay, rule, from_server = decision
     if on_retry is not None:
         on_retry(RetryEvent(attempt, delay, exc, rule, from_server))
-    return delay  # type: ignore[no-any-return]
+    return delay
 
 
 async def retry(
-    fn: Callable[P, Awaitable[T]],
+    fn: Callable[..., Awaitable[T]],
     /,
-    *args: P.args,
+    *args: Any,
     policy: Optional[RetryPolicy] = None,
     deadline: Union[Deadline, Seconds, None] = None,
     safe: bool = False,
@@ -138,7 +137,7 @@ async def retry(
     classify: Optional[Classifier] = None,
     _clock: Optional[ManualClock] = None,
     _sleep: Optional[Callable[[float], Awaitable[object]]] = None,
-    **kwargs: P.kwargs,
+    **kwargs: Any,
 ) -> T:
     """Calls ``await fn(*args, **kwargs)`` until it succeeds or the core says stop.
 
@@ -171,9 +170,9 @@ async def retry(
 
 
 def retry_sync(
-    fn: Callable[P, T],
+    fn: Callable[..., T],
     /,
-    *args: P.args,
+    *args: Any,
     policy: Optional[RetryPolicy] = None,
     deadline: Union[Deadline, Seconds, None] = None,
     safe: bool = False,
@@ -184,7 +183,7 @@ def retry_sync(
     classify: Optional[Classifier] = None,
     _clock: Optional[ManualClock] = None,
     _sleep: Optional[Callable[[float], object]] = None,
-    **kwargs: P.kwargs,
+    **kwargs: Any,
 ) -> T:
     """The blocking variant of :func:`retry` for thread-per-request code: sleeps with
     ``time.sleep``."""
@@ -228,13 +227,15 @@ class _Retrying:
 
             @functools.wraps(fn)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                return await retry(fn, *args, **options, **kwargs)
+                kw: dict[str, Any] = kwargs
+                return await retry(fn, *args, **options, **kw)
 
             return async_wrapper
 
         @functools.wraps(fn)
         def sync_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            return retry_sync(fn, *args, **options, **kwargs)
+            kw: dict[str, Any] = kwargs
+            return retry_sync(fn, *args, **options, **kw)
 
         return sync_wrapper
 

@@ -82,10 +82,10 @@ class IdempotencyStore(_Store):
                 if out is None:
                     continue  # the leader went away: lead or join anew
                 if out.__class__ is Executed:
-                    return out  # type: ignore[no-any-return]
+                    return out
                 begun = out
-            exc, tb = begun
-            raise exc.with_traceback(tb)
+            error, tb = begun
+            raise error.with_traceback(tb)
 
     def execute_sync(
         self,
@@ -118,10 +118,10 @@ class IdempotencyStore(_Store):
                 if out is None:
                     continue
                 if out.__class__ is Executed:
-                    return out  # type: ignore[no-any-return]
+                    return out
                 begun = out
-            exc, tb = begun
-            raise exc.with_traceback(tb)
+            error, tb = begun
+            raise error.with_traceback(tb)
 
 
 def _settle_batch(items: list[tuple[asyncio.Future[Any], Any]]) -> None:

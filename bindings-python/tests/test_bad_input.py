@@ -1,0 +1,222 @@
+"""Bad input from Python gives the documented exception, never a crash."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+import oncely
+import pytest
+from oncely import Code, RetryPolicy
+
+NAN, INF = math.nan, math.inf
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": -1}, "max_attempts"),
+        ({"max_attempts": 2**40}, "max_attempts"),
+        ({"max_attempts": 10**100}, "max_attempts"),
+        ({"base_delay": -0.01}, "base_delay"),
+        ({"base_delay": NAN}, "base_delay"),
+        ({"base_delay": INF}, "base_delay"),
+        ({"base_delay": 1e30}, "base_delay"),
+        ({"base_delay": timedelta(seconds=-1)}, "base_delay"),
+        ({"max_delay": NAN}, "max_delay"),
+        ({"base_delay": 2.0, "max_delay": 1.0}, "base_delay"),
+        ({"multiplier": 0.5}, "multiplier"),
+        ({"multiplier": NAN}, "multiplier"),
+        ({"multiplier": INF}, "multiplier"),
+        ({"jitter": 1.0}, "jitter"),
+        ({"jitter": -0.1}, "jitter"),
+        ({"jitter": NAN}, "jitter"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"min_attempt": -1}, "min_attempt"),
+    ],
+)
+def test_invalid_policy_names_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(oncely.InvalidArgumentError) as info:
+        RetryPolicy(**kwargs)
+    assert isinstance(info.value, ValueError)
+    assert info.value.field == field
+    assert info.value.code == Code.INVALID_ARGUMENT
+    assert field in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_attempts": "3"},
+        {"max_attempts": 3.0},
+        {"max_attempts": True},
+        {"base_delay": "0.1"},
+        {"base_delay": True},
+        {"jitter": "0.1"},
+        {"seed": 1.5},
+    ],
+)
+def test_wrong_types_are_type_errors(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(TypeError) as info:
+        RetryPolicy(**kwargs)
+    assert next(iter(kwargs)) in str(info.value)
+
+
+def test_timedelta_and_int_seconds_are_accepted() -> None:
+    p = RetryPolicy(base_delay=timedelta(milliseconds=50), max_delay=2)
+    assert p.base_delay == 0.05 and p.max_delay == 2.0
+    assert p == RetryPolicy(base_delay=0.05, max_delay=2.0)
+    assert "max_attempts=3" in repr(p)
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["has spaces in it", "short", "k" * 65, "x" * 1_000_000, "ключ-ключ-ключ", "abc:defgh", "abcdefg\x00h"],
+)
+def test_bad_keys(key: str) -> None:
+    with pytest.raises(oncely.InvalidKeyError) as info:
+        oncely.validate_key(key)
+    assert isinstance(info.value, ValueError) and info.value.field == "idempotency_key"
+    with pytest.raises(oncely.InvalidKeyError):
+        oncely.scope("acme", "CreateOrder", key)
+
+
+def test_missing_key() -> None:
+    with pytest.raises(oncely.MissingKeyError) as info:
+        oncely.validate_key("")
+    assert info.value.code == Code.INVALID_ARGUMENT
+    assert "x-idempotency-key" in str(info.value)
+
+
+def test_scope_parts() -> None:
+    k = oncely.new_key()
+    for tenant, method, field in [("", "m", "tenant"), ("t", "", "method"), ("t" * 1025, "m", "tenant"), ("t", "m" * 5000, "method")]:
+        with pytest.raises(oncely.InvalidArgumentError) as info:
+            oncely.scope(tenant, method, k)
+        assert info.value.field == field
+    with pytest.raises(TypeError):
+        oncely.scope(1, "m", k)  # type: ignore[arg-type]
+    with pytest.raises(oncely.InvalidArgumentError):
+        oncely.derive_key("", "op")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [NAN, INF, {"a": NAN}, {1: "x"}, object(), {"a": {1, 2}}, b"bytes"],
+)
+def test_fingerprint_rejects_non_json(value: Any) -> None:
+    with pytest.raises(oncely.InvalidArgumentError) as info:
+        oncely.fingerprint(value)
+    assert info.value.field == "value"
+
+
+def test_fingerprint_deep_nesting_and_cycles_do_not_crash() -> None:
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(oncely.InvalidArgumentError):
+        oncely.fingerprint(deep)
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    with pytest.raises(oncely.InvalidArgumentError):
+        oncely.fingerprint(cyclic)
+    assert len(oncely.fingerprint({"big": "x" * 10_000_000})) == 64
+
+
+def test_fingerprint_big_ints_are_doubles() -> None:
+    assert oncely.canonical_json(2**53 + 1) == b"9007199254740992"
+    assert oncely.canonical_json(10**400 // 10**390) == b"10000000000"
+    with pytest.raises(oncely.InvalidArgumentError):
+        oncely.fingerprint(10**400)  # beyond a double
+
+
+def test_store_settings() -> None:
+    for kwargs, field in [
+        ({"ttl": 0}, "ttl"),
+        ({"ttl": -1.0}, "ttl"),
+        ({"ttl": NAN}, "ttl"),
+        ({"max_entries": 0}, "max_entries"),
+        ({"max_entries": -5}, "max_entries"),
+        ({"in_progress_retry_after": INF}, "in_progress_retry_after"),
+    ]:
+        with pytest.raises(oncely.InvalidArgumentError) as info:
+            oncely.IdempotencyStore(**kwargs)
+        assert info.value.field == field, kwargs
+    with pytest.raises(TypeError):
+        oncely.IdempotencyStore(ttl="1h")  # type: ignore[arg-type]
+    store = oncely.IdempotencyStore()
+    k = oncely.scope("t", "m", oncely.new_key())
+    with pytest.raises(oncely.InvalidArgumentError) as info:
+        store.execute_sync(k, "", lambda: 1)
+    assert info.value.field == "fingerprint"
+    with pytest.raises(oncely.InvalidArgumentError):
+        store.execute_sync(k, "f" * 5000, lambda: 1)
+
+
+def test_budget_and_clock_settings() -> None:
+    for kwargs, field in [
+        ({"ratio": -0.1}, "ratio"),
+        ({"ratio": NAN}, "ratio"),
+        ({"window": 0.001}, "window"),
+        ({"window": -1}, "window"),
+        ({"min_per_sec": -1}, "min_per_sec"),
+    ]:
+        with pytest.raises(oncely.InvalidArgumentError) as info:
+            oncely.RetryBudget(**kwargs)
+        assert info.value.field == field
+    with pytest.raises(oncely.InvalidArgumentError):
+        oncely.ManualClock().advance(-1)
+    with pytest.raises(oncely.InvalidArgumentError):
+        oncely.Deadline(NAN)
+
+
+def test_codes() -> None:
+    assert Code.from_http(429) is Code.RESOURCE_EXHAUSTED
+    assert Code.parse("unavailable") is Code.UNAVAILABLE and Code.parse("14") is Code.UNAVAILABLE
+    with pytest.raises(oncely.InvalidArgumentError):
+        Code.parse("NOPE")
+    with pytest.raises(oncely.InvalidArgumentError) as info:
+        oncely.classify(17)
+    assert info.value.field == "code"
+    with pytest.raises(oncely.InvalidArgumentError):
+        Code.from_http(70_000)
+    with pytest.raises(TypeError):
+        oncely.classify("UNAVAILABLE")  # type: ignore[arg-type]
+    with pytest.raises(oncely.InvalidArgumentError):
+        oncely.Failure(99)
+
+
+def test_exception_hierarchy() -> None:
+    subclasses = [
+        oncely.InvalidArgumentError,
+        oncely.InvalidKeyError,
+        oncely.MissingKeyError,
+        oncely.FingerprintMismatchError,
+        oncely.InProgressError,
+        oncely.LeaseLostError,
+        oncely.CapacityError,
+        oncely.StoreUnavailableError,
+        oncely.LeaderPanickedError,
+    ]
+    assert all(issubclass(c, oncely.OncelyError) for c in subclasses)
+    assert issubclass(oncely.InvalidKeyError, ValueError)
+    codes = {c: c("x").code for c in subclasses}
+    assert codes[oncely.FingerprintMismatchError] is Code.FAILED_PRECONDITION
+    assert codes[oncely.InProgressError] is Code.ABORTED
+    assert codes[oncely.CapacityError] is Code.RESOURCE_EXHAUSTED
+    assert codes[oncely.StoreUnavailableError] is Code.UNAVAILABLE
+    assert codes[oncely.LeaderPanickedError] is Code.INTERNAL
+
+
+def test_leader_panicked_reaches_waiters() -> None:
+    store = oncely.IdempotencyStore()
+    k = oncely.scope("t", "m", oncely.new_key())
+    lease = store.begin(k, "fp")
+    join = store.begin(k, "fp")
+    lease.panicked("segfault-like failure")
+    exc, tb = join.wait()
+    assert isinstance(exc, oncely.LeaderPanickedError) and exc.code == Code.INTERNAL
+    assert "segfault-like failure" in str(exc)

@@ -1,0 +1,75 @@
+"""Typed usage of the public API, checked by `mypy --strict` (test_docs.py and
+scripts/test-python). Also run as a plain script by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import assert_type
+
+import oncely
+from oncely import Code, Executed, IdempotencyStore, RetryEvent, RetryPolicy
+
+
+@oncely.retrying(policy=RetryPolicy(max_attempts=2, base_delay=0.0), safe=True)
+def add(a: int, b: int = 1) -> int:
+    return a + b
+
+
+@oncely.retrying(safe=True, deadline=1.0)
+async def fetch(name: str) -> bytes:
+    return name.encode()
+
+
+def on_retry(event: RetryEvent) -> None:
+    assert_type(event.attempt, int)
+    assert_type(event.delay, float)
+    assert_type(event.rule, str)
+
+
+async def main() -> None:
+    assert_type(add(1), int)
+    assert_type(await fetch("x"), bytes)
+
+    async def call(n: int) -> str:
+        return str(n)
+
+    s = await oncely.retry(call, 3, policy=RetryPolicy(seed=1), safe=True, on_retry=on_retry,
+                           deadline=timedelta(seconds=1), budget=oncely.RetryBudget())
+    assert_type(s, str)
+    assert_type(oncely.retry_sync(add, 1, b=2), int)
+
+    store = IdempotencyStore(ttl=timedelta(hours=1), max_entries=1000)
+    scoped = oncely.scope("acme", "CreateOrder", oncely.derive_key("order-42", "create"))
+    fp = oncely.fingerprint({"sku": "A1", "qty": 1})
+
+    async def create() -> dict[str, int]:
+        return {"id": 1}
+
+    done = await store.execute(scoped, fp, create)
+    assert_type(done, Executed[dict[str, int]])
+    assert_type(done.value, dict[str, int])
+    assert_type(done.replayed, bool)
+    again = store.execute_sync(scoped, fp, lambda: {"id": 2})
+    assert_type(again.value, dict[str, int])
+
+    c = oncely.classify(Code.UNAVAILABLE, safe=True)
+    assert_type(c.retryable, bool)
+    assert_type(Code.from_http(503), Code)
+    assert_type(oncely.new_key(), str)
+    assert_type(oncely.headers.GRPC_IDEMPOTENCY_KEY, str)
+    try:
+        oncely.validate_key("bad key")
+    except oncely.InvalidKeyError as e:
+        assert_type(e.code, Code)
+        assert_type(e.field, str | None)
+    try:
+        store.execute_sync(scoped, "other", lambda: {"id": 3})
+    except oncely.FingerprintMismatchError:
+        pass
+    except oncely.InProgressError as e:
+        assert_type(e.retry_after, float)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
