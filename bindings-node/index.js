@@ -309,12 +309,13 @@ function annotate(error, attempt, reason) {
 
 function retryOptions(options) {
   if (options === null || typeof options !== 'object') throw mustBe('an object', 'options', options)
-  let { policy, deadline, budget, signal, onRetry, classify, reasons, safe, rereads, transientInternal } = options
+  let { policy, deadline, budget, signal, onRetry, classify, reasons, safe, rereads, transientInternal, _clock: clock } = options
+  if (clock !== undefined && !(clock instanceof ManualClock)) throw mustBe('a ManualClock', '_clock', clock)
   if (policy !== undefined && !(policy instanceof RetryPolicy)) {
     if (policy === null || typeof policy !== 'object') throw mustBe('a RetryPolicy or its options', 'policy', policy)
     policy = new RetryPolicy(policy)
   }
-  if (typeof deadline === 'number') deadline = new Deadline(deadline)
+  if (typeof deadline === 'number') deadline = new Deadline(deadline, clock)
   else if (deadline !== undefined && !(deadline instanceof Deadline)) throw mustBe('a Deadline or a number of ms', 'deadline', deadline)
   if (budget !== undefined && !(budget instanceof RetryBudget)) throw mustBe('a RetryBudget', 'budget', budget)
   if (signal !== undefined && !isSignal(signal)) throw mustBe('an AbortSignal', 'signal', signal)
@@ -324,7 +325,7 @@ function retryOptions(options) {
   if (safe !== undefined && typeof safe !== 'boolean') throw mustBe('a boolean', 'safe', safe)
   if (rereads !== undefined && typeof rereads !== 'boolean') throw mustBe('a boolean', 'rereads', rereads)
   if (transientInternal !== undefined && typeof transientInternal !== 'boolean') throw mustBe('a boolean', 'transientInternal', transientInternal)
-  return { policy, deadline, budget, signal, onRetry, classify, reasons, safe: safe === true, rereads: rereads === true, transientInternal: transientInternal === true }
+  return { policy, deadline, budget, signal, onRetry, classify, reasons, clock, safe: safe === true, rereads: rereads === true, transientInternal: transientInternal === true }
 }
 
 const NO_OPTIONS = Object.freeze({ safe: false, rereads: false, transientInternal: false })
@@ -353,15 +354,16 @@ async function retry(fn, options) {
         throw error
       }
       if (o.onRetry !== undefined) o.onRetry({ attempt, delayMs: delay, error, reason: state.rule, code: f.code })
-      if (delay > 0) await sleep(delay, signal)
-      else if (signal !== undefined && signal.aborted) throw signal.reason
+      if (o.clock !== undefined) o.clock.advance(delay) // test hook: time passes, no timer
+      else if (delay > 0) await sleep(delay, signal)
+      if (signal !== undefined && signal.aborted) throw signal.reason
       attempt = state.attempt
     }
   }
 }
 
 function newState(o) {
-  return new RetryState(o.policy ?? (defaultPolicy ??= new RetryPolicy()), o.safe, o.rereads, o.transientInternal, o.deadline, o.budget)
+  return new RetryState(o.policy ?? (defaultPolicy ??= new RetryPolicy()), o.safe, o.rereads, o.transientInternal, o.deadline, o.budget, o.clock)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
  * process's monotonic clock.
  */
 export declare class Deadline {
-  /** A deadline `ms` milliseconds from now. */
-  constructor(ms: number)
+  /** A deadline `ms` milliseconds from now (on `_clock`, a test hook, if given). */
+  constructor(ms: number, _clock?: ManualClock)
   /** Milliseconds left (0 once passed). */
   get remainingMs(): number
   /** Whether the deadline has passed. */
@@ -144,8 +144,11 @@ export declare class RetryPolicy {
  * JavaScript `retry` loop after a failure. Internal.
  */
 export declare class RetryState {
-  /** `deadline` and `budget` may be `undefined`. Counts the call in `budget`. */
-  constructor(policy: RetryPolicy, safe: boolean, rereads: boolean, transientInternal: boolean, deadline?: Deadline | undefined | null, budget?: RetryBudget | undefined | null)
+  /**
+   * `deadline`, `budget` and `clock` may be `undefined`. Counts the call in `budget`.
+   * Time is read from `clock` (a test hook) or the system clock.
+   */
+  constructor(policy: RetryPolicy, safe: boolean, rereads: boolean, transientInternal: boolean, deadline?: Deadline | undefined | null, budget?: RetryBudget | undefined | null, clock?: ManualClock | undefined | null)
   /**
    * Decides what follows a failed attempt: the delay in ms before the next one, or
    * -1 to stop (see `stopReason`). The server's delay, if any, is `delayMs` (already
@@ -231,32 +234,6 @@ export declare function fingerprintBytes(data: Uint8Array | string): string
 /** SHA-256 (hex) of the canonical JSON of a JSON text. Internal, see above. */
 export declare function fingerprintText(json: string): string
 
-/** Header and metadata names of the protocol. */
-export interface Headers {
-  /** HTTP header carrying the idempotency key: `Idempotency-Key`. */
-  idempotencyKey: string
-  /** gRPC metadata key carrying the idempotency key: `x-idempotency-key`. */
-  grpcIdempotencyKey: string
-  /** HTTP response header marking a replay (value `true`): `Idempotent-Replayed`. */
-  idempotentReplayed: string
-  /** HTTP header with the delay before a retry: `Retry-After`. */
-  retryAfter: string
-  /** gRPC trailer with the server's pushback in ms: `grpc-retry-pushback-ms`. */
-  grpcRetryPushbackMs: string
-  /** gRPC metadata counting earlier attempts: `grpc-previous-rpc-attempts`. */
-  grpcPreviousRpcAttempts: string
-}
-
-/** HTTP statuses of the server side of the protocol. */
-export interface HttpStatus {
-  /** A write without `Idempotency-Key`: 400. */
-  missingKey: number
-  /** The key was reused with a different request: 422. */
-  fingerprintMismatch: number
-  /** The first request with this key is still running: 409 (with `Retry-After`). */
-  inProgress: number
-}
-
 /**
  * A random idempotency key (UUID v4 from OS randomness): make one per business
  * intent, before the first attempt, and reuse it for every retry.
@@ -277,14 +254,40 @@ export declare function parsePushbackMs(value: string): Pushback
 export declare function parseRetryAfter(value: string, nowMs?: number): number
 
 /** The protocol's header names. Internal: exported as `headers`. */
-export declare function protocolHeaders(): Headers
+export declare function protocolHeaders(): ProtocolHeaders
+
+/** Header and metadata names of the protocol. */
+export interface ProtocolHeaders {
+  /** HTTP header carrying the idempotency key: `Idempotency-Key`. */
+  idempotencyKey: string
+  /** gRPC metadata key carrying the idempotency key: `x-idempotency-key`. */
+  grpcIdempotencyKey: string
+  /** HTTP response header marking a replay (value `true`): `Idempotent-Replayed`. */
+  idempotentReplayed: string
+  /** HTTP header with the delay before a retry: `Retry-After`. */
+  retryAfter: string
+  /** gRPC trailer with the server's pushback in ms: `grpc-retry-pushback-ms`. */
+  grpcRetryPushbackMs: string
+  /** gRPC metadata counting earlier attempts: `grpc-previous-rpc-attempts`. */
+  grpcPreviousRpcAttempts: string
+}
 
 /** The protocol's HTTP statuses. Internal: exported as `httpStatus`. */
-export declare function protocolHttpStatus(): HttpStatus
+export declare function protocolHttpStatus(): ProtocolHttpStatus
+
+/** HTTP statuses of the server side of the protocol. */
+export interface ProtocolHttpStatus {
+  /** A write without `Idempotency-Key`: 400. */
+  missingKey: number
+  /** The key was reused with a different request: 422. */
+  fingerprintMismatch: number
+  /** The first request with this key is still running: 409 (with `Retry-After`). */
+  inProgress: number
+}
 
 /** A parsed `grpc-retry-pushback-ms`. */
 export interface Pushback {
-  /** The delay in ms, or `null` when the server said not to retry. */
+  /** The delay in ms; absent when the server said not to retry. */
   delayMs?: number
   /** True for a negative pushback: do not retry. */
   doNotRetry: boolean

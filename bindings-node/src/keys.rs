@@ -174,7 +174,7 @@ fn parse(env: napi::sys::napi_env, json: &str) -> Result<serde_json::Value> {
 
 /// Header and metadata names of the protocol.
 #[napi(object, object_from_js = false)]
-pub struct Headers {
+pub struct ProtocolHeaders {
     /// HTTP header carrying the idempotency key: `Idempotency-Key`.
     pub idempotency_key: &'static str,
     /// gRPC metadata key carrying the idempotency key: `x-idempotency-key`.
@@ -191,7 +191,7 @@ pub struct Headers {
 
 /// HTTP statuses of the server side of the protocol.
 #[napi(object)]
-pub struct HttpStatus {
+pub struct ProtocolHttpStatus {
     /// A write without `Idempotency-Key`: 400.
     pub missing_key: u16,
     /// The key was reused with a different request: 422.
@@ -202,8 +202,8 @@ pub struct HttpStatus {
 
 /// The protocol's header names. Internal: exported as `headers`.
 #[napi]
-pub fn protocol_headers() -> Headers {
-    Headers {
+pub fn protocol_headers() -> ProtocolHeaders {
+    ProtocolHeaders {
         idempotency_key: headers::HTTP_IDEMPOTENCY_KEY,
         grpc_idempotency_key: headers::GRPC_IDEMPOTENCY_KEY,
         idempotent_replayed: headers::HTTP_IDEMPOTENT_REPLAYED,
@@ -215,8 +215,8 @@ pub fn protocol_headers() -> Headers {
 
 /// The protocol's HTTP statuses. Internal: exported as `httpStatus`.
 #[napi]
-pub fn protocol_http_status() -> HttpStatus {
-    HttpStatus {
+pub fn protocol_http_status() -> ProtocolHttpStatus {
+    ProtocolHttpStatus {
         missing_key: http_status::MISSING_KEY,
         fingerprint_mismatch: http_status::FINGERPRINT_MISMATCH,
         in_progress: http_status::IN_PROGRESS,

@@ -19,12 +19,12 @@ pub(crate) fn ms(d: Duration) -> f64 {
 
 /// Unwraps an instance of the native class `T` from `v`, or throws a `TypeError`
 /// naming `field`.
-pub(crate) fn instance<'a, T: JavaScriptClassExt + FromNapiRef + 'static>(
-    env: &Env,
+pub(crate) fn instance<'a, T: JavaScriptClassExt + 'static>(
+    env: &'a Env,
     v: sys::napi_value,
     field: &str,
     class: &str,
-) -> Result<&'a T> {
+) -> Result<ClassInstance<'a, T>> {
     // SAFETY: `v` is a live value of the current call.
     let unknown = unsafe { Unknown::from_raw_unchecked(env.raw(), v) };
     if !T::instance_of(env, &unknown)? {
@@ -38,7 +38,7 @@ pub(crate) fn instance<'a, T: JavaScriptClassExt + FromNapiRef + 'static>(
         ));
     }
     // SAFETY: `v` is an instance of `T` (checked above).
-    unsafe { <&T as FromNapiValue>::from_napi_value(env.raw(), v) }
+    unsafe { ClassInstance::<T>::from_napi_value(env.raw(), v) }
 }
 
 /// Options of `new RetryPolicy(options)`; every field is optional (SPEC §2 defaults).
@@ -173,27 +173,47 @@ impl RetryPolicy {
 #[napi]
 pub struct Deadline {
     pub(crate) inner: oncely::Deadline,
+    /// The clock the deadline is measured on (the system clock when `None`).
+    pub(crate) clock: Option<oncely::ManualClock>,
 }
 
 #[napi]
 impl Deadline {
-    /// A deadline `ms` milliseconds from now.
-    #[napi(constructor, ts_args_type = "ms: number")]
-    pub fn new(env: &Env, ms: Unknown<'_>) -> Result<Self> {
-        let budget = convert::millis(env.raw(), ms.raw(), "deadline")?;
+    /// A deadline `ms` milliseconds from now (on `_clock`, a test hook, if given).
+    #[napi(constructor, ts_args_type = "ms: number, _clock?: ManualClock")]
+    pub fn new(env: &Env, ms: Unknown<'_>, clock: Unknown<'_>) -> Result<Self> {
+        let raw = env.raw();
+        let budget = convert::millis(raw, ms.raw(), "deadline")?;
+        if convert::is_nullish(raw, clock.raw()) {
+            return Ok(Deadline {
+                inner: oncely::Deadline::from_now(budget),
+                clock: None,
+            });
+        }
+        let clock = instance::<ManualClock>(env, clock.raw(), "_clock", "ManualClock")?;
         Ok(Deadline {
-            inner: oncely::Deadline::from_now(budget),
+            inner: oncely::Deadline::after(&clock.inner, budget),
+            clock: Some(clock.inner.clone()),
         })
     }
     /// Milliseconds left (0 once passed).
     #[napi(getter)]
     pub fn remaining_ms(&self) -> f64 {
-        ms(self.inner.remaining(&oncely::SystemClock))
+        ms(self.inner.remaining_at(self.now()))
     }
     /// Whether the deadline has passed.
     #[napi(getter)]
     pub fn expired(&self) -> bool {
-        self.inner.is_expired(&oncely::SystemClock)
+        self.inner.remaining_at(self.now()).is_zero()
+    }
+}
+
+impl Deadline {
+    fn now(&self) -> Duration {
+        match &self.clock {
+            Some(c) => c.now(),
+            None => oncely::SystemClock.now(),
+        }
     }
 }
 
@@ -309,13 +329,15 @@ impl RetryBudget {
 #[napi]
 pub struct RetryState {
     inner: oncely::RetryState,
+    clock: Option<oncely::ManualClock>,
     stop: Option<StopReason>,
     rule: Option<oncely::Rule>,
 }
 
 #[napi]
 impl RetryState {
-    /// `deadline` and `budget` may be `undefined`. Counts the call in `budget`.
+    /// `deadline`, `budget` and `clock` may be `undefined`. Counts the call in `budget`.
+    /// Time is read from `clock` (a test hook) or the system clock.
     #[napi(constructor)]
     pub fn new(
         policy: &RetryPolicy,
@@ -324,6 +346,7 @@ impl RetryState {
         transient_internal: bool,
         deadline: Option<&Deadline>,
         budget: Option<&RetryBudget>,
+        clock: Option<&ManualClock>,
     ) -> Self {
         let mut inner = oncely::RetryState::new(policy.inner).with_facts(CallFacts {
             safe,
@@ -338,6 +361,7 @@ impl RetryState {
         }
         RetryState {
             inner,
+            clock: clock.map(|c| c.inner.clone()),
             stop: None,
             rule: None,
         }
@@ -382,8 +406,7 @@ impl RetryState {
         if let Some(s) = server {
             failure = failure.with_server_delay(s);
         }
-        let now = oncely::SystemClock.now();
-        match self.inner.on_failure(failure, now) {
+        match self.inner.on_failure(failure, self.now()) {
             Decision::Retry { delay, rule } => {
                 self.rule = Some(rule);
                 Ok(ms(delay))
@@ -413,7 +436,16 @@ impl RetryState {
     /// Milliseconds left before the deadline (`null` without one).
     #[napi(getter)]
     pub fn remaining_ms(&self) -> Option<f64> {
-        self.inner.remaining_at(oncely::SystemClock.now()).map(ms)
+        self.inner.remaining_at(self.now()).map(ms)
+    }
+}
+
+impl RetryState {
+    fn now(&self) -> Duration {
+        match &self.clock {
+            Some(c) => c.now(),
+            None => oncely::SystemClock.now(),
+        }
     }
 }
 
@@ -527,7 +559,7 @@ pub fn parse_retry_after(env: &Env, value: Unknown<'_>, now_ms: Unknown<'_>) -> 
 /// A parsed `grpc-retry-pushback-ms`.
 #[napi(object)]
 pub struct Pushback {
-    /// The delay in ms, or `null` when the server said not to retry.
+    /// The delay in ms; absent when the server said not to retry.
     pub delay_ms: Option<f64>,
     /// True for a negative pushback: do not retry.
     pub do_not_retry: bool,

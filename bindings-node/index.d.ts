@@ -1,0 +1,278 @@
+// Types of the oncely package. The native classes and functions are declared in
+// native.d.ts, generated from the Rust sources by `napi build`; this file adds what the
+// JavaScript layer (index.js) defines: Code, retry, IdempotencyStore, fingerprint, the
+// error shapes and the protocol constants.
+
+import type {
+  ProtocolHeaders,
+  ProtocolHttpStatus,
+  RetryBudget,
+  RetryPolicy,
+  RetryPolicyOptions,
+  Deadline,
+  ReasonCodes,
+  ScopedKey,
+  StoreCounters,
+  ManualClock,
+} from './native'
+
+export {
+  RetryPolicy,
+  RetryPolicyOptions,
+  Deadline,
+  RetryBudget,
+  RetryBudgetOptions,
+  BudgetSnapshot,
+  ManualClock,
+  ReasonCodes,
+  ScopedKey,
+  Classification,
+  CallFactsOptions,
+  Pushback,
+  StoreCounters,
+  ProtocolHeaders,
+  ProtocolHttpStatus,
+  classify,
+  codeFromHttp,
+  parseRetryAfter,
+  parsePushbackMs,
+  newKey,
+  deriveKey,
+  validateKey,
+  scope,
+  fingerprintBytes,
+} from './native'
+
+/** The 17 gRPC status codes; at run time a frozen object mapping both ways. */
+export declare enum Code {
+  OK = 0,
+  CANCELLED = 1,
+  UNKNOWN = 2,
+  INVALID_ARGUMENT = 3,
+  DEADLINE_EXCEEDED = 4,
+  NOT_FOUND = 5,
+  ALREADY_EXISTS = 6,
+  PERMISSION_DENIED = 7,
+  RESOURCE_EXHAUSTED = 8,
+  FAILED_PRECONDITION = 9,
+  ABORTED = 10,
+  OUT_OF_RANGE = 11,
+  UNIMPLEMENTED = 12,
+  INTERNAL = 13,
+  UNAVAILABLE = 14,
+  DATA_LOSS = 15,
+  UNAUTHENTICATED = 16,
+}
+
+/** A gRPC code name: `'UNAVAILABLE'`, `'RESOURCE_EXHAUSTED'`, … */
+export type CodeName = keyof typeof Code
+
+/** Why the retry loop stopped (SPEC §4). */
+export type StopReason = 'not_retryable' | 'attempts_exhausted' | 'deadline' | 'budget' | 'server_said_no'
+
+/** The classification rule that decided (SPEC §3). */
+export type Rule =
+  | 'transient_safe'
+  | 'unsafe_to_resend'
+  | 'rate_limited'
+  | 'attempt_timed_out'
+  | 'conflict_rereads'
+  | 'conflict_needs_reread'
+  | 'declared_transient'
+  | 'server_error'
+  | 'permanent'
+  | 'data_loss'
+  | 'not_an_error'
+
+/** The variant of an error raised by oncely itself. */
+export type OncelyErrorKind =
+  | 'invalid_argument'
+  | 'missing_key'
+  | 'fingerprint_mismatch'
+  | 'in_progress'
+  | 'lease_lost'
+  | 'capacity'
+  | 'unavailable'
+  | 'leader_panicked'
+  | 'lease_settled'
+  | 'other'
+
+/**
+ * An error raised by oncely itself: an `Error` (a `TypeError` or `RangeError` for bad
+ * input) whose `code` names its gRPC code.
+ */
+export interface OncelyError extends Error {
+  code: CodeName
+  kind: OncelyErrorKind
+  /** The offending argument or option (`'maxAttempts'`, `'baseDelayMs'`, …), for bad input. */
+  field?: string
+  /** For `kind: 'in_progress'` (ABORTED): how long to wait before retrying (HTTP `Retry-After`). */
+  retryAfterMs?: number
+  /** For `kind: 'capacity'` (RESOURCE_EXHAUSTED): the configured bound. */
+  maxEntries?: number
+}
+
+/** Properties `retry` adds to the last error (when it is an object) before rethrowing it. */
+export interface RetryErrorInfo {
+  /** The number of the last attempt made. */
+  attemptNumber: number
+  /** Why the loop stopped. */
+  stopReason: StopReason
+}
+
+/** A failure in the core's terms: the code, and the server's delay if any. */
+export interface Failure {
+  code: Code
+  /** The server's delay in ms (a `retryAfterMs` the error carried, or a user `classify`'s). */
+  delayMs?: number
+  /** The server said not to retry. */
+  doNotRetry?: boolean
+  /** A `grpc-retry-pushback-ms` value. */
+  pushback?: string
+  /** An HTTP `Retry-After` value. */
+  retryAfter?: string
+}
+
+/** What a user `classify` may return: a code, a code with a server delay, or `undefined` for the default extraction. */
+export type ClassifyResult =
+  | Code
+  | CodeName
+  | { code: Code | CodeName; retryAfterMs?: number; doNotRetry?: boolean }
+  | undefined
+  | null
+
+/** What `retry` tells the action about its attempt. */
+export interface AttemptInfo {
+  /** 1 for the first attempt. */
+  readonly attempt: number
+  /** The caller's signal, to forward (e.g. to `fetch`). */
+  readonly signal: AbortSignal | undefined
+  /** The deadline of the whole call, if any. */
+  readonly deadline: Deadline | undefined
+  /** Milliseconds left before the deadline (`Infinity` without one): a per-attempt timeout to forward. */
+  readonly remainingMs: number
+}
+
+/** What `onRetry` sees before each retry. */
+export interface RetryEvent {
+  /** The attempt that failed. */
+  attempt: number
+  /** The delay before the next attempt. */
+  delayMs: number
+  /** The failed attempt's error. */
+  error: unknown
+  /** The rule that allowed the retry. */
+  reason: Rule
+  /** The code the error was classified as. */
+  code: Code
+}
+
+export interface RetryOptions {
+  /** Backoff and attempts (a `RetryPolicy` or its options); default: the SPEC defaults. */
+  policy?: RetryPolicy | RetryPolicyOptions
+  /** A deadline for the whole call (a `Deadline` or ms from now). */
+  deadline?: Deadline | number
+  /** The call is idempotent or carries an idempotency key (required to retry UNAVAILABLE). */
+  safe?: boolean
+  /** Each attempt re-reads state before writing (ABORTED may be retried). */
+  rereads?: boolean
+  /** INTERNAL/UNKNOWN are transient for this (safe) call. */
+  transientInternal?: boolean
+  /** A budget shared by the calls of a client (retry storms). */
+  budget?: RetryBudget
+  /** Cancels the loop at once, during a sleep too; the rejection is `signal.reason`. */
+  signal?: AbortSignal
+  /** Sees each retry, for logging and metrics. */
+  onRetry?: (event: RetryEvent) => void
+  /** Says which code an error stands for, overriding the built-in extraction. */
+  classify?: (error: unknown) => ClassifyResult
+  /** Domain reason codes for errors whose `code` is a reason (`'RATE_LIMITED'`). */
+  reasons?: ReasonCodes
+  /** Test hook: measure time on a `ManualClock`, and advance it instead of sleeping. */
+  _clock?: ManualClock
+}
+
+/**
+ * Calls `fn(attempt, info)` until it succeeds or the core says stop (SPEC §4): the
+ * error must be retryable, attempts left, the deadline room for another attempt after
+ * the delay, the budget room. The last error is rethrown unchanged, with
+ * `attemptNumber` and `stopReason` added when it is an object.
+ */
+export declare function retry<T>(fn: (attempt: number, info: AttemptInfo) => T | PromiseLike<T>, options?: RetryOptions): Promise<T>
+
+/** The failure an error stands for (fetch Response, system errors, grpc-js errors, …). */
+export declare function failureOf(
+  error: unknown,
+  options?: { classify?: (error: unknown) => ClassifyResult; reasons?: ReasonCodes },
+): Failure
+
+/** The gRPC code an error stands for. */
+export declare function codeOf(error: unknown): Code
+
+/** SHA-256 (hex) over the canonical JSON (RFC 8785) of `value`: the same in Rust, Python and Node. */
+export declare function fingerprint(value: unknown): string
+
+/** The canonical JSON (RFC 8785) of `value`. */
+export declare function canonicalJson(value: unknown): string
+
+/** Header and metadata names of the protocol. */
+export declare const headers: Readonly<ProtocolHeaders>
+
+/** HTTP statuses of the server side of the protocol (400, 422, 409). */
+export declare const httpStatus: Readonly<ProtocolHttpStatus>
+
+/** The HTTP status for an error of `execute` (400, 422, 409), or `undefined`. */
+export declare function httpStatusOf(error: unknown): number | undefined
+
+export interface IdempotencyStoreOptions {
+  /** How long a completed result is kept (default 86_400_000, 24 h; must exceed the longest retry window). */
+  ttlMs?: number
+  /** Bounds the entries; past it the oldest completed ones are evicted (running ones never are). */
+  maxEntries?: number
+  /** The `retryAfterMs` given to a caller that does not wait (default 1000). */
+  inProgressRetryAfterMs?: number
+  /** Caches failures whose code is permanent, like successes (opt-in; clear with `remove`). */
+  cachePermanentFailures?: boolean
+  /** Test hook: read time from a `ManualClock`. */
+  _clock?: ManualClock
+}
+
+export interface ExecuteOptions {
+  /** Aborts this caller: a leader gives up its claim (a waiter takes over), a waiter stops waiting. */
+  signal?: AbortSignal
+  /** Wait for a running call with the same key (default); `false` throws ABORTED with `retryAfterMs`. */
+  wait?: boolean
+}
+
+export interface Executed<T> {
+  /** The leader's value: the same object for every caller. */
+  value: T
+  /** True when this caller did not run the action (joined or replayed): answer with `Idempotent-Replayed: true`. */
+  replayed: boolean
+  /** How this caller got the value. */
+  source: 'led' | 'joined' | 'replayed'
+}
+
+/**
+ * Runs an action at most once per scoped key within the TTL and gives every caller its
+ * result (SPEC §6), over the core's in-process store.
+ */
+export declare class IdempotencyStore {
+  constructor(options?: IdempotencyStoreOptions)
+  /**
+   * Runs `fn` if this caller leads; otherwise waits for the running call or replays the
+   * stored result. A differing fingerprint throws FAILED_PRECONDITION; `fn`'s error
+   * reaches every waiter unchanged and is not cached.
+   */
+  execute<T>(scoped: ScopedKey, fingerprint: string, fn: () => T | PromiseLike<T>, options?: ExecuteOptions): Promise<Executed<T>>
+  /** Counts since the store was made. */
+  counters(): StoreCounters
+  /** Entries held now. */
+  readonly size: number
+  /** The TTL of completed entries, ms. */
+  readonly ttlMs: number
+  /** Waiters not yet woken. */
+  readonly pendingWaiters: number
+  /** Clears a completed entry so the next call runs again; returns whether one was removed. */
+  remove(scoped: ScopedKey): boolean
+}

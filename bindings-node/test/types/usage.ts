@@ -1,0 +1,109 @@
+// Type-checked by `tsc --noEmit -p test/types` (scripts/test-node): every public name
+// with its intended use, so the typings (generated native.d.ts + hand-written
+// index.d.ts) cannot drift from what the package exports.
+import {
+  Code,
+  CodeName,
+  Deadline,
+  IdempotencyStore,
+  ManualClock,
+  OncelyError,
+  ReasonCodes,
+  RetryBudget,
+  RetryErrorInfo,
+  RetryPolicy,
+  StopReason,
+  canonicalJson,
+  classify,
+  codeFromHttp,
+  codeOf,
+  deriveKey,
+  failureOf,
+  fingerprint,
+  fingerprintBytes,
+  headers,
+  httpStatus,
+  httpStatusOf,
+  newKey,
+  parsePushbackMs,
+  parseRetryAfter,
+  retry,
+  scope,
+  validateKey,
+} from 'oncely'
+
+const policy = new RetryPolicy({ maxAttempts: 5, baseDelayMs: 20, maxDelayMs: 1000, multiplier: 2, jitter: 0.2, seed: 42 })
+const delays: number[] = policy.delays()
+const first: number = policy.delayAfter(1)
+const seed: bigint | null = policy.seed
+const budget = new RetryBudget({ ratio: 0.1, windowMs: 10_000, minPerSec: 10 })
+const snapshot: { requests: number; retries: number; allowed: number } = budget.snapshot()
+const deadline = new Deadline(2_000)
+const left: number = deadline.remainingMs
+
+const unavailable: Code = Code.UNAVAILABLE
+const name: CodeName = 'RESOURCE_EXHAUSTED'
+const fromHttp: Code = codeFromHttp(503)
+const c = classify(name, { safe: true, rereads: false })
+const retryable: boolean = c.retryable
+const reasons = new ReasonCodes()
+reasons.register('PAYMENT_PENDING', Code.UNAVAILABLE)
+const r: Code | null = reasons.resolve('RATE_LIMITED')
+const afterMs: number = parseRetryAfter('120')
+const pushback = parsePushbackMs('250')
+const pushbackMs: number | undefined = pushback.delayMs
+
+async function client(signal: AbortSignal): Promise<string> {
+  const key = newKey()
+  const derived: string = deriveKey('order-42', 'charge')
+  validateKey(derived)
+  const order: { id: string } = await retry(
+    async (attempt, info) => {
+      const res = await fetch('http://127.0.0.1:1/orders', {
+        method: 'POST',
+        headers: { [headers.idempotencyKey]: key, 'grpc-previous-rpc-attempts': String(attempt - 1) },
+        signal: info.signal,
+      })
+      if (!res.ok) throw res
+      return (await res.json()) as { id: string }
+    },
+    {
+      policy,
+      deadline,
+      budget,
+      signal,
+      safe: true,
+      reasons,
+      onRetry: (e) => console.log(e.attempt, e.delayMs, e.reason, e.code),
+      classify: (e) => (e instanceof TypeError ? 'UNAVAILABLE' : undefined),
+    },
+  )
+  return order.id
+}
+
+async function server(): Promise<void> {
+  const store = new IdempotencyStore({ ttlMs: 86_400_000, maxEntries: 100_000, _clock: new ManualClock() })
+  const scoped = scope('acme', 'POST /orders', newKey())
+  const fp: string = fingerprint({ sku: 'A1', qty: 1 })
+  try {
+    const { value, replayed, source } = await store.execute(scoped, fp, async () => ({ id: 'o-1' }), { wait: false })
+    const id: string = value.id
+    const how: 'led' | 'joined' | 'replayed' = source
+    console.log(id, replayed, how, store.counters().leads, store.size, store.ttlMs, store.remove(scoped))
+  } catch (e) {
+    const status: number | undefined = httpStatusOf(e)
+    const err = e as OncelyError & Partial<RetryErrorInfo>
+    const code: CodeName = err.code
+    const wait: number | undefined = err.retryAfterMs
+    const reason: StopReason | undefined = err.stopReason
+    console.log(status, code, wait, reason, httpStatus.inProgress, codeOf(e), failureOf(e).code)
+  }
+}
+
+console.log(delays, first, seed, snapshot, left, unavailable, fromHttp, retryable, r, afterMs, pushbackMs)
+console.log(canonicalJson([1, 2]), fingerprintBytes(new Uint8Array([1])), client, server)
+
+// @ts-expect-error maxAttempts is a number
+new RetryPolicy({ maxAttempts: '3' })
+// @ts-expect-error execute needs a ScopedKey, not a string
+void new IdempotencyStore().execute('v1:a:b:c', 'fp', async () => 1)

@@ -1,0 +1,190 @@
+'use strict'
+// The shared cross-language test vectors (tests/vectors/*.json, described in
+// tests/vectors/README.md), run through the public API of the Node package: the same
+// results as the Rust and Python suites.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const fs = require('node:fs')
+const path = require('node:path')
+
+const oncely = require('oncely')
+const { Code, RetryPolicy, ManualClock } = oncely
+
+const dir = path.join(__dirname, '..', '..', 'tests', 'vectors')
+const load = (name) => JSON.parse(fs.readFileSync(path.join(dir, name), 'utf8'))
+
+// Field names in the vectors are the core's; the Node API names them as options.
+const JS_FIELD = {
+  max_attempts: 'maxAttempts',
+  base_delay: 'baseDelayMs',
+  max_delay: 'maxDelayMs',
+  min_attempt: 'minAttemptMs',
+  idempotency_key: 'idempotencyKey',
+  business_id: 'businessId',
+  retry_after: 'retryAfter',
+}
+
+function expectError(fn, want, what) {
+  let err
+  try {
+    fn()
+  } catch (e) {
+    err = e
+  }
+  assert.ok(err, `${what}: expected an error ${JSON.stringify(want)}, got none`)
+  assert.ok(err instanceof Error, `${what}: ${err} is an Error`)
+  assert.equal(err.code, 'INVALID_ARGUMENT', `${what}: code`)
+  assert.equal(err.kind, want.kind, `${what}: kind (${err.message})`)
+  if (want.field !== undefined) assert.equal(err.field, JS_FIELD[want.field] ?? want.field, `${what}: field (${err.message})`)
+}
+
+function policyOf(p) {
+  const opts = {
+    maxAttempts: p.max_attempts,
+    baseDelayMs: p.base_delay_ms,
+    maxDelayMs: p.max_delay_ms,
+    multiplier: p.multiplier,
+    jitter: p.jitter,
+    seed: p.seed,
+  }
+  if (p.min_attempt_ms !== undefined) opts.minAttemptMs = p.min_attempt_ms
+  return new RetryPolicy(opts)
+}
+
+const label = (i, c) => `#${i}${c.comment ? ` (${c.comment})` : ''}`
+
+test('backoff.json: delays and validation', () => {
+  const cases = load('backoff.json')
+  assert.ok(cases.length > 0)
+  cases.forEach((c, i) => {
+    if (c.error) return expectError(() => policyOf(c.policy), c.error, label(i, c))
+    const policy = policyOf(c.policy)
+    for (const d of c.delays) {
+      assert.equal(policy.delayAfter(d.failed_attempt), d.delay_ms, `${label(i, c)} failed_attempt ${d.failed_attempt}`)
+    }
+    if (c.sequence_ms) assert.deepEqual(policy.delays(), c.sequence_ms, `${label(i, c)} sequence`)
+  })
+})
+
+test('classification.json: all codes x all call facts', () => {
+  const cases = load('classification.json')
+  assert.equal(cases.length, 136)
+  cases.forEach((c, i) => {
+    const facts = { safe: c.safe, rereads: c.rereads, transientInternal: c.transient_internal }
+    const got = oncely.classify(c.code, facts)
+    assert.deepEqual(got, { retryable: c.retryable, rule: c.rule }, label(i, c))
+    // The same through the code's number.
+    assert.deepEqual(oncely.classify(Code[c.code], facts), got)
+  })
+})
+
+test('http.json: HTTP status to code', () => {
+  const cases = load('http.json')
+  cases.forEach((c) => assert.equal(Code[oncely.codeFromHttp(c.status)], c.code, `status ${c.status}`))
+})
+
+test('retry_after.json: Retry-After and grpc-retry-pushback-ms', () => {
+  const cases = load('retry_after.json')
+  cases.forEach((c, i) => {
+    const what = label(i, c)
+    if (c.header === 'Retry-After') {
+      const parse = () => oncely.parseRetryAfter(c.value, c.now * 1000)
+      if (c.error) return expectError(parse, c.error, what)
+      assert.equal(parse(), c.delay_ms, what)
+    } else {
+      assert.equal(c.header, 'grpc-retry-pushback-ms')
+      const parse = () => oncely.parsePushbackMs(c.value)
+      if (c.error) return expectError(parse, c.error, what)
+      if (c.do_not_retry) assert.deepEqual(parse(), { doNotRetry: true }, what)
+      else assert.deepEqual(parse(), { delayMs: c.delay_ms, doNotRetry: false }, what)
+    }
+  })
+})
+
+test('keys.json: parse, derive, scope', () => {
+  const cases = load('keys.json')
+  const scopedSeen = new Map()
+  cases.forEach((c, i) => {
+    const what = label(i, c)
+    if (c.op === 'parse') {
+      if (c.error) return expectError(() => oncely.validateKey(c.key), c.error, what)
+      assert.equal(oncely.validateKey(c.key), c.key, what)
+    } else if (c.op === 'derive') {
+      const derive = () => oncely.deriveKey(c.business_id, c.operation)
+      if (c.error) return expectError(derive, c.error, what)
+      assert.equal(derive(), c.key, what)
+    } else if (c.op === 'scope') {
+      const make = () => oncely.scope(c.tenant, c.method, c.key)
+      if (c.error) return expectError(make, c.error, what)
+      const s = make()
+      assert.ok(s instanceof oncely.ScopedKey)
+      assert.equal(String(s), c.scoped, what)
+      const triple = JSON.stringify([c.tenant, c.method, c.key])
+      if (scopedSeen.has(c.scoped)) assert.equal(scopedSeen.get(c.scoped), triple, `${what}: injective`)
+      scopedSeen.set(c.scoped, triple)
+    } else {
+      assert.fail(`unknown op ${c.op}`)
+    }
+  })
+})
+
+test('fingerprints.json: canonical JSON and SHA-256', () => {
+  const cases = load('fingerprints.json')
+  cases.forEach((c, i) => {
+    const what = label(i, c)
+    assert.equal(oncely.canonicalJson(c.value), c.canonical, what)
+    assert.equal(oncely.fingerprint(c.value), c.sha256, what)
+    assert.equal(oncely.fingerprintBytes(Buffer.from(c.canonical, 'utf8')), c.sha256, what)
+    assert.equal(oncely.fingerprintBytes(c.canonical), c.sha256, what)
+  })
+})
+
+test('retry_decisions.json: the JavaScript retry loop on a manual clock', async () => {
+  const cases = load('retry_decisions.json')
+  for (const [i, c] of cases.entries()) {
+    const what = label(i, c)
+    const clock = new ManualClock()
+    const delays = []
+    let calls = 0
+    const numbers = []
+    let result = 'ok'
+    try {
+      await oncely.retry(
+        async (attempt) => {
+          numbers.push(attempt)
+          const step = c.script[Math.min(calls, c.script.length - 1)]
+          calls += 1
+          clock.advance(step.takes_ms)
+          if (step.outcome === 'ok') return 'ok'
+          throw { scripted: step }
+        },
+        {
+          policy: policyOf(c.policy),
+          safe: c.safe,
+          rereads: c.rereads,
+          transientInternal: c.transient_internal,
+          deadline: c.deadline_ms === null ? undefined : c.deadline_ms,
+          _clock: clock,
+          onRetry: (e) => delays.push(e.delayMs),
+          // The classify override: the scripted code and server delay.
+          classify: ({ scripted }) => {
+            const d = scripted.server_delay
+            if (d === null) return scripted.outcome
+            if (d === 'do_not_retry') return { code: scripted.outcome, doNotRetry: true }
+            return { code: scripted.outcome, retryAfterMs: d.after_ms }
+          },
+        },
+      )
+    } catch (e) {
+      assert.ok(e.scripted, `${what}: unexpected error ${e && e.stack}`)
+      assert.equal(e.attemptNumber, calls, `${what}: attemptNumber`)
+      result = e.stopReason
+    }
+    assert.deepEqual(
+      { attempts: calls, delays_ms: delays, result, elapsed_ms: clock.nowMs },
+      c.expect,
+      what,
+    )
+    assert.deepEqual(numbers, Array.from({ length: calls }, (_, k) => k + 1), `${what}: attempt numbers`)
+  }
+})
