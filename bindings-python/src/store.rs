@@ -195,7 +195,7 @@ fn failure_tuple(py: Python<'_>, f: &PyFailure) -> PyResult<Py<PyAny>> {
 }
 
 /// The native dedup store; `oncely.IdempotencyStore` adds `execute`/`execute_sync`.
-#[pyclass(subclass, module = "oncely", name = "_Store")]
+#[pyclass(subclass, frozen, module = "oncely", name = "_Store")]
 pub struct PyStore {
     inner: Store,
     caches_failures: bool,

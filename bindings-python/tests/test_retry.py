@@ -391,3 +391,21 @@ async def test_retry_waits_for_in_progress_then_gets_the_replay() -> None:
                              safe=True)
     assert got == "done" and (await leader).value == "done"
     assert events and all(isinstance(e.error, oncely.InProgressError) for e in events)
+
+
+async def test_the_action_is_told_its_attempt() -> None:
+    seen: list[oncely.Attempt] = []
+
+    async def action(x: int, *, attempt: oncely.Attempt) -> int:
+        seen.append(attempt)
+        if attempt.number < 3:
+            raise ConnectionError()
+        return x
+
+    assert await oncely.retry(action, 7, policy=FAST, safe=True, pass_attempt=True) == 7
+    assert [a.number for a in seen] == [1, 2, 3]
+    assert [a.previous_attempts for a in seen] == [0, 1, 2]
+    assert all(a.remaining is None for a in seen)
+    seen.clear()
+    oncely.retry_sync(lambda attempt: seen.append(attempt) or "ok", policy=FAST, deadline=5.0, pass_attempt=True)
+    assert seen[0].number == 1 and seen[0].remaining is not None and 4.5 < seen[0].remaining <= 5.0

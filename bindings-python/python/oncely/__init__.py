@@ -51,12 +51,13 @@ from .errors import (
     StoreUnavailableError,
 )
 from .extract import code_of, failure_of
-from .retry import RetryEvent, Seconds, retry, retry_sync, retrying
+from .retry import Attempt, RetryEvent, Seconds, retry, retry_sync, retrying
 from .store import IdempotencyStore
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Attempt",
     "BudgetSnapshot",
     "CapacityError",
     "Classification",

@@ -35,7 +35,7 @@ if sys.version_info >= (3, 10):
 else:  # pragma: no cover
     from typing_extensions import ParamSpec
 
-__all__ = ["retry", "retry_sync", "retrying", "RetryEvent", "Seconds"]
+__all__ = ["retry", "retry_sync", "retrying", "Attempt", "RetryEvent", "Seconds"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -57,6 +57,20 @@ class RetryEvent(NamedTuple):
     rule: str
     #: Whether ``delay`` is the server's (Retry-After, pushback) rather than backoff.
     from_server: bool
+
+
+class Attempt(NamedTuple):
+    """What the action is told with ``pass_attempt=True`` (keyword ``attempt``): forward
+    it as a per-attempt timeout or a ``grpc-previous-rpc-attempts`` header."""
+
+    #: 1 for the first attempt, 2 for the first retry, ...
+    number: int
+    #: Seconds left before the call's deadline (None without a deadline).
+    remaining: Optional[float]
+
+    @property
+    def previous_attempts(self) -> int:
+        return self.number - 1
 
 
 OnRetry = Callable[[RetryEvent], object]
@@ -82,6 +96,12 @@ def _state(
         budget=budget,
         clock=clock,
     )
+
+
+def _attempt(state: Optional[RetryState]) -> Attempt:
+    if state is None:
+        return Attempt(1, None)
+    return Attempt(state.attempt, state.remaining())
 
 
 def _give_up(exc: BaseException, attempts: int, reason: str) -> None:
@@ -136,6 +156,7 @@ async def retry(
     on_retry: Optional[OnRetry] = None,
     classify: Optional[Classifier] = None,
     _clock: Optional[ManualClock] = None,
+    pass_attempt: bool = False,
     _sleep: Optional[Callable[[float], Awaitable[object]]] = None,
     **kwargs: Any,
 ) -> T:
@@ -146,7 +167,8 @@ async def retry(
     before writing (ABORTED may be retried). ``deadline``: seconds (or a ``Deadline``)
     for the whole call. ``budget``: a shared ``RetryBudget``. ``on_retry``: called with
     a :class:`RetryEvent` before each retry. ``classify``: maps an exception to a code
-    or ``Failure`` (None: the built-in extraction).
+    or ``Failure`` (None: the built-in extraction). ``pass_attempt``: ``fn`` also gets
+    ``attempt=Attempt(number, remaining)``.
 
     On giving up, the last exception is re-raised unchanged, with ``attempts`` and
     ``stop_reason`` attributes and a note. Cancelling the task stops at once.
@@ -157,6 +179,8 @@ async def retry(
         else _state(policy, safe, rereads, transient_internal, deadline, budget, _clock)
     )
     while True:
+        if pass_attempt:
+            kwargs["attempt"] = _attempt(state)
         try:
             return await fn(*args, **kwargs)
         except Exception as exc:
@@ -182,6 +206,7 @@ def retry_sync(
     on_retry: Optional[OnRetry] = None,
     classify: Optional[Classifier] = None,
     _clock: Optional[ManualClock] = None,
+    pass_attempt: bool = False,
     _sleep: Optional[Callable[[float], object]] = None,
     **kwargs: Any,
 ) -> T:
@@ -193,6 +218,8 @@ def retry_sync(
         else _state(policy, safe, rereads, transient_internal, deadline, budget, _clock)
     )
     while True:
+        if pass_attempt:
+            kwargs["attempt"] = _attempt(state)
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
