@@ -4,13 +4,16 @@
 //! # Waking asyncio waiters without deadlocks
 //!
 //! A waiter's `Join` is never handed to Python as a Rust future. `Join.subscribe`
-//! polls it once, on the event-loop thread, with a waker that only sends the
-//! registration's id down a channel: it needs no GIL and takes no lock that a
-//! GIL-holding thread could hold. `event-listener` may call that waker from any
-//! thread while it holds its own lock; nothing else happens there. One pump thread
-//! (started on first use, restarted after `fork`) receives the ids, polls the joins
-//! (without the GIL), and only then attaches to Python, once per batch, to hand the
-//! outcomes to each event loop with one `call_soon_threadsafe` per loop and batch.
+//! polls it once, on the event-loop thread, with a waker that only pushes the
+//! registration's id onto a pending list: it needs no GIL and takes no lock that a
+//! GIL-holding thread could hold while waiting. `event-listener` may call that waker
+//! from any thread while it holds its own lock; nothing else happens there. The ids are
+//! then processed, without the GIL and outside every lock but the registry's, by
+//! whichever comes first: the thread that settled the flight, if it is a Python thread
+//! (`Lease.complete`/`fail`/`abandon` deliver at once, after the settle, still
+//! attached), or one pump thread (started on first use, restarted after `fork`) that
+//! attaches to Python only after polling, once per batch. Outcomes reach each event
+//! loop with one `call_soon_threadsafe` per loop and batch.
 //!
 //! Lock order: the registry lock and the store's lock are never held while waiting for
 //! the GIL, and no Python code runs under them: a Python object whose last reference
@@ -21,8 +24,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 
 use pyo3::exceptions::PyRuntimeError;
@@ -349,6 +351,7 @@ impl Lease {
     fn complete(&self, py: Python<'_>, value: Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let lease = self.take()?;
         lease.complete_now(Arc::new(Held::new(value.clone().unbind())));
+        deliver_now(py);
         bury(py);
         executed(py, value.unbind(), "led")
     }
@@ -373,6 +376,7 @@ impl Lease {
             tb: Held::new(tb.unbind()),
             code,
         }));
+        deliver_now(py);
         bury(py);
         Ok(())
     }
@@ -380,6 +384,7 @@ impl Lease {
     /// The action failed without an error value: waiters get `LeaderPanickedError`.
     fn panicked(&self, py: Python<'_>, message: &str) -> PyResult<()> {
         self.take()?.panicked_now(message);
+        deliver_now(py);
         bury(py);
         Ok(())
     }
@@ -388,6 +393,7 @@ impl Lease {
     fn abandon(&self, py: Python<'_>) {
         let lease = lock(&self.inner).take();
         drop(lease);
+        deliver_now(py);
         bury(py);
     }
 
@@ -514,66 +520,84 @@ impl Wake for IdWaker {
     }
 }
 
-struct Pump {
-    pid: u32,
-    tx: Sender<u64>,
+/// Wake ids not yet processed, and the process that runs the pump thread.
+struct Pending {
+    ids: Vec<u64>,
+    pump_pid: Option<u32>,
 }
 
-static PUMP: Mutex<Option<Pump>> = Mutex::new(None);
+static PENDING: Mutex<Pending> = Mutex::new(Pending {
+    ids: Vec::new(),
+    pump_pid: None,
+});
+static PENDING_CV: Condvar = Condvar::new();
 
 fn send(id: u64) {
-    let mut pump = lock(&PUMP);
+    let mut p = lock(&PENDING);
     let pid = std::process::id();
-    if pump.as_ref().is_none_or(|p| p.pid != pid) {
+    if p.pump_pid != Some(pid) {
         // First use, or a child after fork (threads do not survive fork).
-        let (tx, rx) = channel();
         let spawned = std::thread::Builder::new()
             .name("oncely-waker".into())
-            .spawn(move || run_pump(rx));
-        if spawned.is_err() {
-            return;
+            .spawn(run_pump);
+        if spawned.is_ok() {
+            p.pump_pid = Some(pid);
         }
-        *pump = Some(Pump { pid, tx });
     }
-    if let Some(p) = pump.as_ref() {
-        let _ = p.tx.send(id);
+    p.ids.push(id);
+    if p.ids.len() == 1 {
+        PENDING_CV.notify_one();
     }
 }
 
-const BATCH: usize = 4096;
+/// Polls the joins of `ids` (holding the registry lock, never the GIL) and returns
+/// those that are ready with their outcomes.
+fn poll_ready(ids: Vec<u64>) -> Vec<(Entry, Outcome)> {
+    let mut ready = Vec::new();
+    let mut map = lock(&REGISTRY.map);
+    for id in ids {
+        let Some(entry) = map.get_mut(&id) else {
+            continue; // cancelled, or already resolved by an earlier wake
+        };
+        let waker = entry.waker.clone();
+        if let Poll::Ready(out) = Pin::new(&mut entry.join).poll(&mut Context::from_waker(&waker)) {
+            let entry = map.remove(&id).expect("entry present");
+            ready.push((entry, out));
+        }
+    }
+    ready
+}
 
-fn run_pump(rx: Receiver<u64>) {
-    let mut ready: Vec<(Entry, Outcome)> = Vec::new();
-    while let Ok(first) = rx.recv() {
-        let mut ids = vec![first];
-        while ids.len() < BATCH {
-            match rx.try_recv() {
-                Ok(id) => ids.push(id),
-                Err(_) => break,
+fn run_pump() {
+    loop {
+        let ids = {
+            let mut p = lock(&PENDING);
+            while p.ids.is_empty() {
+                p = PENDING_CV.wait(p).unwrap_or_else(|e| e.into_inner());
             }
-        }
-        {
-            let mut map = lock(&REGISTRY.map);
-            for id in ids {
-                let Some(entry) = map.get_mut(&id) else {
-                    continue; // cancelled, or already resolved by an earlier wake
-                };
-                let waker = entry.waker.clone();
-                if let Poll::Ready(out) =
-                    Pin::new(&mut entry.join).poll(&mut Context::from_waker(&waker))
-                {
-                    let entry = map.remove(&id).expect("entry present");
-                    ready.push((entry, out));
-                }
-            }
-        }
+            std::mem::take(&mut p.ids)
+        };
+        let ready = poll_ready(ids);
         if ready.is_empty() {
             continue;
         }
-        let batch = std::mem::take(&mut ready);
         // Attach only now, holding no lock. During interpreter shutdown there is no
         // loop left to wake: the references are left to PyO3's release pool.
-        let _ = Python::try_attach(move |py| deliver(py, batch));
+        let _ = Python::try_attach(move |py| deliver(py, ready));
+    }
+}
+
+/// Delivers the wakes that a settle on this (attached) thread just caused, without
+/// waiting for the pump thread: the common case of a leader and its waiters in one
+/// process costs no thread hop. Holds no lock while calling Python.
+fn deliver_now(py: Python<'_>) {
+    let ids = std::mem::take(&mut lock(&PENDING).ids);
+    if ids.is_empty() {
+        return;
+    }
+    let ready = poll_ready(ids);
+    if !ready.is_empty() {
+        deliver(py, ready);
     }
 }
 

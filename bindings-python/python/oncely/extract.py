@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Union
 from . import _oncely
 from ._codes import Code
 from ._oncely import Failure
+from .errors import InProgressError, OncelyError
 
 __all__ = ["failure_of", "code_of", "Failure", "Classifier"]
 
@@ -59,8 +60,6 @@ _TRANSPORT: tuple[tuple[str, str, int], ...] = (
 def failure_of(exc: BaseException) -> Union[int, Failure]:
     """The failure ``exc`` stands for: a code (int) or a :class:`Failure` with the
     server's delay."""
-    from .errors import InProgressError, OncelyError
-
     if isinstance(exc, OncelyError):
         if isinstance(exc, InProgressError):
             return Failure(exc.code, delay=exc.retry_after)
@@ -82,22 +81,35 @@ def failure_of(exc: BaseException) -> Union[int, Failure]:
     if isinstance(status, int) and 100 <= status <= 599 and hasattr(exc, "headers"):
         return _with_retry_after(_oncely.code_from_http(status), getattr(exc, "headers", None))
 
-    for cls in type(exc).__mro__:
-        module = cls.__module__.partition(".")[0]
-        for mod, name, code in _TRANSPORT:
-            if module == mod and cls.__name__ == name:
-                return code
-
-    if isinstance(exc, TimeoutError):
-        return _DEADLINE
-    if isinstance(exc, ConnectionError):
-        return _UNAVAILABLE
+    kind = type(exc)
+    code = _BY_TYPE.get(kind, -1)
+    if code == -1:
+        code = _BY_TYPE[kind] = _transport_code(kind)
+    if code is not None:
+        return code
 
     # Duck typing: `code` (a gRPC code, or an HTTP status), `status_code`.
     code = _code_value(code_attr() if callable(code_attr) else code_attr)
     if code is None:
         code = _http_value(getattr(exc, "status_code", None))
     return _UNKNOWN if code is None else code
+
+
+# Exception type -> its transport code (or None); exception types are few.
+_BY_TYPE: dict[type, Optional[int]] = {}
+
+
+def _transport_code(kind: type) -> Optional[int]:
+    for cls in kind.__mro__:
+        module = cls.__module__.partition(".")[0]
+        for mod, name, code in _TRANSPORT:
+            if module == mod and cls.__name__ == name:
+                return code
+    if issubclass(kind, TimeoutError):
+        return _DEADLINE
+    if issubclass(kind, ConnectionError):
+        return _UNAVAILABLE
+    return None
 
 
 def code_of(exc: BaseException) -> Code:
