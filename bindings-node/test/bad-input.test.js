@@ -1,0 +1,149 @@
+'use strict'
+// Bad input from JavaScript — wrong types, NaN, Infinity, negative numbers, huge
+// strings, missing arguments — is a thrown TypeError/RangeError with a `code` and the
+// `field` it concerns; never a crash of the process.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+
+const oncely = require('oncely')
+const { RetryPolicy, RetryBudget, Deadline, ManualClock, ReasonCodes, ScopedKey } = oncely
+
+const huge = 'k'.repeat(10_000_000)
+
+function throwsField(fn, name, field) {
+  assert.throws(fn, (e) => {
+    assert.equal(e.name, name, `${e.name}: ${e.message}`)
+    assert.equal(e.code, 'INVALID_ARGUMENT')
+    assert.equal(e.field, field, e.message)
+    assert.ok(e.message.includes(field), `the message names the field: ${e.message}`)
+    return true
+  })
+}
+
+test('RetryPolicy: every field checked, named in the error', () => {
+  for (const [opts, name, field] of [
+    [{ maxAttempts: 0 }, 'RangeError', 'maxAttempts'],
+    [{ maxAttempts: 2.5 }, 'RangeError', 'maxAttempts'],
+    [{ maxAttempts: -1 }, 'RangeError', 'maxAttempts'],
+    [{ maxAttempts: NaN }, 'RangeError', 'maxAttempts'],
+    [{ maxAttempts: 2 ** 40 }, 'RangeError', 'maxAttempts'],
+    [{ maxAttempts: '3' }, 'TypeError', 'maxAttempts'],
+    [{ baseDelayMs: -1 }, 'RangeError', 'baseDelayMs'],
+    [{ baseDelayMs: NaN }, 'RangeError', 'baseDelayMs'],
+    [{ baseDelayMs: Infinity }, 'RangeError', 'baseDelayMs'],
+    [{ baseDelayMs: 2000 }, 'RangeError', 'baseDelayMs'],
+    [{ maxDelayMs: -Infinity }, 'RangeError', 'maxDelayMs'],
+    [{ maxDelayMs: 1e300 }, 'RangeError', 'maxDelayMs'],
+    [{ maxDelayMs: null }, 'TypeError', 'maxDelayMs'],
+    [{ multiplier: 0.5 }, 'RangeError', 'multiplier'],
+    [{ multiplier: NaN }, 'RangeError', 'multiplier'],
+    [{ multiplier: Infinity }, 'RangeError', 'multiplier'],
+    [{ jitter: 1 }, 'RangeError', 'jitter'],
+    [{ jitter: -0.1 }, 'RangeError', 'jitter'],
+    [{ jitter: NaN }, 'RangeError', 'jitter'],
+    [{ jitter: {} }, 'TypeError', 'jitter'],
+    [{ seed: -1 }, 'RangeError', 'seed'],
+    [{ seed: 1.5 }, 'RangeError', 'seed'],
+    [{ seed: 2 ** 64 }, 'RangeError', 'seed'],
+    [{ seed: 2n ** 64n }, 'RangeError', 'seed'],
+    [{ seed: 'x' }, 'TypeError', 'seed'],
+    [{ minAttemptMs: -5 }, 'RangeError', 'minAttemptMs'],
+    [{ maxAtempts: 3 }, 'TypeError', 'maxAtempts'],
+    [7, 'TypeError', 'options'],
+  ]) {
+    throwsField(() => new RetryPolicy(opts), name, field)
+  }
+  assert.equal(new RetryPolicy({ seed: 2n ** 64n - 1n }).seed, 2n ** 64n - 1n)
+  assert.equal(new RetryPolicy(undefined).maxAttempts, 3)
+  assert.equal(new RetryPolicy(null).maxAttempts, 3)
+  const p = new RetryPolicy()
+  throwsField(() => p.delayAfter(0), 'RangeError', 'failedAttempt')
+  throwsField(() => p.delayAfter(NaN), 'RangeError', 'failedAttempt')
+  throwsField(() => p.delayAfter(), 'TypeError', 'failedAttempt')
+  assert.equal(p.delayAfter(4294967295) <= 1200, true)
+})
+
+test('Deadline, RetryBudget, ManualClock', () => {
+  throwsField(() => new Deadline(), 'TypeError', 'deadline')
+  throwsField(() => new Deadline(-1), 'RangeError', 'deadline')
+  throwsField(() => new Deadline(NaN), 'RangeError', 'deadline')
+  throwsField(() => new Deadline(Infinity), 'RangeError', 'deadline')
+  throwsField(() => new Deadline(10, {}), 'TypeError', '_clock')
+  assert.ok(new Deadline(1e12).remainingMs > 0)
+  throwsField(() => new RetryBudget({ ratio: -0.1 }), 'RangeError', 'ratio')
+  throwsField(() => new RetryBudget({ ratio: NaN }), 'RangeError', 'ratio')
+  throwsField(() => new RetryBudget({ windowMs: 5 }), 'RangeError', 'windowMs')
+  throwsField(() => new RetryBudget({ minPerSec: -1 }), 'RangeError', 'minPerSec')
+  throwsField(() => new RetryBudget({ minPerSec: 'many' }), 'TypeError', 'minPerSec')
+  const clock = new ManualClock()
+  throwsField(() => clock.advance(-1), 'RangeError', 'ms')
+  throwsField(() => clock.advance(NaN), 'RangeError', 'ms')
+  throwsField(() => clock.set('1'), 'TypeError', 'ms')
+  clock.advance(1e12)
+  assert.equal(clock.nowMs, 1e12)
+  clock.advance(1e15) // saturates (the core's clock counts u64 nanoseconds)
+  assert.ok(clock.nowMs > 1e12)
+  throwsField(() => clock.advance(1e300), 'RangeError', 'ms')
+})
+
+test('codes and classification', () => {
+  throwsField(() => oncely.codeFromHttp(-1), 'RangeError', 'status')
+  throwsField(() => oncely.codeFromHttp(70000), 'RangeError', 'status')
+  throwsField(() => oncely.codeFromHttp(200.5), 'RangeError', 'status')
+  throwsField(() => oncely.codeFromHttp('503'), 'TypeError', 'status')
+  throwsField(() => oncely.classify(17), 'RangeError', 'code')
+  throwsField(() => oncely.classify('NOPE'), 'RangeError', 'code')
+  throwsField(() => oncely.classify(null), 'TypeError', 'code')
+  throwsField(() => oncely.classify(14, { safe: 1 }), 'TypeError', 'safe')
+  throwsField(() => oncely.classify(14, { sfe: true }), 'TypeError', 'sfe')
+  throwsField(() => oncely.parseRetryAfter(5), 'TypeError', 'retryAfter')
+  throwsField(() => oncely.parseRetryAfter('soon'), 'RangeError', 'retryAfter')
+  throwsField(() => oncely.parseRetryAfter(huge), 'RangeError', 'retryAfter')
+  throwsField(() => oncely.parseRetryAfter('5', NaN), 'RangeError', 'nowMs')
+  throwsField(() => oncely.parsePushbackMs('1.5'), 'RangeError', 'grpc-retry-pushback-ms')
+  const reasons = new ReasonCodes()
+  throwsField(() => reasons.register('lower', 'UNAVAILABLE'), 'RangeError', 'reason')
+  throwsField(() => reasons.register('OK_NAME', 99), 'RangeError', 'code')
+})
+
+test('keys and fingerprints, huge strings included', () => {
+  throwsField(() => oncely.validateKey(huge), 'RangeError', 'idempotencyKey')
+  throwsField(() => oncely.validateKey(42), 'TypeError', 'idempotencyKey')
+  throwsField(() => oncely.validateKey(), 'TypeError', 'idempotencyKey')
+  assert.throws(() => oncely.validateKey(''), { name: 'RangeError', code: 'INVALID_ARGUMENT', kind: 'missing_key' })
+  throwsField(() => oncely.scope(huge, 'm', 'key-12345'), 'RangeError', 'tenant')
+  throwsField(() => oncely.scope('t', 'x'.repeat(1025), 'key-12345'), 'RangeError', 'method')
+  throwsField(() => oncely.scope('', 'm', 'key-12345'), 'RangeError', 'tenant')
+  throwsField(() => oncely.scope('t', 'm', 'short'), 'RangeError', 'idempotencyKey')
+  throwsField(() => oncely.scope('t', 'm'), 'TypeError', 'idempotencyKey')
+  throwsField(() => new ScopedKey(1, 'm', 'key-12345'), 'TypeError', 'tenant')
+  throwsField(() => oncely.deriveKey('', 'op'), 'RangeError', 'businessId')
+  throwsField(() => oncely.deriveKey('id', null), 'TypeError', 'operation')
+  assert.equal(oncely.deriveKey(huge, 'op').length, 36, 'long business ids are hashed')
+  throwsField(() => oncely.fingerprint(undefined), 'TypeError', 'value')
+  throwsField(() => oncely.fingerprint(() => 1), 'TypeError', 'value')
+  throwsField(() => oncely.fingerprint({ a: 1n }), 'TypeError', 'value')
+  throwsField(() => oncely.fingerprint({ a: NaN }), 'RangeError', 'value')
+  throwsField(() => oncely.fingerprint([Infinity]), 'RangeError', 'value')
+  const cyclic = {}
+  cyclic.self = cyclic
+  throwsField(() => oncely.fingerprint(cyclic), 'TypeError', 'value')
+  throwsField(() => oncely.fingerprintBytes(42), 'TypeError', 'data')
+  throwsField(() => oncely.fingerprintBytes(new Uint16Array(2)), 'TypeError', 'data')
+  assert.equal(oncely.fingerprint({ s: huge }).length, 64)
+  // JSON semantics of JavaScript: toJSON, undefined members dropped.
+  assert.equal(oncely.canonicalJson({ d: new Date(0), u: undefined }), '{"d":"1970-01-01T00:00:00.000Z"}')
+})
+
+test('internal classes refuse misuse without crashing', async () => {
+  const native = require('../native.js')
+  assert.throws(() => new native.RetryState({}, true, false, false))
+  const store = new native.NativeStore(undefined, {})
+  assert.throws(() => store.begin('not a key', 'fp', true))
+  const lease = store.begin(oncely.scope('t', 'm', oncely.newKey()), 'fp', true)
+  lease.complete(1)
+  assert.throws(() => lease.complete(2), { code: 'FAILED_PRECONDITION', kind: 'lease_settled' })
+  assert.throws(() => lease.fail(new Error('x'), 2), { code: 'FAILED_PRECONDITION' })
+  lease.abandon()
+  assert.equal(lease.settled, true)
+})
