@@ -20,6 +20,7 @@
 //! a store drops under its lock (expiry, eviction) is moved to a graveyard and released
 //! after the lock, when the thread is attached again.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -350,8 +351,8 @@ impl Lease {
     /// Stores `value` and wakes the waiters with it; returns the leader's `Executed`.
     fn complete(&self, py: Python<'_>, value: Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let lease = self.take()?;
-        lease.complete_now(Arc::new(Held::new(value.clone().unbind())));
-        deliver_now(py);
+        let stored = Arc::new(Held::new(value.clone().unbind()));
+        settling(py, || lease.complete_now(stored));
         bury(py);
         executed(py, value.unbind(), "led")
     }
@@ -371,20 +372,20 @@ impl Lease {
         };
         let tb = exc.getattr(pyo3::intern!(py, "__traceback__"))?;
         let lease = self.take()?;
-        drop(lease.fail_now(PyFailure {
+        let failure = PyFailure {
             exc: Held::new(exc.unbind()),
             tb: Held::new(tb.unbind()),
             code,
-        }));
-        deliver_now(py);
+        };
+        settling(py, || drop(lease.fail_now(failure)));
         bury(py);
         Ok(())
     }
 
     /// The action failed without an error value: waiters get `LeaderPanickedError`.
     fn panicked(&self, py: Python<'_>, message: &str) -> PyResult<()> {
-        self.take()?.panicked_now(message);
-        deliver_now(py);
+        let lease = self.take()?;
+        settling(py, || lease.panicked_now(message));
         bury(py);
         Ok(())
     }
@@ -392,8 +393,7 @@ impl Lease {
     /// Gives the claim up unsettled (the leader was cancelled): one waiter takes over.
     fn abandon(&self, py: Python<'_>) {
         let lease = lock(&self.inner).take();
-        drop(lease);
-        deliver_now(py);
+        settling(py, || drop(lease));
         bury(py);
     }
 
@@ -545,9 +545,24 @@ fn send(id: u64) {
         }
     }
     p.ids.push(id);
-    if p.ids.len() == 1 {
+    // A Python thread that is settling a flight delivers the wakes itself right after
+    // (`deliver_now`): the pump thread is woken only for settles from elsewhere.
+    if p.ids.len() == 1 && !SETTLING.with(Cell::get) {
         PENDING_CV.notify_one();
     }
+}
+
+thread_local! {
+    static SETTLING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs a settle of a lease on this (attached) thread, then delivers its wakes.
+fn settling<R>(py: Python<'_>, f: impl FnOnce() -> R) -> R {
+    SETTLING.with(|s| s.set(true));
+    let r = f();
+    SETTLING.with(|s| s.set(false));
+    deliver_now(py);
+    r
 }
 
 /// Polls the joins of `ids` (holding the registry lock, never the GIL) and returns
