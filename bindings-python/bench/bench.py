@@ -178,10 +178,15 @@ def bench_store() -> None:
         await asyncio.gather(*(execute() for _ in range(10_000)))
         return (time.perf_counter() - t0) / 10_000
 
-    for name, make in [
-        ("oncely", lambda: (lambda key=oncely.scope("t", "m", oncely.new_key()): lambda: store.execute(key, "fp", slow))()),
-        ("hand-written", lambda: (lambda key=oncely.new_key(): lambda: hw.execute(key, slow))()),
-    ]:
+    def on_fresh_key() -> Callable[[], Awaitable[Any]]:
+        key = oncely.scope("t", "m", oncely.new_key())
+        return lambda: store.execute(key, "fp", slow)
+
+    def hw_fresh_key() -> Callable[[], Awaitable[Any]]:
+        key = oncely.new_key()
+        return lambda: hw.execute(key, slow)
+
+    for name, make in [("oncely", on_fresh_key), ("hand-written", hw_fresh_key)]:
         best = min(asyncio.run(waiters(make())) for _ in range(3))
         report("store: 10,000 waiters", name, best * 1e6, "us/waiter")
 
