@@ -217,6 +217,36 @@ impl ScopedKey {
         Ok(ScopedKey(s))
     }
 
+    /// Accepts the encoded form made by [`ScopedKey::new`] (e.g. read back from a
+    /// header, a log or a shared store) and nothing else: `parse(k.as_str()) == Ok(k)`
+    /// for every scoped key `k`, and any other text is INVALID_ARGUMENT.
+    ///
+    /// ```
+    /// use oncely::{IdempotencyKey, ScopedKey};
+    /// let k = ScopedKey::new("a:b", "Créer", &IdempotencyKey::parse("key-0001").unwrap()).unwrap();
+    /// assert_eq!(ScopedKey::parse(k.as_str()).unwrap(), k);
+    /// assert!(ScopedKey::parse("acme:CreateOrder:key-0001").is_err());
+    /// ```
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        let bad = |why: &str| Error::invalid("scoped_key", format!("{s:?} {why}"));
+        let rest = s
+            .strip_prefix("v1:")
+            .ok_or_else(|| bad("is not a scoped key (it must start with \"v1:\")"))?;
+        let mut parts = rest.splitn(3, ':');
+        let (Some(tenant), Some(method), Some(key)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad("must have a tenant, a method and a key"));
+        };
+        let tenant = percent_decode(tenant).ok_or_else(|| bad("has a badly encoded tenant"))?;
+        let method = percent_decode(method).ok_or_else(|| bad("has a badly encoded method"))?;
+        let key = IdempotencyKey::parse(key)?;
+        let scoped = ScopedKey::new(&tenant, &method, &key)?;
+        if scoped.0 != s {
+            return Err(bad("is not in canonical form"));
+        }
+        Ok(scoped)
+    }
+
     /// The encoded scoped key.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -254,6 +284,25 @@ fn percent_encode(part: &str, out: &mut String) {
 }
 
 const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
+
+fn percent_decode(part: &str) -> Option<String> {
+    let b = part.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3)?;
+            let hi = (hex[0] as char).to_digit(16)?;
+            let lo = (hex[1] as char).to_digit(16)?;
+            out.push((hi * 16 + lo) as u8);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
 
 /// SHA-256 (lower-case hex) of the canonical JSON (RFC 8785) of `value`: object keys
 /// sorted, no insignificant whitespace, numbers in their shortest form. The same data

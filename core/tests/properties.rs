@@ -67,6 +67,7 @@ proptest! {
             prop_assert!(s.bytes().all(|b| b.is_ascii_graphic()), "not printable: {s}");
             prop_assert!(!s.contains(['{', '}']), "braces in {}", s);
             prop_assert_eq!(s.matches(':').count(), 3);
+            prop_assert_eq!(ScopedKey::parse(&s).unwrap(), scoped);
             let triple = (tenant, method, key);
             if let Some(prev) = seen.insert(s.clone(), triple.clone()) {
                 prop_assert_eq!(prev, triple, "two triples gave {}", s);
