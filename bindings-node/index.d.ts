@@ -11,7 +11,6 @@ import type {
   RetryPolicyOptions,
   Deadline,
   ReasonCodes,
-  ScopedKey,
   StoreCounters,
   ManualClock,
 } from './native'
@@ -25,7 +24,6 @@ export {
   BudgetSnapshot,
   ManualClock,
   ReasonCodes,
-  ScopedKey,
   Classification,
   CallFactsOptions,
   Pushback,
@@ -63,6 +61,12 @@ export declare enum Code {
   DATA_LOSS = 15,
   UNAUTHENTICATED = 16,
 }
+
+/**
+ * A scoped key, as made by `scope(tenant, method, key)`: `v1:` + the percent-encoded
+ * tenant and method + the key. `execute` accepts only this exact form.
+ */
+export type ScopedKey = string
 
 /** A gRPC code name: `'UNAVAILABLE'`, `'RESOURCE_EXHAUSTED'`, … */
 export type CodeName = keyof typeof Code

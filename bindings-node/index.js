@@ -10,13 +10,11 @@ const native = require('./native.js')
 const {
   Deadline,
   ManualClock,
-  NativeLease,
   NativeStore,
   ReasonCodes,
   RetryBudget,
   RetryPolicy,
   RetryState,
-  ScopedKey,
 } = native
 
 // ---------------------------------------------------------------------------------------
@@ -372,6 +370,8 @@ function newState(o) {
 
 /** What a joiner's Promise resolves to when its leader went away: begin again. */
 const ABANDONED = Object.freeze({ oncelyAbandoned: true })
+/** What `begin` returns to a leader (its lease is then in the store's slot). */
+const LEAD = Object.freeze({ oncelyLead: true })
 
 function abortable(promise, signal) {
   if (signal.aborted) return Promise.reject(signal.reason)
@@ -401,11 +401,12 @@ const REPLAYED = 'replayed'
  */
 class IdempotencyStore {
   #native
+  #slot = [undefined]
   #cacheFailures
 
   /** `{ ttlMs = 86_400_000, maxEntries, inProgressRetryAfterMs = 1000, cachePermanentFailures = false }` */
   constructor(options) {
-    this.#native = new NativeStore(options, ABANDONED)
+    this.#native = new NativeStore(options, ABANDONED, LEAD, this.#slot)
     this.#cacheFailures = options != null && options.cachePermanentFailures === true
   }
 
@@ -415,7 +416,7 @@ class IdempotencyStore {
    * another call, and how (`'led'`, `'joined'`, `'replayed'`).
    */
   async execute(scoped, fingerprint, fn, options) {
-    if (!(scoped instanceof ScopedKey)) throw mustBe('a ScopedKey (from scope())', 'scoped', scoped)
+    if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
     if (typeof fingerprint !== 'string') throw mustBe('a string', 'fingerprint', fingerprint)
     if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
     let wait = true
@@ -432,7 +433,11 @@ class IdempotencyStore {
     }
     for (;;) {
       const r = this.#native.begin(scoped, fingerprint, wait)
-      if (r instanceof NativeLease) return { value: await this.#lead(r, fn, signal), replayed: false, source: LED }
+      if (r === LEAD) {
+        const lease = this.#slot[0]
+        this.#slot[0] = undefined
+        return { value: await this.#lead(lease, fn, signal), replayed: false, source: LED }
+      }
       if (r instanceof Promise) {
         const v = await (signal === undefined ? r : abortable(r, signal))
         if (v === ABANDONED) continue
@@ -449,13 +454,13 @@ class IdempotencyStore {
       value = await (signal === undefined ? p : abortable(Promise.resolve(p), signal))
     } catch (error) {
       if (signal !== undefined && signal.aborted) {
-        lease.abandon()
+        this.#native.abandon(lease)
         throw signal.reason
       }
-      lease.fail(error, this.#cacheFailures ? codeOf(error) : UNKNOWN)
+      this.#native.fail(lease, error, this.#cacheFailures ? codeOf(error) : UNKNOWN)
       throw error
     }
-    lease.complete(value)
+    this.#native.complete(lease, value)
     return value
   }
 
@@ -481,7 +486,7 @@ class IdempotencyStore {
 
   /** Clears a completed entry (e.g. a cached failure) so the next call runs again. */
   remove(scoped) {
-    if (!(scoped instanceof ScopedKey)) throw mustBe('a ScopedKey (from scope())', 'scoped', scoped)
+    if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
     return this.#native.remove(scoped)
   }
 }
@@ -523,7 +528,6 @@ module.exports = {
   deriveKey: native.deriveKey,
   validateKey: native.validateKey,
   scope: native.scope,
-  ScopedKey,
   fingerprint,
   canonicalJson,
   fingerprintBytes: native.fingerprintBytes,

@@ -22,7 +22,6 @@ export const {
   deriveKey,
   validateKey,
   scope,
-  ScopedKey,
   fingerprint,
   canonicalJson,
   fingerprintBytes,

@@ -39,43 +39,35 @@ export declare class ManualClock {
 }
 
 /**
- * The leader's claim on a key: settle it with `complete`, `fail` or `abandon`
- * (a lease collected unsettled is abandoned: one waiter takes over). Internal.
- */
-export declare class NativeLease {
-  /** Stores `value` until the TTL and gives it to every waiter. */
-  complete(value: unknown): void
-  /**
-   * Gives `error` to every waiter and removes the entry (or caches it, when the store
-   * caches permanent failures and `code` is one).
-   */
-  fail(error: unknown, code: number): void
-  /**
-   * Gives up the claim without a result (the leader was aborted): the entry is
-   * removed and one waiter takes over.
-   */
-  abandon(): void
-  /** Whether `complete`, `fail` or `abandon` was called. */
-  get settled(): boolean
-}
-
-/**
  * The core's in-process dedup store holding JavaScript values. Internal: used through
  * `IdempotencyStore`.
  */
 export declare class NativeStore {
   /**
    * `options` as `IdempotencyStore`'s; `abandoned` is the value a joiner's Promise
-   * resolves to when its leader went away.
+   * resolves to when its leader went away; `lead` is what `begin` returns to a leader,
+   * whose lease it puts in `slot[0]`.
    */
-  constructor(options: unknown, abandoned: unknown)
+  constructor(options: unknown, abandoned: object, lead: object, slot: unknown[])
   /**
-   * Looks `key` up (SPEC §6 rules 1–4): returns the stored value (a replay), a
-   * `NativeLease` (this caller leads) or a Promise (a call is running: wait for it;
-   * it resolves to the value, rejects with the leader's error, or resolves to the
-   * `abandoned` sentinel). Throws a cached failure as is, and oncely's errors.
+   * Looks `key` up (SPEC §6 rules 1–4): returns the stored value (a replay), the
+   * `lead` sentinel (this caller leads: its lease is in `slot[0]`) or a Promise (a call
+   * is running: it resolves to the value, rejects with the leader's error, or resolves
+   * to the `abandoned` sentinel). Throws a cached failure as is, and oncely's errors.
    */
-  begin(key: ScopedKey, fingerprint: string, wait: boolean): unknown
+  begin(key: string, fingerprint: string, wait: boolean): unknown
+  /** Stores `value` until the TTL and gives it to every waiter. */
+  complete(lease: unknown, value: unknown): void
+  /**
+   * Gives `error` to every waiter and removes the entry (or caches it, when the store
+   * caches permanent failures and `code` is one).
+   */
+  fail(lease: unknown, error: unknown, code: number): void
+  /**
+   * Gives up the claim without a result (the leader was aborted): the entry is removed
+   * and one waiter takes over. A settled lease is left alone.
+   */
+  abandon(lease: unknown): void
   /** The counters so far. */
   counters(): StoreCounters
   /** Entries held now (running and completed). */
@@ -88,7 +80,7 @@ export declare class NativeStore {
    * Removes a completed entry so the next call runs again; running ones are left
    * alone. Returns whether one was removed.
    */
-  remove(key: ScopedKey): boolean
+  remove(key: string): boolean
 }
 
 /**
@@ -164,19 +156,6 @@ export declare class RetryState {
   get rule(): string | null
   /** Milliseconds left before the deadline (`null` without one). */
   get remainingMs(): number | null
-}
-
-/**
- * The key a store deduplicates by: tenant + method + idempotency key, encoded
- * injectively (`v1:` + percent-encoded parts). Make one with `scope()`.
- */
-export declare class ScopedKey {
-  /** Same as `scope(tenant, method, key)`. */
-  constructor(tenant: string, method: string, key: string)
-  /** The encoded scoped key. */
-  toString(): string
-  /** The encoded scoped key (for `JSON.stringify`). */
-  toJSON(): string
 }
 
 /** What a `RetryBudget` holds in its window right now. */
@@ -321,8 +300,11 @@ export interface RetryPolicyOptions {
   minAttemptMs?: number
 }
 
-/** Scopes `key` to a tenant and a method: the key of `IdempotencyStore.execute`. */
-export declare function scope(tenant: string, method: string, key: string): ScopedKey
+/**
+ * The key a store deduplicates by: tenant + method + idempotency key, encoded
+ * injectively (`v1:` + percent-encoded parts, see the core's `ScopedKey`).
+ */
+export declare function scope(tenant: string, method: string, key: string): string
 
 /** Counts of what a store has done since it was made. */
 export interface StoreCounters {

@@ -148,6 +148,44 @@ pub(crate) fn string(
         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
+/// Runs `f` on the UTF-8 text of the string `v` (at most `max` bytes). Short strings
+/// are read into a stack buffer in one call: no length query, no allocation.
+pub(crate) fn with_str<R>(
+    env: sys::napi_env,
+    v: sys::napi_value,
+    field: &str,
+    max: usize,
+    f: impl FnOnce(&str) -> R,
+) -> napi::Result<R> {
+    let mut buf = [0u8; 256];
+    let mut written = 0usize;
+    // SAFETY: `buf` has room for 255 bytes and the NUL.
+    let status = unsafe {
+        sys::napi_get_value_string_utf8(env, v, buf.as_mut_ptr().cast(), buf.len(), &mut written)
+    };
+    if status != sys::Status::napi_ok {
+        return Err(type_error(
+            env,
+            field,
+            &format!("{field} must be a string, got {}", type_name(env, v)),
+        ));
+    }
+    if written < buf.len() - 1 {
+        if written > max {
+            return Err(range_error(
+                env,
+                field,
+                &format!("must be at most {max} bytes, got {written}"),
+            ));
+        }
+        // napi writes whole characters of valid UTF-8.
+        let s = std::str::from_utf8(&buf[..written]).unwrap_or_default();
+        return Ok(f(s));
+    }
+    let s = string(env, v, field, max)?;
+    Ok(f(&s))
+}
+
 /// A `u64` seed: a non-negative safe integer, or a bigint in `0..2^64`.
 pub(crate) fn seed(env: sys::napi_env, v: sys::napi_value, field: &str) -> napi::Result<u64> {
     if type_of(env, v) == sys::ValueType::napi_bigint {

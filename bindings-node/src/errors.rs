@@ -109,6 +109,7 @@ pub(crate) fn js_field(core: &str) -> &str {
         "idempotency_key" => "idempotencyKey",
         "business_id" => "businessId",
         "retry_after" => "retryAfter",
+        "scoped_key" => "scoped",
         other => other,
     }
 }

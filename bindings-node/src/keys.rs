@@ -39,57 +39,21 @@ pub fn validate_key(env: &Env, key: Unknown<'_>) -> Result<String> {
 }
 
 /// The key a store deduplicates by: tenant + method + idempotency key, encoded
-/// injectively (`v1:` + percent-encoded parts). Make one with `scope()`.
-#[napi]
-pub struct ScopedKey {
-    pub(crate) inner: oncely::ScopedKey,
-}
-
-#[napi]
-impl ScopedKey {
-    /// Same as `scope(tenant, method, key)`.
-    #[napi(
-        constructor,
-        ts_args_type = "tenant: string, method: string, key: string"
-    )]
-    pub fn new(
-        env: &Env,
-        tenant: Unknown<'_>,
-        method: Unknown<'_>,
-        key: Unknown<'_>,
-    ) -> Result<Self> {
-        let raw = env.raw();
-        let k = convert::string(raw, key.raw(), "idempotencyKey", SHORT_STRING_MAX)?;
-        let t = convert::string(raw, tenant.raw(), "tenant", SHORT_STRING_MAX)?;
-        let m = convert::string(raw, method.raw(), "method", SHORT_STRING_MAX)?;
-        let key = IdempotencyKey::parse(&k).or_throw(raw)?;
-        let inner = oncely::ScopedKey::new(&t, &m, &key).or_throw(raw)?;
-        Ok(ScopedKey { inner })
-    }
-
-    /// The encoded scoped key.
-    #[napi(js_name = "toString")]
-    #[allow(clippy::inherent_to_string)]
-    pub fn to_string(&self) -> String {
-        self.inner.as_str().to_owned()
-    }
-
-    /// The encoded scoped key (for `JSON.stringify`).
-    #[napi(js_name = "toJSON")]
-    pub fn to_json(&self) -> String {
-        self.inner.as_str().to_owned()
-    }
-}
-
-/// Scopes `key` to a tenant and a method: the key of `IdempotencyStore.execute`.
+/// injectively (`v1:` + percent-encoded parts, see the core's `ScopedKey`).
 #[napi(ts_args_type = "tenant: string, method: string, key: string")]
 pub fn scope(
     env: &Env,
     tenant: Unknown<'_>,
     method: Unknown<'_>,
     key: Unknown<'_>,
-) -> Result<ScopedKey> {
-    ScopedKey::new(env, tenant, method, key)
+) -> Result<String> {
+    let raw = env.raw();
+    let k = convert::string(raw, key.raw(), "idempotencyKey", SHORT_STRING_MAX)?;
+    let t = convert::string(raw, tenant.raw(), "tenant", SHORT_STRING_MAX)?;
+    let m = convert::string(raw, method.raw(), "method", SHORT_STRING_MAX)?;
+    let key = IdempotencyKey::parse(&k).or_throw(raw)?;
+    let scoped = oncely::ScopedKey::new(&t, &m, &key).or_throw(raw)?;
+    Ok(scoped.as_str().to_owned())
 }
 
 /// Canonical JSON (RFC 8785) of a JSON text. Internal: `canonicalJson(value)` and

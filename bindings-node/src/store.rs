@@ -19,6 +19,7 @@
 //! process alive. No runtime, no polling, no thread.
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::ffi::c_void;
 use std::future::Future;
 use std::pin::Pin;
@@ -34,9 +35,8 @@ use napi_derive::napi;
 
 use oncely::{Begin, Code, ExecuteOptions, Join, Joined, Lease, MemoryStore};
 
-use crate::convert::{self, Options};
+use crate::convert::{self, Options, SHORT_STRING_MAX};
 use crate::errors::{self, core_error, Ctor, OrThrow, Prop};
-use crate::keys::ScopedKey;
 use crate::policy::{instance, ms, ManualClock};
 
 /// A JavaScript value kept alive by a napi reference, deleted on drop.
@@ -192,9 +192,27 @@ struct Inner {
     hub: Arc<Hub>,
     /// What a joiner's Promise resolves to when its leader went away: call `begin` again.
     abandoned: Held,
+    /// What `begin` returns when the caller leads; the lease is then in `slot[0]`.
+    lead: Held,
+    slot: Held,
+    /// The leases of this store alive now (their addresses): a lease handle from JavaScript
+    /// is used only if it is one of these.
+    leases: RefCell<HashSet<usize>>,
+    /// The scoped key parsed last: retries and replays repeat a key, and parsing (the
+    /// core's canonical-form check) costs more than comparing the text.
+    last_key: RefCell<Option<oncely::ScopedKey>>,
 }
 
 impl Inner {
+    /// Makes `s` the parsed key in `last_key` (parsing it unless it is the same text).
+    fn parse_key(&self, s: &str) -> std::result::Result<(), oncely::Error> {
+        let mut last = self.last_key.borrow_mut();
+        if last.as_ref().is_none_or(|k| k.as_str() != s) {
+            *last = Some(oncely::ScopedKey::parse(s)?);
+        }
+        Ok(())
+    }
+
     /// Runs `settle` (a lease transition, which wakes waiters synchronously), then
     /// settles the woken waiters' Promises.
     fn settling(&self, env: sys::napi_env, settle: impl FnOnce()) {
@@ -379,9 +397,19 @@ pub struct NativeStore {
 #[napi]
 impl NativeStore {
     /// `options` as `IdempotencyStore`'s; `abandoned` is the value a joiner's Promise
-    /// resolves to when its leader went away.
-    #[napi(constructor)]
-    pub fn new(env: &Env, options: Unknown<'_>, abandoned: Unknown<'_>) -> Result<Self> {
+    /// resolves to when its leader went away; `lead` is what `begin` returns to a leader,
+    /// whose lease it puts in `slot[0]`.
+    #[napi(
+        constructor,
+        ts_args_type = "options: unknown, abandoned: object, lead: object, slot: unknown[]"
+    )]
+    pub fn new(
+        env: &Env,
+        options: Unknown<'_>,
+        abandoned: Unknown<'_>,
+        lead: Unknown<'_>,
+        slot: Unknown<'_>,
+    ) -> Result<Self> {
         let raw = env.raw();
         let o = Options::new(
             raw,
@@ -414,6 +442,8 @@ impl NativeStore {
         }
         let store = b.build().or_throw(raw)?;
         let abandoned = Held::new(raw, abandoned.raw())?;
+        let lead = Held::new(raw, lead.raw())?;
+        let slot = Held::new(raw, slot.raw())?;
         let hub = Arc::new(Hub {
             ready: Mutex::new(Vec::new()),
             scheduled: AtomicBool::new(false),
@@ -425,6 +455,10 @@ impl NativeStore {
             waiters: RefCell::new(Waiters::default()),
             hub: hub.clone(),
             abandoned,
+            lead,
+            slot,
+            leases: RefCell::new(HashSet::new()),
+            last_key: RefCell::new(None),
         });
         let ctx = Box::into_raw(Box::new(TsfnContext {
             inner: Rc::downgrade(&inner),
@@ -462,24 +496,40 @@ impl NativeStore {
         Ok(NativeStore { inner })
     }
 
-    /// Looks `key` up (SPEC §6 rules 1–4): returns the stored value (a replay), a
-    /// `NativeLease` (this caller leads) or a Promise (a call is running: wait for it;
-    /// it resolves to the value, rejects with the leader's error, or resolves to the
-    /// `abandoned` sentinel). Throws a cached failure as is, and oncely's errors.
-    #[napi(ts_return_type = "unknown")]
+    /// Looks `key` up (SPEC §6 rules 1–4): returns the stored value (a replay), the
+    /// `lead` sentinel (this caller leads: its lease is in `slot[0]`) or a Promise (a call
+    /// is running: it resolves to the value, rejects with the leader's error, or resolves
+    /// to the `abandoned` sentinel). Throws a cached failure as is, and oncely's errors.
+    #[napi(
+        ts_args_type = "key: string, fingerprint: string, wait: boolean",
+        ts_return_type = "unknown"
+    )]
     pub fn begin<'env>(
         &self,
         env: &'env Env,
-        key: &ScopedKey,
-        fingerprint: String,
+        key: Unknown<'_>,
+        fingerprint: Unknown<'_>,
         wait: bool,
     ) -> Result<Unknown<'env>> {
         let raw = env.raw();
-        let v = match self
-            .inner
-            .store
-            .begin(&key.inner, &fingerprint, ExecuteOptions { wait })
-        {
+        convert::with_str(raw, key.raw(), "scoped", SHORT_STRING_MAX, |s| {
+            self.inner.parse_key(s)
+        })?
+        .or_throw(raw)?;
+        let begun = {
+            let last = self.inner.last_key.borrow();
+            let Some(key) = last.as_ref() else {
+                return Err(Error::new(Status::GenericFailure, "oncely: no parsed key"));
+            };
+            convert::with_str(
+                raw,
+                fingerprint.raw(),
+                "fingerprint",
+                SHORT_STRING_MAX,
+                |fp| self.inner.store.begin(key, fp, ExecuteOptions { wait }),
+            )?
+        };
+        let v = match begun {
             Err(e) => return Err(core_error(raw, &e)),
             Ok(Begin::Replay(Ok(v))) => v.value(raw),
             Ok(Begin::Replay(Err(e))) => {
@@ -487,19 +537,50 @@ impl NativeStore {
                 unsafe { sys::napi_throw(raw, e.held.value(raw)) };
                 return Err(Error::new(Status::PendingException, "cached failure"));
             }
-            Ok(Begin::Lead(lease)) => {
-                let lease = NativeLease {
-                    lease: Some(lease),
-                    inner: self.inner.clone(),
-                };
-                let instance = lease.into_instance(env)?;
-                // SAFETY: a live object of this call.
-                return Ok(unsafe { Unknown::from_raw_unchecked(raw, instance.value) });
-            }
+            Ok(Begin::Lead(lease)) => self.inner.hand_out(raw, lease)?,
             Ok(Begin::Join(join)) => self.inner.wait(raw, join)?,
         };
         // SAFETY: a live value of this call.
         Ok(unsafe { Unknown::from_raw_unchecked(raw, v) })
+    }
+
+    /// Stores `value` until the TTL and gives it to every waiter.
+    #[napi(ts_args_type = "lease: unknown, value: unknown")]
+    pub fn complete(&self, env: &Env, lease: Unknown<'_>, value: Unknown<'_>) -> Result<()> {
+        let raw = env.raw();
+        let lease = self.inner.take_lease(raw, lease.raw())?;
+        let held = Rc::new(Held::new(raw, value.raw())?);
+        self.inner.settling(raw, move || lease.complete_now(held));
+        Ok(())
+    }
+
+    /// Gives `error` to every waiter and removes the entry (or caches it, when the store
+    /// caches permanent failures and `code` is one).
+    #[napi(ts_args_type = "lease: unknown, error: unknown, code: number")]
+    pub fn fail(&self, env: &Env, lease: Unknown<'_>, error: Unknown<'_>, code: u32) -> Result<()> {
+        let raw = env.raw();
+        let lease = self.inner.take_lease(raw, lease.raw())?;
+        let code = i32::try_from(code)
+            .ok()
+            .and_then(Code::from_i32)
+            .unwrap_or(Code::Unknown);
+        let held = Held::new(raw, error.raw())?;
+        self.inner.settling(raw, move || {
+            lease.fail_now(Failed { held, code });
+        });
+        Ok(())
+    }
+
+    /// Gives up the claim without a result (the leader was aborted): the entry is removed
+    /// and one waiter takes over. A settled lease is left alone.
+    #[napi(ts_args_type = "lease: unknown")]
+    pub fn abandon(&self, env: &Env, lease: Unknown<'_>) -> Result<()> {
+        let raw = env.raw();
+        let cell = self.inner.lease_cell(raw, lease.raw())?;
+        if let Some(lease) = cell.lease.take() {
+            self.inner.settling(raw, move || drop(lease));
+        }
+        Ok(())
     }
 
     /// The counters so far.
@@ -537,23 +618,100 @@ impl NativeStore {
 
     /// Removes a completed entry so the next call runs again; running ones are left
     /// alone. Returns whether one was removed.
-    #[napi]
-    pub fn remove(&self, key: &ScopedKey) -> bool {
-        self.inner.store.remove(&key.inner)
+    #[napi(ts_args_type = "key: string")]
+    pub fn remove(&self, env: &Env, key: Unknown<'_>) -> Result<bool> {
+        let raw = env.raw();
+        let key = convert::with_str(
+            raw,
+            key.raw(),
+            "scoped",
+            SHORT_STRING_MAX,
+            oncely::ScopedKey::parse,
+        )?
+        .or_throw(raw)?;
+        Ok(self.inner.store.remove(&key))
     }
 }
 
-/// The leader's claim on a key: settle it with `complete`, `fail` or `abandon`
-/// (a lease collected unsettled is abandoned: one waiter takes over). Internal.
-#[napi]
-pub struct NativeLease {
+/// A leader's lease, handed to JavaScript as an External. Freed by the External's
+/// finalizer: a lease collected unsettled is dropped, which abandons it (one waiter
+/// takes over).
+struct LeaseCell {
     lease: Option<Lease<Value, Failed>>,
     inner: Rc<Inner>,
 }
 
-impl NativeLease {
-    fn take(&mut self, env: sys::napi_env) -> Result<Lease<Value, Failed>> {
-        self.lease.take().ok_or_else(|| {
+unsafe extern "C" fn finalize_lease(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
+    // SAFETY: `data` is the `LeaseCell` boxed by `hand_out`; its External is gone.
+    let cell = unsafe { Box::from_raw(data as *mut LeaseCell) };
+    cell.inner.leases.borrow_mut().remove(&(data as usize));
+    // Dropping an unsettled lease wakes the waiters; not inside a native call, so the
+    // wake schedules a drain through the threadsafe function.
+    drop(cell);
+}
+
+impl Inner {
+    /// Wraps `lease` in an External, puts it in `slot[0]` and gives back `lead`.
+    fn hand_out(
+        self: &Rc<Self>,
+        env: sys::napi_env,
+        lease: Lease<Value, Failed>,
+    ) -> Result<sys::napi_value> {
+        let cell = Box::into_raw(Box::new(LeaseCell {
+            lease: Some(lease),
+            inner: self.clone(),
+        }));
+        let mut ext = ptr::null_mut();
+        // SAFETY: on the JS thread; Node owns `cell` from here on and frees it through
+        // `finalize_lease`.
+        let status = unsafe {
+            sys::napi_create_external(
+                env,
+                cell.cast(),
+                Some(finalize_lease),
+                ptr::null_mut(),
+                &mut ext,
+            )
+        };
+        if status != sys::Status::napi_ok {
+            // SAFETY: not handed to Node.
+            drop(unsafe { Box::from_raw(cell) });
+            return Err(Error::new(
+                Status::GenericFailure,
+                "oncely: napi_create_external failed",
+            ));
+        }
+        self.leases.borrow_mut().insert(cell as usize);
+        // SAFETY: `slot` is an array held by this store.
+        unsafe { sys::napi_set_element(env, self.slot.value(env), 0, ext) };
+        Ok(self.lead.value(env))
+    }
+
+    /// The lease behind a handle from JavaScript, if it is a live lease of this store.
+    #[allow(clippy::mut_from_ref)]
+    fn lease_cell(&self, env: sys::napi_env, handle: sys::napi_value) -> Result<&mut LeaseCell> {
+        let mut data = ptr::null_mut();
+        // SAFETY: any value may be asked; non-externals give an error status.
+        let status = unsafe { sys::napi_get_value_external(env, handle, &mut data) };
+        if status != sys::Status::napi_ok || !self.leases.borrow().contains(&(data as usize)) {
+            return Err(errors::type_error(
+                env,
+                "lease",
+                "lease must be a lease handed out by this store",
+            ));
+        }
+        // SAFETY: a live `LeaseCell` of this store (freed only by its External's finalizer,
+        // which cannot run while JavaScript still passes the External); used on the JS
+        // thread only and not reentered.
+        Ok(unsafe { &mut *(data as *mut LeaseCell) })
+    }
+
+    fn take_lease(
+        &self,
+        env: sys::napi_env,
+        handle: sys::napi_value,
+    ) -> Result<Lease<Value, Failed>> {
+        self.lease_cell(env, handle)?.lease.take().ok_or_else(|| {
             errors::throw(
                 env,
                 Ctor::Error,
@@ -562,50 +720,5 @@ impl NativeLease {
                 &[Prop::Str(c"kind", "lease_settled")],
             )
         })
-    }
-}
-
-#[napi]
-impl NativeLease {
-    /// Stores `value` until the TTL and gives it to every waiter.
-    #[napi(ts_args_type = "value: unknown")]
-    pub fn complete(&mut self, env: &Env, value: Unknown<'_>) -> Result<()> {
-        let raw = env.raw();
-        let lease = self.take(raw)?;
-        let held = Rc::new(Held::new(raw, value.raw())?);
-        self.inner.settling(raw, move || lease.complete_now(held));
-        Ok(())
-    }
-
-    /// Gives `error` to every waiter and removes the entry (or caches it, when the store
-    /// caches permanent failures and `code` is one).
-    #[napi(ts_args_type = "error: unknown, code: number")]
-    pub fn fail(&mut self, env: &Env, error: Unknown<'_>, code: u32) -> Result<()> {
-        let raw = env.raw();
-        let lease = self.take(raw)?;
-        let code = i32::try_from(code)
-            .ok()
-            .and_then(Code::from_i32)
-            .unwrap_or(Code::Unknown);
-        let held = Held::new(raw, error.raw())?;
-        self.inner.settling(raw, move || {
-            lease.fail_now(Failed { held, code });
-        });
-        Ok(())
-    }
-
-    /// Gives up the claim without a result (the leader was aborted): the entry is
-    /// removed and one waiter takes over.
-    #[napi]
-    pub fn abandon(&mut self, env: &Env) {
-        if let Some(lease) = self.lease.take() {
-            self.inner.settling(env.raw(), move || drop(lease));
-        }
-    }
-
-    /// Whether `complete`, `fail` or `abandon` was called.
-    #[napi(getter)]
-    pub fn settled(&self) -> bool {
-        self.lease.is_none()
     }
 }

@@ -6,7 +6,7 @@ const test = require('node:test')
 const assert = require('node:assert/strict')
 
 const oncely = require('oncely')
-const { RetryPolicy, RetryBudget, Deadline, ManualClock, ReasonCodes, ScopedKey } = oncely
+const { RetryPolicy, RetryBudget, Deadline, ManualClock, ReasonCodes } = oncely
 
 const huge = 'k'.repeat(10_000_000)
 
@@ -116,7 +116,7 @@ test('keys and fingerprints, huge strings included', () => {
   throwsField(() => oncely.scope('', 'm', 'key-12345'), 'RangeError', 'tenant')
   throwsField(() => oncely.scope('t', 'm', 'short'), 'RangeError', 'idempotencyKey')
   throwsField(() => oncely.scope('t', 'm'), 'TypeError', 'idempotencyKey')
-  throwsField(() => new ScopedKey(1, 'm', 'key-12345'), 'TypeError', 'tenant')
+  throwsField(() => oncely.scope(1, 'm', 'key-12345'), 'TypeError', 'tenant')
   throwsField(() => oncely.deriveKey('', 'op'), 'RangeError', 'businessId')
   throwsField(() => oncely.deriveKey('id', null), 'TypeError', 'operation')
   assert.equal(oncely.deriveKey(huge, 'op').length, 36, 'long business ids are hashed')
@@ -138,12 +138,32 @@ test('keys and fingerprints, huge strings included', () => {
 test('internal classes refuse misuse without crashing', async () => {
   const native = require('../native.js')
   assert.throws(() => new native.RetryState({}, true, false, false))
-  const store = new native.NativeStore(undefined, {})
-  assert.throws(() => store.begin('not a key', 'fp', true))
-  const lease = store.begin(oncely.scope('t', 'm', oncely.newKey()), 'fp', true)
-  lease.complete(1)
-  assert.throws(() => lease.complete(2), { code: 'FAILED_PRECONDITION', kind: 'lease_settled' })
-  assert.throws(() => lease.fail(new Error('x'), 2), { code: 'FAILED_PRECONDITION' })
-  lease.abandon()
-  assert.equal(lease.settled, true)
+  const LEAD = {}
+  const slot = []
+  const store = new native.NativeStore(undefined, {}, LEAD, slot)
+  const other = new native.NativeStore(undefined, {}, {}, [])
+  throwsField(() => store.begin('not a key', 'fp', true), 'RangeError', 'scoped')
+  throwsField(() => store.begin(42, 'fp', true), 'TypeError', 'scoped')
+  throwsField(() => store.begin(oncely.scope('t', 'm', oncely.newKey()), null, true), 'TypeError', 'fingerprint')
+  assert.equal(store.begin(oncely.scope('t', 'm', oncely.newKey()), 'fp', true), LEAD)
+  const lease = slot[0]
+  for (const bad of [{}, 1, undefined, null]) throwsField(() => store.complete(bad, 1), 'TypeError', 'lease')
+  throwsField(() => other.complete(lease, 1), 'TypeError', 'lease')
+  store.complete(lease, 1)
+  assert.throws(() => store.complete(lease, 2), { code: 'FAILED_PRECONDITION', kind: 'lease_settled' })
+  assert.throws(() => store.fail(lease, new Error('x'), 2), { code: 'FAILED_PRECONDITION' })
+  store.abandon(lease)
+})
+
+test('scoped keys: only the exact form scope() makes is accepted', async () => {
+  const store = new oncely.IdempotencyStore()
+  const k = oncely.newKey()
+  const scoped = oncely.scope('a:b', 'c d', k)
+  assert.equal(typeof scoped, 'string')
+  assert.equal((await store.execute(scoped, 'fp', async () => 1)).value, 1)
+  for (const bad of ['', 'x', `a:b:${k}`, `v1:a%3ab:c%20d:${k}`, `v1:%61:c:${k}`, `v1:a:b:c:${k}`, 'v1:' + 'x'.repeat(70_000)]) {
+    await assert.rejects(store.execute(bad, 'fp', async () => 1), { name: 'RangeError', code: 'INVALID_ARGUMENT' }, bad.slice(0, 40))
+  }
+  await assert.rejects(store.execute('x', 'fp', async () => 1), { field: 'scoped' })
+  assert.throws(() => store.remove('nope'), { name: 'RangeError', field: 'scoped' })
 })

@@ -341,7 +341,7 @@ test('no leaked references: a long loop of leads, joins, failures and expiries k
 test('bad input to execute throws TypeError naming the argument', async () => {
   const store = new IdempotencyStore()
   const k = key()
-  await assert.rejects(store.execute('v1:a:b:key12345', fp, async () => 1), { name: 'TypeError', field: 'scoped' })
+  await assert.rejects(store.execute({ scoped: 'v1:a:b:key12345' }, fp, async () => 1), { name: 'TypeError', field: 'scoped' })
   await assert.rejects(store.execute(k, 42, async () => 1), { name: 'TypeError', field: 'fingerprint' })
   await assert.rejects(store.execute(k, fp, 'not a function'), { name: 'TypeError', field: 'fn' })
   await assert.rejects(store.execute(k, fp, async () => 1, { wait: 'no' }), { name: 'TypeError', field: 'wait' })

@@ -12,6 +12,7 @@ import {
   RetryBudget,
   RetryErrorInfo,
   RetryPolicy,
+  ScopedKey,
   StopReason,
   canonicalJson,
   classify,
@@ -83,7 +84,7 @@ async function client(signal: AbortSignal): Promise<string> {
 
 async function server(): Promise<void> {
   const store = new IdempotencyStore({ ttlMs: 86_400_000, maxEntries: 100_000, _clock: new ManualClock() })
-  const scoped = scope('acme', 'POST /orders', newKey())
+  const scoped: ScopedKey = scope('acme', 'POST /orders', newKey())
   const fp: string = fingerprint({ sku: 'A1', qty: 1 })
   try {
     const { value, replayed, source } = await store.execute(scoped, fp, async () => ({ id: 'o-1' }), { wait: false })
@@ -105,5 +106,5 @@ console.log(canonicalJson([1, 2]), fingerprintBytes(new Uint8Array([1])), client
 
 // @ts-expect-error maxAttempts is a number
 new RetryPolicy({ maxAttempts: '3' })
-// @ts-expect-error execute needs a ScopedKey, not a string
-void new IdempotencyStore().execute('v1:a:b:c', 'fp', async () => 1)
+// @ts-expect-error execute needs a scoped key (a string), not an object
+void new IdempotencyStore().execute({ key: 'k' }, 'fp', async () => 1)
