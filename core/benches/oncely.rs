@@ -1067,6 +1067,12 @@ fn profile(spec: &str) {
         "miss_floor" => {
             time_misses(&rt, n, Mutex::default, miss_floor);
         }
+        // n new keys into one store, as the 1M-key measurement does (for perf).
+        "insert" => {
+            let keys: Vec<ScopedKey> = (0..n).map(key_n).collect();
+            let store = MemoryStore::new();
+            futures::executor::block_on(miss_oncely(&store, &keys, fp));
+        }
         // Making the keys only, to subtract from the miss scenarios.
         "miss_keys" => {
             time_misses(&rt, n, || (), async |_, _| {});
