@@ -341,7 +341,9 @@ async function retry(fn, options) {
   let attempt = 1
   for (;;) {
     try {
-      return await fn(attempt, new AttemptInfo(attempt, signal, o.deadline))
+      if (signal === undefined) return await fn(attempt, new AttemptInfo(attempt, signal, o.deadline))
+      // With a signal, an abort ends the call at once, even while an attempt runs.
+      return await abortable(Promise.resolve(fn(attempt, new AttemptInfo(attempt, signal, o.deadline))), signal)
     } catch (error) {
       if (signal !== undefined && signal.aborted) throw signal.reason
       if (state === null) state = newState(o)

@@ -148,6 +148,11 @@ test('abort during a sleep stops the loop at once with signal.reason', async () 
     retry(() => assert.fail('must not run'), { signal: AbortSignal.abort() }),
     { name: 'AbortError' },
   )
+  // An abort while an attempt runs ends the call at once too.
+  const ac3 = new AbortController()
+  const running = retry(() => new Promise(() => {}), { signal: ac3.signal })
+  setTimeout(() => ac3.abort(new Error('stop now')), 5)
+  await assert.rejects(running, { message: 'stop now' })
   // The action gets the signal to forward.
   const ac2 = new AbortController()
   await retry(async (_, info) => assert.equal(info.signal, ac2.signal), { signal: ac2.signal })
