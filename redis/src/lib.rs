@@ -1,0 +1,776 @@
+//! # oncely-redis — the shared dedup store for a fleet of instances
+//!
+//! [`RedisStore`] implements [`oncely::DedupStore`] on Redis (6+ / Valkey), so
+//! [`oncely::execute`] runs an action once per scoped key across every instance that
+//! shares the Redis, with the same rules as the in-process
+//! [`MemoryStore`](oncely::MemoryStore) (SPEC §6, multi-instance part):
+//!
+//! - one hash-tagged Redis key per scoped operation holding a versioned record
+//!   (see the README for the format, which Python and Node read and write too);
+//! - claim (with takeover of an expired lease), renew, complete and release are one
+//!   Lua script each, checked against the lease token; lease deadlines come from
+//!   Redis `TIME`;
+//! - the leader's lease is renewed every lease/3 while its action runs; a leader that
+//!   lost its lease gets [`Error::LeaseLost`] and writes nothing;
+//! - waiters on other instances are woken by pub/sub, with polling under backoff as
+//!   the fallback;
+//! - Redis unreachable or slow → [`Error::Unavailable`] and the action does not run;
+//! - two tiers: an in-process single-flight sits in front, so N same-key callers in
+//!   one process make one claim.
+//!
+//! Results are bytes (`Vec<u8>`), so instances in any language can replay them.
+//!
+//! No async runtime is needed: the redis crate's blocking client runs on the store's
+//! own threads and results come back through `futures-channel`, so the futures run on
+//! tokio, smol, async-std or `futures::executor` alike.
+//!
+//! ```no_run
+//! use oncely::{IdempotencyKey, ScopedKey};
+//! use oncely_redis::RedisStore;
+//!
+//! let store: RedisStore<std::io::Error> = RedisStore::builder("redis://127.0.0.1:6379")
+//!     .prefix("shop")
+//!     .build()
+//!     .unwrap();
+//! let key = ScopedKey::new("acme", "CreateOrder", &IdempotencyKey::random()).unwrap();
+//! let fp = oncely::fingerprint(&serde_json::json!({"sku": "A1"})).unwrap();
+//! let done = futures::executor::block_on(
+//!     store.execute(&key, &fp, || async { Ok(b"order-1".to_vec()) }),
+//! )
+//! .unwrap();
+//! assert_eq!(done.value, b"order-1");
+//! ```
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod scripts;
+mod threads;
+
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use oncely::{
+    Begin, DedupStore, Error, ExecuteError, ExecuteOptions, Executed, Join, Joined, LeaderLease,
+    Lease, MemoryStore, ScopedKey,
+};
+
+pub use scripts::RECORD_VERSION;
+use scripts::{Claim, Peek, Scripts};
+use threads::{Link, Notifier, Pool, Renewer};
+
+/// Default lease: how long a claim lives without renewal (30 s).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "oncely";
+/// Default timeout for opening a connection (1 s).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default timeout for one Redis round trip (1 s).
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default number of worker threads (each with one connection).
+pub const DEFAULT_WORKERS: usize = 4;
+/// Default first poll interval of a waiter when no notification comes (10 ms).
+pub const DEFAULT_POLL_MIN: Duration = Duration::from_millis(10);
+/// Default cap of a waiter's poll interval (500 ms).
+pub const DEFAULT_POLL_MAX: Duration = Duration::from_millis(500);
+
+/// Builds a [`RedisStore`]; see [`RedisStore::builder`].
+pub struct RedisStoreBuilder<E> {
+    config: Config,
+    error: std::marker::PhantomData<fn() -> E>,
+}
+
+impl<E> fmt::Debug for RedisStoreBuilder<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+impl<E> Clone for RedisStoreBuilder<E> {
+    fn clone(&self) -> Self {
+        RedisStoreBuilder {
+            config: self.config.clone(),
+            error: std::marker::PhantomData,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Config {
+    url: String,
+    prefix: String,
+    lease: Duration,
+    ttl: Duration,
+    connect_timeout: Duration,
+    io_timeout: Duration,
+    workers: usize,
+    poll_min: Duration,
+    poll_max: Duration,
+    in_progress_retry_after: Duration,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL may hold a password: not shown.
+        f.debug_struct("RedisStoreBuilder")
+            .field("prefix", &self.prefix)
+            .field("lease", &self.lease)
+            .field("ttl", &self.ttl)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("io_timeout", &self.io_timeout)
+            .field("workers", &self.workers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E> RedisStoreBuilder<E> {
+    /// The key prefix (default `"oncely"`): records live at `{<prefix>:<scoped key>}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.prefix = prefix.into();
+        self
+    }
+    /// The lease (default 30 s): a leader that stops renewing (crashed, paused) loses
+    /// its claim after this long and one waiter takes over. Renewed every lease/3.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+    /// How long a completed result is kept (default 24 h; must exceed the longest
+    /// retry window of the clients).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.ttl = ttl;
+        self
+    }
+    /// Timeout for opening a connection (default 1 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.config.connect_timeout = d;
+        self
+    }
+    /// Timeout for one command's reply (default 1 s); past it the call fails with
+    /// UNAVAILABLE.
+    pub fn io_timeout(mut self, d: Duration) -> Self {
+        self.config.io_timeout = d;
+        self
+    }
+    /// Worker threads, each with one connection (default 4).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.config.workers = n;
+        self
+    }
+    /// Poll interval bounds of a waiter on another instance, used when no
+    /// notification arrives (defaults 10 ms doubling up to 500 ms).
+    pub fn poll_interval(mut self, min: Duration, max: Duration) -> Self {
+        self.config.poll_min = min;
+        self.config.poll_max = max;
+        self
+    }
+    /// The retry-after hint given to no-wait callers that find a call in progress
+    /// (default 1 s).
+    pub fn in_progress_retry_after(mut self, d: Duration) -> Self {
+        self.config.in_progress_retry_after = d;
+        self
+    }
+
+    /// Makes the store. Checks the settings and the URL, but does not connect:
+    /// an unreachable Redis shows as UNAVAILABLE on use.
+    pub fn build(self) -> Result<RedisStore<E>, Error> {
+        let config = self.config;
+        let positive = |field: &'static str, d: Duration| {
+            if d.is_zero() {
+                Err(Error::InvalidArgument {
+                    field,
+                    reason: "must be greater than zero".into(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        positive("ttl", config.ttl)?;
+        positive("connect_timeout", config.connect_timeout)?;
+        positive("io_timeout", config.io_timeout)?;
+        positive("poll_interval", config.poll_min)?;
+        if config.lease < Duration::from_millis(30) {
+            return Err(Error::InvalidArgument {
+                field: "lease",
+                reason: format!("must be at least 30 ms, got {:?}", config.lease),
+            });
+        }
+        if config.poll_max < config.poll_min {
+            return Err(Error::InvalidArgument {
+                field: "poll_interval",
+                reason: "max must not be below min".into(),
+            });
+        }
+        if config.workers == 0 {
+            return Err(Error::InvalidArgument {
+                field: "workers",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if config.prefix.is_empty() || config.prefix.contains(['{', '}']) {
+            return Err(Error::InvalidArgument {
+                field: "prefix",
+                reason: "must be non-empty and contain no '{' or '}'".into(),
+            });
+        }
+        let client =
+            redis::Client::open(config.url.as_str()).map_err(|e| Error::InvalidArgument {
+                field: "url",
+                reason: format!("{e}"),
+            })?;
+        let link = Link {
+            client,
+            connect_timeout: config.connect_timeout,
+            io_timeout: config.io_timeout,
+        };
+        let local = MemoryStore::builder()
+            .in_progress_retry_after(config.in_progress_retry_after)
+            .build()?;
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                pool: Pool::new(&link, config.workers),
+                renewer: Renewer::new(config.lease),
+                notifier: Notifier::new(),
+                scripts: Arc::new(Scripts::new()),
+                link,
+                local,
+                counters: AtomicCounters::default(),
+                config,
+            }),
+        })
+    }
+}
+
+/// The shared dedup store on Redis: [`oncely::DedupStore`] for `Vec<u8>` results.
+///
+/// `E` is the action's error type; it never leaves the process (errors are not
+/// stored in Redis: a failed leader releases its claim and a waiter on another
+/// instance then runs its own action). Clones share one store (threads, connections
+/// and the in-process tier).
+pub struct RedisStore<E> {
+    inner: Arc<Inner<E>>,
+}
+
+impl<E> Clone for RedisStore<E> {
+    fn clone(&self) -> Self {
+        RedisStore {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+/// Counts of what one [`RedisStore`] instance has done since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedisCounters {
+    /// Claim scripts run (one per key per process at a time, thanks to the in-process
+    /// tier).
+    pub claims: u64,
+    /// Claims that made this instance the leader (takeovers included).
+    pub leads: u64,
+    /// Leads that took over an expired lease (generation > 1).
+    pub takeovers: u64,
+    /// Claims answered with a stored result.
+    pub replays: u64,
+    /// Claims that found a leader on another instance and waited for it.
+    pub remote_waits: u64,
+    /// Leaders that found their lease taken over when completing.
+    pub leases_lost: u64,
+}
+
+#[derive(Default)]
+struct AtomicCounters {
+    claims: AtomicU64,
+    leads: AtomicU64,
+    takeovers: AtomicU64,
+    replays: AtomicU64,
+    remote_waits: AtomicU64,
+    leases_lost: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+struct Inner<E> {
+    counters: AtomicCounters,
+    config: Config,
+    link: Link,
+    pool: Pool,
+    renewer: Arc<Renewer>,
+    notifier: Arc<Notifier>,
+    scripts: Arc<Scripts>,
+    local: MemoryStore<Vec<u8>, E>,
+}
+
+impl<E> Drop for Inner<E> {
+    fn drop(&mut self) {
+        self.renewer.shutdown();
+        self.notifier.shutdown();
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl<E> Inner<E> {
+    fn record_key(&self, key: &ScopedKey) -> String {
+        format!("{{{}:{}}}", self.config.prefix, key.as_str())
+    }
+    fn channel(record_key: &str) -> String {
+        format!("{record_key}:done")
+    }
+    fn version_error(v: &str) -> Error {
+        Error::Unavailable(format!(
+            "the Redis record has format version {v:?}; this oncely-redis reads version \
+             {RECORD_VERSION} (upgrade every instance to one version)"
+        ))
+    }
+}
+
+impl<E> RedisStore<E> {
+    /// A builder for `url` (`redis://[user:password@]host:port/db`), with the defaults:
+    /// prefix `"oncely"`, lease 30 s, TTL 24 h, 1 s timeouts, 4 workers.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder<E> {
+        RedisStoreBuilder {
+            error: std::marker::PhantomData,
+            config: Config {
+                url: url.into(),
+                prefix: DEFAULT_PREFIX.into(),
+                lease: DEFAULT_LEASE,
+                ttl: oncely::DEFAULT_TTL,
+                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+                io_timeout: DEFAULT_IO_TIMEOUT,
+                workers: DEFAULT_WORKERS,
+                poll_min: DEFAULT_POLL_MIN,
+                poll_max: DEFAULT_POLL_MAX,
+                in_progress_retry_after: oncely::DEFAULT_IN_PROGRESS_RETRY_AFTER,
+            },
+        }
+    }
+}
+
+impl<E: Send + Sync + 'static> RedisStore<E> {
+    /// A store on `url` with the defaults (see [`RedisStore::builder`]).
+    pub fn new(url: impl Into<String>) -> Result<Self, Error> {
+        RedisStore::builder(url).build()
+    }
+
+    /// The Redis key holding `key`'s record: `{<prefix>:<scoped key>}`.
+    pub fn record_key(&self, key: &ScopedKey) -> String {
+        self.inner.record_key(key)
+    }
+
+    /// The lease of this store's claims.
+    pub fn lease(&self) -> Duration {
+        self.inner.config.lease
+    }
+
+    /// How long completed results are kept.
+    pub fn ttl(&self) -> Duration {
+        self.inner.config.ttl
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.config.prefix
+    }
+
+    /// What this store (this process's instance) has done so far.
+    pub fn counters(&self) -> RedisCounters {
+        let c = &self.inner.counters;
+        RedisCounters {
+            claims: c.claims.load(Ordering::Relaxed),
+            leads: c.leads.load(Ordering::Relaxed),
+            takeovers: c.takeovers.load(Ordering::Relaxed),
+            replays: c.replays.load(Ordering::Relaxed),
+            remote_waits: c.remote_waits.load(Ordering::Relaxed),
+            leases_lost: c.leases_lost.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Looks `key` up, first in this process, then in Redis, and leads, joins or
+    /// replays (SPEC §6) — the primitive [`execute`](Self::execute) drives.
+    pub async fn begin(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        options: ExecuteOptions,
+    ) -> Result<Begin<Vec<u8>, E, RedisLease<E>, RedisJoin<E>>, Error> {
+        let inner = &self.inner;
+        // Tier 1: the in-process single-flight.
+        let local = match inner.local.begin(key, fingerprint, options)? {
+            Begin::Lead(lease) => lease,
+            Begin::Join(join) => return Ok(Begin::Join(RedisJoin::Local(join))),
+            Begin::Replay(r) => return Ok(Begin::Replay(r)),
+        };
+        // Tier 2: this process's one claim in Redis.
+        let record = inner.record_key(key);
+        let token = oncely::IdempotencyKey::random().as_str().to_owned();
+        let claim = {
+            let scripts = inner.scripts.clone();
+            let (record, fp, token) = (record.clone(), fingerprint.to_owned(), token.clone());
+            let (lease_ms, ttl_ms) = (millis(inner.config.lease), millis(inner.config.ttl));
+            inner.pool.call(move |c| {
+                scripts
+                    .claim
+                    .key(&record)
+                    .arg(&fp)
+                    .arg(&token)
+                    .arg(lease_ms)
+                    .arg(ttl_ms)
+                    .invoke::<Claim>(c)
+            })
+        }
+        .await?;
+        bump(&inner.counters.claims);
+        match claim {
+            Claim::Lead { generation } => {
+                bump(&inner.counters.leads);
+                if generation > 1 {
+                    bump(&inner.counters.takeovers);
+                }
+                let (renewal, lost) = inner.renewer.register(
+                    &inner.link,
+                    &inner.scripts,
+                    record.clone(),
+                    token.clone(),
+                );
+                Ok(Begin::Lead(RedisLease {
+                    store: self.clone(),
+                    local: Some(local),
+                    scoped: key.clone(),
+                    record,
+                    token,
+                    generation,
+                    renewal,
+                    lost,
+                }))
+            }
+            Claim::Replay(value) => {
+                bump(&inner.counters.replays);
+                settle_local(inner, local, key, value.clone());
+                Ok(Begin::Replay(Ok(value)))
+            }
+            // Dropping `local` lets local waiters look again themselves.
+            Claim::Mismatch => Err(Error::FingerprintMismatch),
+            Claim::Version(v) => Err(Inner::<E>::version_error(&v)),
+            Claim::Running { .. } if !options.wait => Err(Error::InProgress {
+                retry_after: inner.config.in_progress_retry_after,
+            }),
+            Claim::Running { left_ms } => {
+                bump(&inner.counters.remote_waits);
+                Ok(Begin::Join(RedisJoin::Remote(Box::pin(wait_remote(
+                    self.clone(),
+                    local,
+                    key.clone(),
+                    record,
+                    fingerprint.to_owned(),
+                    left_ms,
+                )))))
+            }
+        }
+    }
+
+    /// Runs `action` at most once per `key` across every instance sharing this Redis
+    /// (see [`oncely::execute`] for the rules). Waits for a running call.
+    pub async fn execute<F, Fut>(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        action: F,
+    ) -> Result<Executed<Vec<u8>>, ExecuteError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Vec<u8>, E>>,
+    {
+        oncely::execute(self, key, fingerprint, ExecuteOptions::default(), action).await
+    }
+
+    /// [`execute`](Self::execute) with options (e.g. [`ExecuteOptions::NO_WAIT`]).
+    pub async fn execute_with<F, Fut>(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        options: ExecuteOptions,
+        action: F,
+    ) -> Result<Executed<Vec<u8>>, ExecuteError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Vec<u8>, E>>,
+    {
+        oncely::execute(self, key, fingerprint, options, action).await
+    }
+}
+
+/// Hands a value found in Redis to this process's waiters, then forgets it locally:
+/// Redis is the one place completed results are kept.
+fn settle_local<E>(inner: &Inner<E>, local: Lease<Vec<u8>, E>, key: &ScopedKey, value: Vec<u8>) {
+    local.complete_now(value);
+    inner.local.remove(key);
+}
+
+/// Waits for a leader on another instance: woken by its pub/sub notification, or by
+/// polling under backoff (doubling from `poll_min` up to `poll_max`) as the fallback.
+async fn wait_remote<E: Send + Sync + 'static>(
+    store: RedisStore<E>,
+    local: Lease<Vec<u8>, E>,
+    key: ScopedKey,
+    record: String,
+    fingerprint: String,
+    mut left_ms: u64,
+) -> Joined<Vec<u8>, E> {
+    let inner = &store.inner;
+    let sub = inner
+        .notifier
+        .subscribe(&inner.link, Inner::<E>::channel(&record));
+    let mut delay = inner.config.poll_min;
+    loop {
+        let mut listener = sub.event.listen();
+        let wait = delay.min(Duration::from_millis(left_ms.saturating_add(1)));
+        let mut timer = futures_timer::Delay::new(wait);
+        poll_fn(|cx: &mut Context<'_>| {
+            if Pin::new(&mut listener).poll(cx).is_ready()
+                || Pin::new(&mut timer).poll(cx).is_ready()
+            {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        delay = (delay * 2).min(inner.config.poll_max);
+        let peek = {
+            let scripts = inner.scripts.clone();
+            let (record, fp) = (record.clone(), fingerprint.clone());
+            inner
+                .pool
+                .call(move |c| scripts.peek.key(&record).arg(&fp).invoke::<Peek>(c))
+        }
+        .await;
+        match peek {
+            Ok(Peek::Done(value)) => {
+                settle_local(inner, local, &key, value.clone());
+                return Joined::Value(value);
+            }
+            Ok(Peek::Running { left_ms: l }) => left_ms = l,
+            // Gone (released after a failure, expired lease) or unreadable: look
+            // again with a claim, which takes over or reports the error. Dropping
+            // `local` lets this process's waiters do the same.
+            Ok(Peek::Gone) | Err(_) => return Joined::Abandoned,
+        }
+    }
+}
+
+/// A wait on a running call: on a leader in this process, or on one elsewhere.
+pub enum RedisJoin<E> {
+    /// The leader is in this process (tier 1).
+    Local(Join<Vec<u8>, E>),
+    /// The leader is another instance; this process's other callers wait on us.
+    Remote(Pin<Box<dyn Future<Output = Joined<Vec<u8>, E>> + Send>>),
+}
+
+impl<E> Future for RedisJoin<E> {
+    type Output = Joined<Vec<u8>, E>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            RedisJoin::Local(j) => Pin::new(j).poll(cx),
+            RedisJoin::Remote(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<E> fmt::Debug for RedisJoin<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RedisJoin::Local(_) => "RedisJoin::Local",
+            RedisJoin::Remote(_) => "RedisJoin::Remote",
+        })
+    }
+}
+
+/// The leader's claim on a key in Redis (and in this process). It is renewed every
+/// lease/3 until settled. Dropping it unsettled releases the claim (when the token is
+/// still ours) so a waiter takes over at once.
+pub struct RedisLease<E: Send + Sync + 'static> {
+    store: RedisStore<E>,
+    local: Option<Lease<Vec<u8>, E>>,
+    scoped: ScopedKey,
+    record: String,
+    token: String,
+    generation: u64,
+    renewal: u64,
+    lost: Arc<AtomicBool>,
+}
+
+impl<E: Send + Sync + 'static> RedisLease<E> {
+    /// The lease token (fencing token) written in the record.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+    /// The record's generation: 1 for the first claim, +1 for each takeover.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    /// The Redis key of the record.
+    pub fn record_key(&self) -> &str {
+        &self.record
+    }
+    /// True once renewal found the lease taken over; completing will then fail with
+    /// [`Error::LeaseLost`].
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+    /// Stops renewing this lease without releasing it, as a paused or crashed process
+    /// would (fault injection for tests: after the lease, another instance takes over).
+    pub fn stop_renewing(&self) {
+        self.store.inner.renewer.unregister(self.renewal);
+    }
+
+    /// Deletes the record if it is still ours, without waiting.
+    fn release_in_background(&self) {
+        let inner = &self.store.inner;
+        let scripts = inner.scripts.clone();
+        let (record, token) = (self.record.clone(), self.token.clone());
+        inner.pool.spawn(move |c| {
+            let channel = Inner::<E>::channel(&record);
+            scripts
+                .release
+                .key(&record)
+                .arg(&token)
+                .arg(&channel)
+                .invoke::<i64>(c)
+                .map(drop)
+        });
+    }
+
+    async fn complete_async(mut self, value: Vec<u8>) -> Result<(), Error> {
+        let inner = self.store.inner.clone();
+        let stored = {
+            let scripts = inner.scripts.clone();
+            let (record, token, v) = (self.record.clone(), self.token.clone(), value.clone());
+            let ttl_ms = millis(inner.config.ttl);
+            inner.pool.call(move |c| {
+                let channel = Inner::<E>::channel(&record);
+                scripts
+                    .complete
+                    .key(&record)
+                    .arg(&token)
+                    .arg(v)
+                    .arg(ttl_ms)
+                    .arg(&channel)
+                    .invoke::<i64>(c)
+            })
+        }
+        .await;
+        inner.renewer.unregister(self.renewal);
+        let local = self.local.take();
+        match stored {
+            Ok(1) => {
+                if let Some(local) = local {
+                    settle_local(&inner, local, &self.scoped, value);
+                }
+                Ok(())
+            }
+            // Taken over: the new leader's record is left alone; local waiters look
+            // again (and join the new leader).
+            Ok(_) => {
+                bump(&inner.counters.leases_lost);
+                Err(Error::LeaseLost)
+            }
+            Err(Error::Unavailable(m)) => Err(Error::Unavailable(format!(
+                "{m}; the result was not stored (the claim lapses with its lease)"
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn fail_async(mut self, error: E) -> Arc<E> {
+        let inner = self.store.inner.clone();
+        inner.renewer.unregister(self.renewal);
+        // Released in Redis before the local waiters are woken.
+        let released = {
+            let scripts = inner.scripts.clone();
+            let (record, token) = (self.record.clone(), self.token.clone());
+            inner.pool.call(move |c| {
+                let channel = Inner::<E>::channel(&record);
+                scripts
+                    .release
+                    .key(&record)
+                    .arg(&token)
+                    .arg(&channel)
+                    .invoke::<i64>(c)
+            })
+        }
+        .await;
+        let _ = released; // unreachable Redis: the claim lapses with its lease
+        match self.local.take() {
+            Some(local) => local.fail_now(error),
+            None => Arc::new(error),
+        }
+    }
+}
+
+impl<E: Send + Sync + 'static> Drop for RedisLease<E> {
+    fn drop(&mut self) {
+        if let Some(local) = self.local.take() {
+            // Unsettled: abandoned (cancelled) or panicked.
+            self.store.inner.renewer.unregister(self.renewal);
+            self.release_in_background();
+            drop(local);
+        }
+    }
+}
+
+impl<E: Send + Sync + 'static> LeaderLease<Vec<u8>, E> for RedisLease<E> {
+    fn complete(self, value: Vec<u8>) -> impl Future<Output = Result<(), Error>> {
+        self.complete_async(value)
+    }
+    fn fail(self, error: E) -> impl Future<Output = Arc<E>> {
+        self.fail_async(error)
+    }
+    fn panicked(mut self, message: &str) {
+        self.store.inner.renewer.unregister(self.renewal);
+        self.release_in_background();
+        if let Some(local) = self.local.take() {
+            local.panicked_now(message);
+        }
+    }
+}
+
+impl<E: Send + Sync + 'static> fmt::Debug for RedisLease<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLease")
+            .field("record", &self.record)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Send + Sync + 'static> DedupStore<Vec<u8>, E> for RedisStore<E> {
+    type Lease = RedisLease<E>;
+    type Join = RedisJoin<E>;
+
+    fn begin(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        options: ExecuteOptions,
+    ) -> impl Future<Output = Result<Begin<Vec<u8>, E, RedisLease<E>, RedisJoin<E>>, Error>> {
+        RedisStore::begin(self, key, fingerprint, options)
+    }
+}
+
+impl<E> fmt::Debug for RedisStore<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.config.prefix)
+            .field("lease", &self.inner.config.lease)
+            .field("ttl", &self.inner.config.ttl)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,225 @@
+//! The record transitions: one Lua script each, every one checked against the lease
+//! token. The record format is documented in the crate's README (format version 1).
+
+use redis::{Script, Value};
+
+/// The record format version this crate reads and writes.
+pub const RECORD_VERSION: &str = "1";
+
+/// Shared prologue: Redis' clock in milliseconds (never a worker's clock).
+macro_rules! lua {
+    ($body:expr) => {
+        concat!(
+            "local t = redis.call('TIME')\n",
+            "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n",
+            $body
+        )
+    };
+}
+
+/// KEYS[1] record; ARGV fingerprint, new token, lease ms, retention ms.
+/// → {'lead', generation} | {'replay', result} | {'mismatch'} | {'running', ms left}
+///   | {'version', v}
+const CLAIM: &str = lua!(
+    r#"
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'gen', 'result')
+if not r[2] then
+  redis.call('HSET', KEYS[1], 'v', '1', 'state', 'running', 'fp', ARGV[1], 'token', ARGV[2],
+    'deadline', now + tonumber(ARGV[3]), 'gen', 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {'lead', 1}
+end
+if r[1] ~= '1' then return {'version', tostring(r[1])} end
+if r[3] ~= ARGV[1] then return {'mismatch'} end
+if r[2] == 'done' then return {'replay', r[6] or ''} end
+local left = tonumber(r[4]) - now
+if left > 0 then return {'running', left} end
+local gen = tonumber(r[5]) + 1
+redis.call('HSET', KEYS[1], 'token', ARGV[2], 'deadline', now + tonumber(ARGV[3]), 'gen', gen)
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return {'lead', gen}
+"#
+);
+
+/// KEYS[1] record; ARGV fingerprint.
+/// → {'done', result} | {'running', ms left} | {'expired'} | {'absent'} | {'mismatch'}
+///   | {'version', v}
+const PEEK: &str = lua!(
+    r#"
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'result')
+if not r[2] then return {'absent'} end
+if r[1] ~= '1' then return {'version', tostring(r[1])} end
+if r[3] ~= ARGV[1] then return {'mismatch'} end
+if r[2] == 'done' then return {'done', r[5] or ''} end
+local left = tonumber(r[4]) - now
+if left > 0 then return {'running', left} end
+return {'expired'}
+"#
+);
+
+/// KEYS[1] record; ARGV token, lease ms. → 1 renewed | 0 lost
+const RENEW: &str = lua!(
+    r#"
+local r = redis.call('HMGET', KEYS[1], 'state', 'token')
+if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'deadline', now + tonumber(ARGV[2]))
+return 1
+"#
+);
+
+/// KEYS[1] record; ARGV token, result, retention ms, channel. → 1 stored | 0 lost
+const COMPLETE: &str = lua!(
+    r#"
+local r = redis.call('HMGET', KEYS[1], 'state', 'token')
+if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'done_at', now)
+redis.call('HDEL', KEYS[1], 'deadline')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PUBLISH', ARGV[4], 'done')
+return 1
+"#
+);
+
+/// KEYS[1] record; ARGV token, channel. → 1 deleted | 0 not ours (left alone)
+const RELEASE: &str = lua!(
+    r#"
+local r = redis.call('HMGET', KEYS[1], 'state', 'token')
+if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], 'released')
+return 1
+"#
+);
+
+/// The compiled scripts (`EVALSHA`, loaded on first use).
+pub(crate) struct Scripts {
+    pub claim: Script,
+    pub peek: Script,
+    pub renew: Script,
+    pub complete: Script,
+    pub release: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Scripts {
+            claim: Script::new(CLAIM),
+            peek: Script::new(PEEK),
+            renew: Script::new(RENEW),
+            complete: Script::new(COMPLETE),
+            release: Script::new(RELEASE),
+        }
+    }
+}
+
+/// What the claim script found.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    Lead { generation: u64 },
+    Replay(Vec<u8>),
+    Mismatch,
+    Running { left_ms: u64 },
+    Version(String),
+}
+
+/// What a waiter's look at the record found.
+#[derive(Debug)]
+pub(crate) enum Peek {
+    Done(Vec<u8>),
+    Running {
+        left_ms: u64,
+    },
+    /// Absent, expired lease, another operation's record, or another format
+    /// version: claim again (the claim reports what it finds).
+    Gone,
+}
+
+fn bad_reply(v: &Value) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::TypeError,
+        "unexpected reply from an oncely script",
+        format!("{v:?}"),
+    ))
+}
+
+fn parts(v: Value) -> redis::RedisResult<(String, Option<Value>)> {
+    let Value::Array(mut items) = v else {
+        return Err(bad_reply(&v));
+    };
+    if items.is_empty() || items.len() > 2 {
+        return Err(bad_reply(&Value::Array(items)));
+    }
+    let second = (items.len() == 2).then(|| items.pop()).flatten();
+    let tag: String = redis::from_owned_redis_value(items.pop().unwrap_or(Value::Nil))?;
+    Ok((tag, second))
+}
+
+fn int(v: Option<Value>) -> redis::RedisResult<u64> {
+    let v = v.unwrap_or(Value::Nil);
+    let n: i64 = redis::from_redis_value(&v)?;
+    u64::try_from(n).map_err(|_| bad_reply(&v))
+}
+
+fn bytes(v: Option<Value>) -> redis::RedisResult<Vec<u8>> {
+    match v {
+        None | Some(Value::Nil) => Ok(Vec::new()),
+        Some(v) => redis::from_owned_redis_value(v),
+    }
+}
+
+fn text(v: Option<Value>) -> String {
+    v.and_then(|v| redis::from_owned_redis_value::<String>(v).ok())
+        .unwrap_or_default()
+}
+
+impl redis::FromRedisValue for Claim {
+    fn from_redis_value(v: &Value) -> redis::RedisResult<Self> {
+        Self::from_owned_redis_value(v.clone())
+    }
+    fn from_owned_redis_value(v: Value) -> redis::RedisResult<Self> {
+        let orig = format!("{v:?}");
+        let (tag, second) = parts(v)?;
+        Ok(match tag.as_str() {
+            "lead" => Claim::Lead {
+                generation: int(second)?,
+            },
+            "replay" => Claim::Replay(bytes(second)?),
+            "mismatch" => Claim::Mismatch,
+            "running" => Claim::Running {
+                left_ms: int(second)?,
+            },
+            "version" => Claim::Version(text(second)),
+            _ => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::TypeError,
+                    "unexpected reply from the claim script",
+                    orig,
+                )))
+            }
+        })
+    }
+}
+
+impl redis::FromRedisValue for Peek {
+    fn from_redis_value(v: &Value) -> redis::RedisResult<Self> {
+        Self::from_owned_redis_value(v.clone())
+    }
+    fn from_owned_redis_value(v: Value) -> redis::RedisResult<Self> {
+        let orig = format!("{v:?}");
+        let (tag, second) = parts(v)?;
+        Ok(match tag.as_str() {
+            "done" => Peek::Done(bytes(second)?),
+            "running" => Peek::Running {
+                left_ms: int(second)?,
+            },
+            "expired" | "absent" | "mismatch" | "version" => Peek::Gone,
+            _ => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::TypeError,
+                    "unexpected reply from the peek script",
+                    orig,
+                )))
+            }
+        })
+    }
+}

@@ -1,0 +1,374 @@
+//! The conformance suite and Redis-specific tests on a real Redis.
+//!
+//! Tests that need a Redis are `#[ignore]`d with the reason "needs a Redis: run
+//! scripts/test-redis", so a plain `cargo test --workspace` lists them as ignored
+//! instead of passing them silently. `scripts/test-redis` starts a throwaway
+//! redis-server, sets `ONCELY_REDIS_URL` and runs them with `--include-ignored`; run
+//! that way without the variable, they fail and say so. The unreachable-Redis tests
+//! need no server (they use a closed and a silent port on 127.0.0.1) and always run.
+
+#[macro_use]
+mod conformance;
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use conformance::{key, with_timeout, Boom, Harness, Lease};
+use futures::executor::block_on;
+use oncely::{Begin, Code, Error, ExecuteError, ExecuteOptions, LeaderLease, Source};
+use oncely_redis::RedisStore;
+
+/// The throwaway server's URL. Only scripts/test-redis sets it; no test touches any
+/// other address.
+fn url() -> String {
+    match std::env::var("ONCELY_REDIS_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => panic!(
+            "ONCELY_REDIS_URL is not set: this test needs a Redis. Run scripts/test-redis, \
+             which starts a throwaway redis-server on 127.0.0.1 and sets it."
+        ),
+    }
+}
+
+const LEASE: Duration = Duration::from_millis(300);
+
+fn fresh_prefix() -> String {
+    format!("t{}", oncely::IdempotencyKey::random().as_str())
+}
+
+fn build(prefix: &str, ttl: Duration) -> RedisStore<Boom> {
+    RedisStore::builder(url())
+        .prefix(prefix)
+        .lease(LEASE)
+        .ttl(ttl)
+        .build()
+        .unwrap()
+}
+
+struct Redis;
+
+impl Harness for Redis {
+    type Store = RedisStore<Boom>;
+    const LEASES: bool = true;
+    fn lease(&self) -> Duration {
+        LEASE
+    }
+    fn store(&self, ttl: Duration) -> Self::Store {
+        build(&fresh_prefix(), ttl)
+    }
+    fn peer(&self, store: &Self::Store) -> Self::Store {
+        build(store.prefix(), store.ttl())
+    }
+    fn crash(&self, lease: Lease<Self>) {
+        // No release, no renewal, no local settle: as if the process died.
+        lease.stop_renewing();
+        std::mem::forget(lease);
+    }
+    fn pause(&self, lease: &Lease<Self>) {
+        lease.stop_renewing();
+    }
+}
+
+mod conformance_redis {
+    use super::*;
+    conformance_tests!(common: Redis, #[ignore = "needs a Redis: run scripts/test-redis"]);
+    conformance_tests!(leases: Redis, #[ignore = "needs a Redis: run scripts/test-redis"]);
+}
+
+fn raw() -> redis::Connection {
+    redis::Client::open(url())
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+fn timed(f: impl FnOnce() + Send + 'static) {
+    with_timeout(Duration::from_secs(60), f)
+}
+
+/// The record in Redis is the documented format, version 1.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn record_format_v1() {
+    timed(|| {
+        let s = build(&fresh_prefix(), Duration::from_secs(3600));
+        let k = key();
+        let rk = s.record_key(&k);
+        assert_eq!(rk, format!("{{{}:{}}}", s.prefix(), k.as_str()));
+        let lease = match block_on(s.begin(&k, "fp-1", ExecuteOptions::default())).unwrap() {
+            Begin::Lead(l) => l,
+            other => panic!("{other:?}"),
+        };
+        let mut c = raw();
+        let running: std::collections::HashMap<String, Vec<u8>> =
+            redis::cmd("HGETALL").arg(&rk).query(&mut c).unwrap();
+        let field = |m: &std::collections::HashMap<String, Vec<u8>>, f: &str| {
+            String::from_utf8(m.get(f).cloned().unwrap_or_default()).unwrap()
+        };
+        assert_eq!(field(&running, "v"), "1");
+        assert_eq!(field(&running, "state"), "running");
+        assert_eq!(field(&running, "fp"), "fp-1");
+        assert_eq!(field(&running, "token"), lease.token());
+        assert_eq!(field(&running, "gen"), "1");
+        assert!(field(&running, "deadline").parse::<u64>().unwrap() > 1_600_000_000_000);
+        block_on(lease.complete(vec![0, 159, 255])).unwrap();
+        let done: std::collections::HashMap<String, Vec<u8>> =
+            redis::cmd("HGETALL").arg(&rk).query(&mut c).unwrap();
+        assert_eq!(field(&done, "state"), "done");
+        assert_eq!(done["result"], vec![0, 159, 255]);
+        assert!(!done.contains_key("deadline"));
+        assert!(field(&done, "done_at").parse::<u64>().unwrap() > 1_600_000_000_000);
+        let ttl: i64 = redis::cmd("PTTL").arg(&rk).query(&mut c).unwrap();
+        assert!(ttl > 3_500_000 && ttl <= 3_600_000, "PTTL {ttl}");
+    });
+}
+
+/// A record written in another format version is refused (UNAVAILABLE, fail closed).
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn unknown_record_version_refused() {
+    timed(|| {
+        let s = build(&fresh_prefix(), Duration::from_secs(60));
+        let k = key();
+        let mut c = raw();
+        let _: () = redis::cmd("HSET")
+            .arg(s.record_key(&k))
+            .arg(&["v", "99", "state", "done", "fp", "f"])
+            .query(&mut c)
+            .unwrap();
+        let ran = AtomicUsize::new(0);
+        let r = block_on(s.execute(&k, "f", || async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok(vec![])
+        }));
+        match r {
+            Err(ExecuteError::Store(e @ Error::Unavailable(_))) => {
+                assert!(e.to_string().contains("version"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// Takeover bumps the generation and gives a new token.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn takeover_bumps_generation() {
+    timed(|| {
+        let a = build(&fresh_prefix(), Duration::from_secs(60));
+        let b = build(a.prefix(), a.ttl());
+        let k = key();
+        let first = match block_on(a.begin(&k, "f", ExecuteOptions::default())).unwrap() {
+            Begin::Lead(l) => l,
+            other => panic!("{other:?}"),
+        };
+        first.stop_renewing();
+        std::thread::sleep(LEASE + Duration::from_millis(50));
+        let second = match block_on(b.begin(&k, "f", ExecuteOptions::default())).unwrap() {
+            Begin::Lead(l) => l,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((first.generation(), second.generation()), (1, 2));
+        assert_ne!(first.token(), second.token());
+        assert_eq!(b.counters().takeovers, 1);
+        block_on(second.complete(b"2".to_vec())).unwrap();
+        // The first leader's failure path must not delete the new record either.
+        let _ = block_on(first.fail(Boom("late")));
+        let r = block_on(b.execute(&k, "f", || async { Ok(b"3".to_vec()) })).unwrap();
+        assert_eq!(
+            (r.value.as_slice(), r.source),
+            (&b"2"[..], Source::Replayed)
+        );
+    });
+}
+
+/// Two tiers: N same-key callers in one process make one claim.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn one_claim_per_process() {
+    timed(|| {
+        let s = build(&fresh_prefix(), Duration::from_secs(60));
+        let k = key();
+        let n = 24;
+        let barrier = Arc::new(Barrier::new(n));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let hs: Vec<_> = (0..n)
+            .map(|_| {
+                let (s, k, barrier, runs) = (s.clone(), k.clone(), barrier.clone(), runs.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    block_on(s.execute(&k, "f", || async {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(100));
+                        Ok(b"v".to_vec())
+                    }))
+                    .unwrap()
+                })
+            })
+            .collect();
+        for h in hs {
+            assert_eq!(h.join().unwrap().value, b"v");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(s.counters().claims, 1, "{:?}", s.counters());
+    });
+}
+
+/// A waiter on another instance is woken by the notification, not by its next poll.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn remote_waiter_woken_by_notification() {
+    timed(|| {
+        let a = build(&fresh_prefix(), Duration::from_secs(60));
+        let b: RedisStore<Boom> = RedisStore::builder(url())
+            .prefix(a.prefix())
+            .lease(LEASE)
+            .poll_interval(Duration::from_secs(5), Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let k = key();
+        let lease = match block_on(a.begin(&k, "f", ExecuteOptions::default())).unwrap() {
+            Begin::Lead(l) => l,
+            other => panic!("{other:?}"),
+        };
+        let waiter = {
+            let (b, k) = (b.clone(), k.clone());
+            std::thread::spawn(move || {
+                let r = block_on(b.execute(&k, "f", || async { Ok(b"no".to_vec()) })).unwrap();
+                (r, Instant::now())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let completed = Instant::now();
+        block_on(lease.complete(b"yes".to_vec())).unwrap();
+        let (r, at) = waiter.join().unwrap();
+        assert_eq!(
+            (r.value.as_slice(), r.source),
+            (&b"yes"[..], Source::Joined)
+        );
+        let lag = at.duration_since(completed);
+        assert!(
+            lag < Duration::from_secs(1),
+            "woken after {lag:?}: by polling, not pub/sub"
+        );
+        assert_eq!(b.counters().remote_waits, 1);
+    });
+}
+
+/// A leader that panics releases its claim: a waiter elsewhere takes over at once
+/// (not after the lease), and the store stays usable.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn panicking_leader_releases() {
+    timed(|| {
+        let a = RedisStore::<Boom>::builder(url())
+            .prefix(fresh_prefix())
+            .lease(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let k = key();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            block_on(a.execute(&k, "f", || async {
+                panic!("boom");
+                #[allow(unreachable_code)]
+                Ok(vec![])
+            }))
+        }));
+        assert!(r.is_err());
+        let t = Instant::now();
+        let b = build(a.prefix(), a.ttl());
+        let r = block_on(b.execute(&k, "f", || async { Ok(b"after".to_vec()) })).unwrap();
+        assert_eq!(r.source, Source::Led);
+        assert!(t.elapsed() < Duration::from_secs(5));
+    });
+}
+
+fn assert_unavailable_without_running(url: String, io_timeout: Duration) {
+    let s: RedisStore<Boom> = RedisStore::builder(url)
+        .connect_timeout(Duration::from_millis(500))
+        .io_timeout(io_timeout)
+        .build()
+        .unwrap();
+    let ran = AtomicUsize::new(0);
+    let t = Instant::now();
+    for options in [ExecuteOptions::default(), ExecuteOptions::NO_WAIT] {
+        let r = block_on(s.execute_with(&key(), "f", options, || async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok(vec![])
+        }));
+        match r {
+            Err(ExecuteError::Store(e)) => {
+                assert_eq!(e.code(), Code::Unavailable, "{e}");
+                assert!(e.to_string().contains("Redis"), "{e}");
+            }
+            other => panic!("expected UNAVAILABLE, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "the action ran without a claim"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+/// Nothing listens: UNAVAILABLE at once, and the action never runs (fail closed).
+#[test]
+fn unreachable_redis_is_unavailable() {
+    timed(|| {
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        assert_unavailable_without_running(
+            format!("redis://127.0.0.1:{port}"),
+            Duration::from_millis(300),
+        );
+    });
+}
+
+/// A server that accepts and never answers: UNAVAILABLE after the timeout, and the
+/// action never runs.
+#[test]
+fn silent_redis_times_out_unavailable() {
+    timed(|| {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for mut s in l.incoming().flatten() {
+                let mut buf = [0u8; 256];
+                let _ = s.set_read_timeout(Some(Duration::from_millis(10)));
+                let _ = s.read(&mut buf);
+                held.push(s); // never answer
+            }
+        });
+        assert_unavailable_without_running(
+            format!("redis://127.0.0.1:{port}"),
+            Duration::from_millis(300),
+        );
+    });
+}
+
+/// Settings are checked when the store is built.
+#[test]
+fn bad_settings_are_invalid_argument() {
+    for b in [
+        RedisStore::<Boom>::builder("redis://127.0.0.1:1").lease(Duration::from_millis(1)),
+        RedisStore::<Boom>::builder("redis://127.0.0.1:1").ttl(Duration::ZERO),
+        RedisStore::<Boom>::builder("redis://127.0.0.1:1").workers(0),
+        RedisStore::<Boom>::builder("redis://127.0.0.1:1").prefix("a{b}"),
+        RedisStore::<Boom>::builder("nope://x"),
+    ] {
+        let e = b.build().unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    }
+}
