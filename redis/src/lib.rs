@@ -46,6 +46,11 @@
 mod scripts;
 mod threads;
 
+/// The README's example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -415,16 +420,34 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             let scripts = inner.scripts.clone();
             let (record, fp, token) = (record.clone(), fingerprint.to_owned(), token.clone());
             let (lease_ms, ttl_ms) = (millis(inner.config.lease), millis(inner.config.ttl));
-            inner.pool.call(move |c| {
-                scripts
-                    .claim
-                    .key(&record)
-                    .arg(&fp)
-                    .arg(&token)
-                    .arg(lease_ms)
-                    .arg(ttl_ms)
-                    .invoke::<Claim>(c)
-            })
+            let (undo_scripts, undo_record, undo_token) =
+                (scripts.clone(), record.clone(), token.clone());
+            inner.pool.call_or_undo(
+                move |c| {
+                    scripts
+                        .claim
+                        .key(&record)
+                        .arg(&fp)
+                        .arg(&token)
+                        .arg(lease_ms)
+                        .arg(ttl_ms)
+                        .invoke::<Claim>(c)
+                },
+                // The caller went away while claiming: release what it won.
+                move |c, claim| match claim {
+                    Claim::Lead { .. } => {
+                        let channel = Inner::<E>::channel(&undo_record);
+                        undo_scripts
+                            .release
+                            .key(&undo_record)
+                            .arg(&undo_token)
+                            .arg(&channel)
+                            .invoke::<i64>(c)
+                            .map(drop)
+                    }
+                    _ => Ok(()),
+                },
+            )
         }
         .await?;
         bump(&inner.counters.claims);

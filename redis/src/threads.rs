@@ -133,6 +133,36 @@ impl Pool {
         }
     }
 
+    /// Like [`call`](Self::call), but when the caller stopped waiting (its future was
+    /// dropped) before `f` finished, runs `undo` with `f`'s value on the same worker:
+    /// a claim nobody will use is released at once instead of blocking the key for a
+    /// lease.
+    pub(crate) fn call_or_undo<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        undo: impl FnOnce(&mut redis::Connection, T) -> redis::RedisResult<()> + Send + 'static,
+    ) -> impl Future<Output = Result<T, Error>> {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let job: Job = Box::new(move |conn: &mut Conn| {
+            if let Err(Ok(v)) = tx.send(conn.run(f)) {
+                let _ = conn.run(|c| undo(c, v));
+            }
+        });
+        let sent = lock(&self.tx).as_ref().is_some_and(|s| s.send(job).is_ok());
+        async move {
+            if !sent {
+                return Err(Error::Unavailable("the Redis store was shut down".into()));
+            }
+            match rx.await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(unavailable(&e)),
+                Err(_) => Err(Error::Unavailable(
+                    "a Redis worker thread stopped before answering".into(),
+                )),
+            }
+        }
+    }
+
     /// Runs `f` on a worker without waiting for it (release after a panic or drop).
     pub(crate) fn spawn(
         &self,
