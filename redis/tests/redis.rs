@@ -372,3 +372,73 @@ fn bad_settings_are_invalid_argument() {
         assert_eq!(e.code(), Code::InvalidArgument, "{e}");
     }
 }
+
+/// A fleet in miniature: 4 instances × 6 threads, each thread calling every one of 60
+/// keys (in its own order, some with no-wait and retry): every action runs exactly
+/// once and every caller gets the leader's value.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn fleet_every_key_runs_once() {
+    timed(|| {
+        let prefix = fresh_prefix();
+        let instances: Vec<_> = (0..4)
+            .map(|_| build(&prefix, Duration::from_secs(60)))
+            .collect();
+        let keys: Vec<_> = (0..60).map(|_| key()).collect();
+        let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..60).map(|_| AtomicUsize::new(0)).collect());
+        let barrier = Arc::new(Barrier::new(24));
+        let hs: Vec<_> = (0..24)
+            .map(|t| {
+                let s = instances[t % 4].clone();
+                let (keys, runs, barrier) = (keys.clone(), runs.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let mut got = Vec::new();
+                    for j in 0..keys.len() {
+                        let i = (j * 7 + t * 13) % keys.len();
+                        let options = if t % 3 == 0 {
+                            ExecuteOptions::NO_WAIT
+                        } else {
+                            ExecuteOptions::default()
+                        };
+                        loop {
+                            let r = block_on(s.execute_with(&keys[i], "f", options, || async {
+                                runs[i].fetch_add(1, Ordering::SeqCst);
+                                std::thread::sleep(Duration::from_millis(2));
+                                Ok(format!("{i}:{t}").into_bytes())
+                            }));
+                            match r {
+                                Ok(done) => {
+                                    got.push((i, done.value));
+                                    break;
+                                }
+                                Err(ExecuteError::Store(Error::InProgress { .. })) => {
+                                    std::thread::sleep(Duration::from_millis(5))
+                                }
+                                Err(e) => panic!("{e:?}"),
+                            }
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        let mut value: Vec<Option<Vec<u8>>> = vec![None; 60];
+        for h in hs {
+            for (i, v) in h.join().unwrap() {
+                match &value[i] {
+                    None => value[i] = Some(v),
+                    Some(first) => assert_eq!(first, &v, "key {i}: callers got different values"),
+                }
+            }
+        }
+        for (i, r) in runs.iter().enumerate() {
+            assert_eq!(
+                r.load(Ordering::SeqCst),
+                1,
+                "key {i} ran {} times",
+                r.load(Ordering::SeqCst)
+            );
+        }
+    });
+}
