@@ -768,6 +768,7 @@ fn median(id: &str) -> Option<f64> {
 
 fn fmt_ns(v: Option<f64>) -> String {
     match v {
+        Some(x) if x >= 1e6 => format!("{:.2} ms", x / 1e6),
         Some(x) if x >= 100.0 => format!("{x:.0} ns"),
         Some(x) => format!("{x:.2} ns"),
         None => "—".into(),
@@ -776,6 +777,7 @@ fn fmt_ns(v: Option<f64>) -> String {
 
 fn fmt_ratio(a: Option<f64>, b: Option<f64>) -> String {
     match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 && a / b < 0.01 => format!("1/{:.0}", b / a),
         (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
         _ => "—".into(),
     }
