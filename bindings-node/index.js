@@ -436,9 +436,23 @@ class IdempotencyStore {
     for (;;) {
       const r = this.#native.begin(scoped, fingerprint, wait)
       if (r === LEAD) {
+        // This caller leads (inline: one async frame per call, not two).
         const lease = this.#slot[0]
         this.#slot[0] = undefined
-        return { value: await this.#lead(lease, fn, signal), replayed: false, source: LED }
+        let value
+        try {
+          const p = fn()
+          value = await (signal === undefined ? p : abortable(Promise.resolve(p), signal))
+        } catch (error) {
+          if (signal !== undefined && signal.aborted) {
+            this.#native.abandon(lease)
+            throw signal.reason
+          }
+          this.#native.fail(lease, error, this.#cacheFailures ? codeOf(error) : UNKNOWN)
+          throw error
+        }
+        this.#native.complete(lease, value)
+        return { value, replayed: false, source: LED }
       }
       if (r instanceof Promise) {
         const v = await (signal === undefined ? r : abortable(r, signal))
@@ -447,23 +461,6 @@ class IdempotencyStore {
       }
       return { value: r, replayed: true, source: REPLAYED }
     }
-  }
-
-  async #lead(lease, fn, signal) {
-    let value
-    try {
-      const p = fn()
-      value = await (signal === undefined ? p : abortable(Promise.resolve(p), signal))
-    } catch (error) {
-      if (signal !== undefined && signal.aborted) {
-        this.#native.abandon(lease)
-        throw signal.reason
-      }
-      this.#native.fail(lease, error, this.#cacheFailures ? codeOf(error) : UNKNOWN)
-      throw error
-    }
-    this.#native.complete(lease, value)
-    return value
   }
 
   /** Counts since the store was made: leads, joins, replays, conflicts, expirations, evictions. */

@@ -170,7 +170,9 @@ pub(crate) fn with_str<R>(
             &format!("{field} must be a string, got {}", type_name(env, v)),
         ));
     }
-    if written < buf.len() - 1 {
+    // napi writes whole characters only: a string that did not fit leaves less room
+    // than one character (at most 4 bytes) unused. Less than that written: it all fit.
+    if written + 4 < buf.len() {
         if written > max {
             return Err(range_error(
                 env,

@@ -48,11 +48,20 @@ pub fn scope(
     key: Unknown<'_>,
 ) -> Result<String> {
     let raw = env.raw();
-    let k = convert::string(raw, key.raw(), "idempotencyKey", SHORT_STRING_MAX)?;
-    let t = convert::string(raw, tenant.raw(), "tenant", SHORT_STRING_MAX)?;
-    let m = convert::string(raw, method.raw(), "method", SHORT_STRING_MAX)?;
-    let key = IdempotencyKey::parse(&k).or_throw(raw)?;
-    let scoped = oncely::ScopedKey::new(&t, &m, &key).or_throw(raw)?;
+    let key = convert::with_str(
+        raw,
+        key.raw(),
+        "idempotencyKey",
+        SHORT_STRING_MAX,
+        IdempotencyKey::parse,
+    )?
+    .or_throw(raw)?;
+    let scoped = convert::with_str(raw, tenant.raw(), "tenant", SHORT_STRING_MAX, |t| {
+        convert::with_str(raw, method.raw(), "method", SHORT_STRING_MAX, |m| {
+            oncely::ScopedKey::new(t, m, &key)
+        })
+    })??
+    .or_throw(raw)?;
     Ok(scoped.as_str().to_owned())
 }
 

@@ -167,3 +167,25 @@ test('scoped keys: only the exact form scope() makes is accepted', async () => {
   await assert.rejects(store.execute('x', 'fp', async () => 1), { field: 'scoped' })
   assert.throws(() => store.remove('nope'), { name: 'RangeError', field: 'scoped' })
 })
+
+test('strings around the native stack buffer (256 bytes) are read whole, multi-byte characters too', async () => {
+  const store = new oncely.IdempotencyStore()
+  for (const ch of ['a', 'é', '€', '😀']) {
+    for (let n = 60; n <= 270; n += 1) {
+      const base = ch.repeat(Math.ceil(n / Buffer.byteLength(ch))).slice(0, n)
+      const fp = base + 'X'
+      const other = base + 'Y' // differs only in its last character
+      const k = oncely.scope('t', 'm', oncely.newKey())
+      await store.execute(k, fp, async () => 1)
+      assert.equal((await store.execute(k, fp, async () => 2)).value, 1, `${ch} × ${n}: replay`)
+      await assert.rejects(store.execute(k, other, async () => 3), { code: 'FAILED_PRECONDITION' }, `${ch} × ${n}: the last character counts`)
+    }
+    for (let n = 200; n <= 300; n += 7) {
+      const tenant = ch.repeat(Math.ceil(n / Buffer.byteLength(ch)))
+      const scoped = oncely.scope(tenant, 'm', 'key-12345')
+      assert.ok(scoped.endsWith(':m:key-12345'), `${ch} × ${n}`)
+      assert.equal(scoped, oncely.scope(tenant, 'm', 'key-12345'))
+      assert.notEqual(scoped, oncely.scope(tenant.slice(0, -1), 'm', 'key-12345'))
+    }
+  }
+})
