@@ -239,7 +239,11 @@ impl<E> RedisStoreBuilder<E> {
             inner: Arc::new(Inner {
                 pool: Pool::new(&link, config.workers),
                 renewer: Renewer::new(config.lease),
-                notifier: Notifier::new(),
+                notifier: Notifier::new(format!(
+                    "{{{}}}:wake:{}",
+                    config.prefix,
+                    oncely::IdempotencyKey::random().as_str()
+                )),
                 scripts: Arc::new(Scripts::new()),
                 link,
                 local,
@@ -551,6 +555,16 @@ async fn wait_remote<E: Send + Sync + 'static>(
     let sub = inner
         .notifier
         .subscribe(&inner.link, Inner::<E>::channel(&record));
+    if sub.needs_poke {
+        let wake = inner.notifier.wake_channel().to_owned();
+        inner.pool.spawn(move |c| {
+            redis::cmd("PUBLISH")
+                .arg(&wake)
+                .arg("subscribe")
+                .query::<i64>(c)
+                .map(drop)
+        });
+    }
     let mut delay = inner.config.poll_min;
     loop {
         let mut listener = sub.event.listen();

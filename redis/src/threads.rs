@@ -191,6 +191,8 @@ struct RenewState {
     next_id: u64,
     started: bool,
     shutdown: bool,
+    /// When the renewer thread will wake up by itself, if it is asleep.
+    sleeping_until: Option<Instant>,
 }
 
 /// Renews every running lease every lease/3 on its own thread and connection, and
@@ -226,15 +228,20 @@ impl Renewer {
         let mut st = lock(&self.state);
         let id = st.next_id;
         st.next_id += 1;
+        let due = Instant::now() + self.period();
         st.leases.insert(
             id,
             Renewal {
                 key,
                 token,
-                due: Instant::now() + self.period(),
+                due,
                 lost: lost.clone(),
             },
         );
+        // The renewer never sleeps longer than a period, so it only needs waking when
+        // it sleeps past this lease's first renewal (rarely: saves a context switch
+        // per claim).
+        let wake = st.sleeping_until.is_some_and(|t| t > due);
         if !st.started {
             st.started = true;
             let me = self.clone();
@@ -246,7 +253,9 @@ impl Renewer {
                 .expect("spawning the oncely-redis renewer thread");
         }
         drop(st);
-        self.cv.notify_one();
+        if wake {
+            self.cv.notify_one();
+        }
         (id, lost)
     }
 
@@ -284,12 +293,15 @@ impl Renewer {
                         .values()
                         .map(|r| r.due.saturating_duration_since(now))
                         .min()
-                        .unwrap_or(Duration::from_secs(1));
+                        .unwrap_or(self.period())
+                        .min(self.period());
+                    st.sleeping_until = Some(now + wait);
                     st = self
                         .cv
                         .wait_timeout(st, wait)
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
+                    st.sleeping_until = None;
                 }
             };
             for (id, key, token) in due {
@@ -330,8 +342,14 @@ struct NotifyState {
 
 /// Listens on the per-key channels that waiters of this process care about and wakes
 /// them when a complete or release script publishes there.
+///
+/// The blocking pub/sub read cannot be interrupted to send a SUBSCRIBE, so the
+/// listener also listens on a private wake channel: a waiter that needs a new
+/// subscription publishes there (see [`Subscription::needs_poke`]) and the listener
+/// subscribes at once instead of at its next tick.
 pub(crate) struct Notifier {
     state: Mutex<NotifyState>,
+    wake_channel: String,
 }
 
 /// A waiter's interest in one channel; dropping it unsubscribes when it was the last.
@@ -339,6 +357,9 @@ pub(crate) struct Subscription {
     notifier: Arc<Notifier>,
     channel: String,
     pub(crate) event: Arc<Event>,
+    /// The channel is new to the listener: publish to [`Notifier::wake_channel`] so it
+    /// subscribes now.
+    pub(crate) needs_poke: bool,
 }
 
 impl Drop for Subscription {
@@ -353,22 +374,32 @@ impl Drop for Subscription {
     }
 }
 
-const LISTEN_TICK: Duration = Duration::from_millis(20);
+/// How long the listener blocks in one read when nobody pokes it (it then checks for
+/// shutdown and new subscriptions).
+const LISTEN_TICK: Duration = Duration::from_millis(100);
 
 impl Notifier {
-    pub(crate) fn new() -> Arc<Self> {
+    pub(crate) fn new(wake_channel: String) -> Arc<Self> {
         Arc::new(Notifier {
             state: Mutex::new(NotifyState::default()),
+            wake_channel,
         })
+    }
+
+    /// The listener's private wake channel.
+    pub(crate) fn wake_channel(&self) -> &str {
+        &self.wake_channel
     }
 
     pub(crate) fn subscribe(self: &Arc<Self>, link: &Link, channel: String) -> Subscription {
         let mut st = lock(&self.state);
+        let started = st.started;
         let entry = st
             .channels
             .entry(channel.clone())
             .or_insert_with(|| (0, Arc::new(Event::new())));
         entry.0 += 1;
+        let needs_poke = entry.0 == 1 && started;
         let event = entry.1.clone();
         if !st.started {
             st.started = true;
@@ -383,6 +414,7 @@ impl Notifier {
             notifier: self.clone(),
             channel,
             event,
+            needs_poke,
         }
     }
 
@@ -410,7 +442,9 @@ impl Notifier {
                 continue;
             };
             let mut ps = con.as_pubsub();
-            if ps.set_read_timeout(Some(LISTEN_TICK)).is_err() {
+            if ps.set_read_timeout(Some(LISTEN_TICK)).is_err()
+                || ps.subscribe(&self.wake_channel).is_err()
+            {
                 continue;
             }
             // Messages may have been missed while disconnected: let waiters look.
