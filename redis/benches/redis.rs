@@ -109,9 +109,9 @@ fn coalesce_round(stores: &[Store], naive: Option<&mut Vec<redis::Connection>>) 
     let t;
     if let Some(conns) = naive {
         let name = format!("naive:{}", k.as_str());
-        let mut taken: Vec<redis::Connection> = conns.drain(..).collect();
+        let taken: Vec<redis::Connection> = std::mem::take(conns);
         let hs: Vec<_> = taken
-            .drain(..)
+            .into_iter()
             .map(|mut c| {
                 let (barrier, name) = (barrier.clone(), name.clone());
                 std::thread::spawn(move || {
