@@ -6,8 +6,8 @@
 //! A waiter's `Join` is never handed to Python as a Rust future. `Join.subscribe`
 //! polls it once, on the event-loop thread, with a waker that only pushes the
 //! registration's id onto a pending list: it needs no GIL and takes no lock that a
-//! GIL-holding thread could hold while waiting. `event-listener` may call that waker
-//! from any thread while it holds its own lock; nothing else happens there. The ids are
+//! GIL-holding thread could hold while waiting. The core calls that waker
+//! from whichever thread settles the flight; nothing else happens there. The ids are
 //! then processed, without the GIL and outside every lock but the registry's, by
 //! whichever comes first: the thread that settled the flight, if it is a Python thread
 //! (`Lease.complete`/`fail`/`abandon` deliver at once, after the settle, still

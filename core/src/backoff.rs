@@ -195,7 +195,16 @@ impl RetryPolicy {
         let capped = if base_ms == 0.0 {
             0.0
         } else {
-            let growth = self.multiplier.powf(f64::from(n - 1));
+            // multiplier^(n−1), exactly as `powf` gives it, without calling it in
+            // the common cases: the first retry, and the default multiplier 2.
+            let k = n - 1;
+            let growth = if k == 0 {
+                1.0
+            } else if self.multiplier == 2.0 && k < 1023 {
+                f64::from_bits((1023 + u64::from(k)) << 52)
+            } else {
+                self.multiplier.powf(f64::from(k))
+            };
             let raw = base_ms * growth;
             if raw.is_nan() {
                 max_ms

@@ -81,6 +81,35 @@ pub(crate) fn system_clock() -> SharedClock {
     SYSTEM.get_or_init(|| Arc::new(SystemClock)).clone()
 }
 
+/// The clock of the dedup stores: monotonic, read where the OS offers a cheap coarse
+/// reading (Linux `CLOCK_MONOTONIC_COARSE`: about 5 ns instead of about 25 ns, a few
+/// ms of resolution, plenty for TTLs of hours); the system clock elsewhere.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CoarseClock;
+
+#[cfg(any(target_os = "linux", target_os = "android"))]
+impl Clock for CoarseClock {
+    #[inline]
+    fn now(&self) -> Duration {
+        use rustix::time::{clock_gettime, ClockId};
+        let t = clock_gettime(ClockId::MonotonicCoarse);
+        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+impl Clock for CoarseClock {
+    #[inline]
+    fn now(&self) -> Duration {
+        SystemClock.now()
+    }
+}
+
+pub(crate) fn coarse_clock() -> SharedClock {
+    static COARSE: OnceLock<SharedClock> = OnceLock::new();
+    COARSE.get_or_init(|| Arc::new(CoarseClock)).clone()
+}
+
 /// The point in time by which a whole call (all its attempts) must finish.
 ///
 /// A deadline is a time on some [`Clock`]; it does not hold the clock itself, so it is

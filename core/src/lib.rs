@@ -13,8 +13,9 @@
 //!   [`MemoryStore`], which runs an action once per key (single-flight for concurrent
 //!   calls, a TTL cache of results, fingerprint checks).
 //!
-//! The crate needs no async runtime: it sleeps with `futures-timer` and waits with
-//! `event-listener`, so it runs on tokio, smol, async-std or `futures::executor` alike.
+//! The crate needs no async runtime: it sleeps with `futures-timer` and waiters are
+//! woken through their own wakers, so it runs on tokio, smol, async-std or
+//! `futures::executor` alike.
 //!
 //! ```
 //! use oncely::{retry, Code, IdempotencyKey, MemoryStore, RetryPolicy, ScopedKey};

@@ -33,7 +33,7 @@ proptest! {
         let d = p.delay_with_seed(n, seed).as_secs_f64() * 1000.0;
         let base = p.base_delay().as_secs_f64() * 1000.0;
         let max = p.max_delay().as_secs_f64() * 1000.0;
-        let capped = (base * p.multiplier().powf(f64::from(n - 1))).min(max);
+        let capped = if base == 0.0 { 0.0 } else { (base * p.multiplier().powf(f64::from(n - 1))).min(max) };
         let lo = (capped * (1.0 - p.jitter())).floor();
         let hi = (capped * (1.0 + p.jitter()) + 0.5).floor();
         prop_assert!(d >= lo - 1.0 && d <= hi, "delay {d} not in [{lo}, {hi}] (capped {capped})");

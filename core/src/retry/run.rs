@@ -213,7 +213,12 @@ where
 
 impl<F, S, H> Retry<F, S, H> {
     /// The backoff policy.
+    ///
+    /// # Panics
+    /// If `policy` does not pass [`RetryPolicy::validate`] (the message names the field).
+    #[track_caller]
     pub fn policy(mut self, policy: RetryPolicy) -> Self {
+        super::state::assert_valid(&policy);
         self.policy = policy;
         self
     }
@@ -279,8 +284,10 @@ impl<F, S, H> Retry<F, S, H> {
         }
     }
 
+    #[inline]
     fn start(&mut self) -> (RetryState, Option<SharedClock>) {
-        let mut state = RetryState::new(self.policy).with_facts(self.facts);
+        // The default policy is valid and `policy()` validated any other.
+        let mut state = RetryState::new_valid(self.policy).with_facts(self.facts);
         if let Some(budget) = self.budget.take() {
             state = state.with_budget(budget);
         }
@@ -384,6 +391,7 @@ where
 
     /// # Panics
     /// If the policy is invalid (see [`RetryState::new`]).
+    #[inline]
     fn into_future(mut self) -> Self::IntoFuture {
         let (machine, clock) = self.start();
         RetryFuture {
@@ -407,6 +415,7 @@ where
 {
     type Output = Result<T, RetryError<E>>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {

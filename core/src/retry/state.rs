@@ -96,9 +96,14 @@ impl RetryState {
     /// If `policy` does not pass [`RetryPolicy::validate`] (the message names the field).
     /// Bindings validate host input before they get here.
     pub fn new(policy: RetryPolicy) -> Self {
-        if let Err(e) = policy.validate() {
-            panic!("oncely: invalid RetryPolicy: {e}");
-        }
+        assert_valid(&policy);
+        Self::new_valid(policy)
+    }
+
+    /// [`new`](Self::new) for a policy already validated (the retry loops validate it
+    /// once, when it is set, not on every call).
+    #[inline]
+    pub(crate) fn new_valid(policy: RetryPolicy) -> Self {
         RetryState {
             policy,
             facts: CallFacts::default(),
@@ -111,6 +116,7 @@ impl RetryState {
 
     /// Sets whether the call is safe to resend, re-reads, or declares internal errors
     /// transient.
+    #[inline]
     pub fn with_facts(mut self, facts: CallFacts) -> Self {
         self.facts = facts;
         self
@@ -170,6 +176,8 @@ impl RetryState {
         }
         let delay = match failure.server_delay {
             Some(ServerDelay::After(d)) => d,
+            // A zero base gives a zero delay whatever the jitter: skip the draw.
+            _ if self.policy.base_delay().is_zero() => Duration::ZERO,
             _ => {
                 let seed = *self.seed.get_or_insert_with(rand::next_u64);
                 self.policy.delay_with_seed(self.attempt, seed)
@@ -191,5 +199,13 @@ impl RetryState {
             delay,
             rule: class.rule,
         }
+    }
+}
+
+/// Panics with the field's name if `policy` is invalid.
+#[track_caller]
+pub(crate) fn assert_valid(policy: &RetryPolicy) {
+    if let Err(e) = policy.validate() {
+        panic!("oncely: invalid RetryPolicy: {e}");
     }
 }

@@ -1,55 +1,91 @@
-//! One running execution that waiters can wait on: a result slot and an event.
+//! One running execution that waiters can wait on: a result slot and the wakers of
+//! its waiters, under one lock.
 //!
-//! Waiting costs no thread and no polling: a waiter registers an `event-listener`
-//! listener, re-checks the slot, and sleeps until the leader settles the flight.
+//! Waiting costs no thread and no polling: a waiter leaves its waker in the flight
+//! (one slot per waiter, reused when it is polled again, emptied when it is dropped)
+//! and the leader wakes them all when it settles the flight.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-
-use event_listener::{Event, EventListener, Listener};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
 
 use super::Joined;
-use crate::sync::{AtomicBool, Mutex, Ordering};
+use crate::sync::Mutex;
 
 pub(crate) struct Flight<V, E> {
-    settled: AtomicBool,
-    result: Mutex<Option<Joined<V, E>>>,
-    event: Event,
+    state: Mutex<State<V, E>>,
+}
+
+struct State<V, E> {
+    result: Option<Joined<V, E>>,
+    /// The waiters' wakers; a waiter keeps the index of its slot.
+    wakers: Vec<Option<Waker>>,
+}
+
+impl<V, E> Flight<V, E> {
+    fn lock(&self) -> crate::sync::MutexGuard<'_, State<V, E>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn forget(&self, slot: usize) {
+        let mut s = self.lock();
+        // After a settle the list is gone (and a new one never forms).
+        if let Some(w) = s.wakers.get_mut(slot) {
+            *w = None;
+        }
+    }
 }
 
 impl<V: Clone, E> Flight<V, E> {
     pub(crate) fn new() -> Self {
         Flight {
-            settled: AtomicBool::new(false),
-            result: Mutex::new(None),
-            event: Event::new(),
+            state: Mutex::new(State {
+                result: None,
+                wakers: Vec::new(),
+            }),
         }
     }
 
     /// Publishes the outcome and wakes every waiter. Only the first settle counts.
     pub(crate) fn settle(&self, outcome: Joined<V, E>) {
-        {
-            let mut slot = self.result.lock().unwrap_or_else(|e| e.into_inner());
-            if slot.is_some() {
+        let wakers = {
+            let mut s = self.lock();
+            if s.result.is_some() {
                 return;
             }
-            *slot = Some(outcome);
+            s.result = Some(outcome);
+            std::mem::take(&mut s.wakers)
+        };
+        for w in wakers.into_iter().flatten() {
+            w.wake();
         }
-        self.settled.store(true, Ordering::Release);
-        self.event.notify(usize::MAX);
     }
 
     fn peek(&self) -> Option<Joined<V, E>> {
-        if !self.settled.load(Ordering::Acquire) {
-            return None;
+        self.lock().result.clone()
+    }
+
+    /// The outcome if settled; otherwise leaves `waker` in slot `*slot` (taking a
+    /// new slot the first time).
+    fn poll_with(&self, slot: &mut Option<usize>, waker: &Waker) -> Option<Joined<V, E>> {
+        let mut s = self.lock();
+        if let Some(out) = &s.result {
+            return Some(out.clone());
         }
-        self.result
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        match *slot {
+            Some(i) => match &mut s.wakers[i] {
+                Some(w) if w.will_wake(waker) => {}
+                w => *w = Some(waker.clone()),
+            },
+            None => {
+                *slot = Some(s.wakers.len());
+                s.wakers.push(Some(waker.clone()));
+            }
+        }
+        None
     }
 }
 
@@ -61,15 +97,23 @@ impl<V: Clone, E> Flight<V, E> {
 #[must_use = "a Join does nothing unless awaited"]
 pub struct Join<V, E> {
     flight: Arc<Flight<V, E>>,
-    listener: Option<EventListener>,
+    slot: Option<usize>,
+}
+
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark()
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark()
+    }
 }
 
 impl<V: Clone, E> Join<V, E> {
     pub(crate) fn new(flight: Arc<Flight<V, E>>) -> Self {
-        Join {
-            flight,
-            listener: None,
-        }
+        Join { flight, slot: None }
     }
 
     /// The outcome, if the leader has settled.
@@ -79,14 +123,12 @@ impl<V: Clone, E> Join<V, E> {
 
     /// Blocks this thread until the leader settles (for thread-per-request callers).
     pub fn wait(mut self) -> Joined<V, E> {
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
         loop {
-            if let Some(out) = self.flight.peek() {
+            if let Some(out) = self.flight.poll_with(&mut self.slot, &waker) {
                 return out;
             }
-            match self.listener.take() {
-                None => self.listener = Some(self.flight.event.listen()),
-                Some(l) => l.wait(),
-            }
+            std::thread::park();
         }
     }
 }
@@ -95,23 +137,18 @@ impl<V: Clone, E> Future for Join<V, E> {
     type Output = Joined<V, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        loop {
-            if let Some(out) = self.flight.peek() {
-                self.listener = None;
-                return Poll::Ready(out);
-            }
-            match self.listener.as_mut() {
-                // Register, then check again: a settle between the first check and
-                // the registration is not missed.
-                None => {
-                    let l = self.flight.event.listen();
-                    self.listener = Some(l);
-                }
-                Some(l) => match Pin::new(l).poll(cx) {
-                    Poll::Ready(()) => self.listener = None,
-                    Poll::Pending => return Poll::Pending,
-                },
-            }
+        let this = &mut *self;
+        match this.flight.poll_with(&mut this.slot, cx.waker()) {
+            Some(out) => Poll::Ready(out),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<V, E> Drop for Join<V, E> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            self.flight.forget(slot);
         }
     }
 }
@@ -119,7 +156,7 @@ impl<V: Clone, E> Future for Join<V, E> {
 impl<V, E> fmt::Debug for Join<V, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Join")
-            .field("settled", &self.flight.settled.load(Ordering::Relaxed))
+            .field("settled", &self.flight.lock().result.is_some())
             .finish()
     }
 }

@@ -1,7 +1,6 @@
 //! The in-process dedup store.
 
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,11 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::flight::{Flight, Join};
+use super::keymap::KeyMap;
 use super::{
     check_fingerprint, panic_message, Begin, DedupStore, ExecuteError, ExecuteOptions, Executed,
     Joined, LeaderLease, Source, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_TTL,
 };
-use crate::clock::{system_clock, Clock, SharedClock};
+use crate::clock::{coarse_clock, Clock, SharedClock};
 use crate::error::Error;
 use crate::key::ScopedKey;
 use crate::sync::{Mutex, MutexGuard};
@@ -71,7 +71,7 @@ struct Shared<V, E> {
 }
 
 struct Table<V, E> {
-    map: HashMap<Arc<str>, Slot<V, E>>,
+    map: KeyMap<Slot<V, E>>,
     /// Completed entries in completion order, which is expiry order (one TTL per
     /// store). Items whose `seq` no longer matches the map are stale and skipped.
     order: VecDeque<Queued>,
@@ -90,7 +90,8 @@ enum Slot<V, E> {
     Running {
         fingerprint: Fingerprint,
         token: u64,
-        flight: Arc<Flight<V, E>>,
+        /// Made by the first joiner: a lead nobody joins allocates none.
+        flight: Option<Arc<Flight<V, E>>>,
     },
     Done {
         fingerprint: Fingerprint,
@@ -117,36 +118,64 @@ impl Fingerprint {
     }
     fn matches(&self, s: &str) -> bool {
         match self {
+            // Encode the stored digest (a table load per byte) and compare the 64
+            // bytes at once, instead of decoding and checking `s` digit by digit.
             Fingerprint::Sha256(b) => {
-                s.len() == 64
-                    && b.iter()
-                        .zip(s.as_bytes().chunks_exact(2))
-                        .all(|(byte, hex)| {
-                            hex_val(hex[0]) == Some(byte >> 4) && hex_val(hex[1]) == Some(byte & 15)
-                        })
+                let mut hex = [0u8; 64];
+                for (pair, byte) in hex.chunks_exact_mut(2).zip(b) {
+                    pair.copy_from_slice(&HEX_PAIRS[usize::from(*byte)]);
+                }
+                s.as_bytes() == hex
             }
             Fingerprint::Text(t) => &**t == s,
         }
     }
 }
 
-fn hex_val(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
+/// The two lower-case hex digits of each byte value.
+static HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [DIGITS[i >> 4], DIGITS[i & 15]];
+        i += 1;
     }
-}
+    t
+};
 
+/// The value of each lower-case hex digit; 0xFF for every other byte.
+static HEX_VALUES: [u8; 256] = {
+    let mut t = [0xFFu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Decodes 64 lower-case hex digits, without a branch per digit.
 fn decode_hex32(s: &str) -> Option<[u8; 32]> {
     if s.len() != 64 {
         return None;
     }
     let mut out = [0u8; 32];
+    let mut bad = 0u8;
     for (o, pair) in out.iter_mut().zip(s.as_bytes().chunks_exact(2)) {
-        *o = (hex_val(pair[0])? << 4) | hex_val(pair[1])?;
+        let (hi, lo) = (
+            HEX_VALUES[usize::from(pair[0])],
+            HEX_VALUES[usize::from(pair[1])],
+        );
+        bad |= hi | lo;
+        *o = (hi << 4) | (lo & 15);
     }
-    Some(out)
+    (bad < 16).then_some(out)
 }
 
 /// Counts of what a store has done since it was made.
@@ -246,11 +275,11 @@ impl<V, E> MemoryStoreBuilder<V, E> {
         Ok(MemoryStore {
             shared: Arc::new(Shared {
                 table: Mutex::new(Table {
-                    map: HashMap::new(),
+                    map: KeyMap::new(),
                     order: VecDeque::new(),
                     next_seq: 0,
                 }),
-                clock: self.clock.unwrap_or_else(system_clock),
+                clock: self.clock.unwrap_or_else(coarse_clock),
                 ttl: self.ttl,
                 max_entries: self.max_entries,
                 in_progress_retry_after: self.in_progress_retry_after,
@@ -406,7 +435,8 @@ impl<V: Clone, E> MemoryStore<V, E> {
         let now = sh.now_nanos();
         let mut t = sh.lock();
         t.sweep(now, &sh.counters);
-        match t.map.get(key.as_str()) {
+        let h = t.map.hash(key.as_str());
+        match t.map.get_mut_h(h, key.as_str()) {
             Some(Slot::Done {
                 fingerprint: fp,
                 outcome,
@@ -421,7 +451,7 @@ impl<V: Clone, E> MemoryStore<V, E> {
                 return Ok(Begin::Replay(outcome.clone()));
             }
             Some(Slot::Done { .. }) => {
-                t.map.remove(key.as_str());
+                t.map.remove_h(h, key.as_str());
                 bump(&sh.counters.expirations);
             }
             Some(Slot::Running {
@@ -439,6 +469,7 @@ impl<V: Clone, E> MemoryStore<V, E> {
                     });
                 }
                 bump(&sh.counters.joins);
+                let flight = flight.get_or_insert_with(|| Arc::new(Flight::new()));
                 return Ok(Begin::Join(Join::new(flight.clone())));
             }
             None => {}
@@ -452,22 +483,22 @@ impl<V: Clone, E> MemoryStore<V, E> {
         }
         let token = t.next_seq;
         t.next_seq += 1;
-        let flight = Arc::new(Flight::new());
         let key: Arc<str> = Arc::from(key.as_str());
-        t.map.insert(
+        t.map.insert_new_h(
+            h,
             key.clone(),
             Slot::Running {
                 fingerprint: Fingerprint::new(fingerprint),
                 token,
-                flight: flight.clone(),
+                flight: None,
             },
         );
         bump(&sh.counters.leads);
         Ok(Begin::Lead(Lease {
             store: self.shared.clone(),
             key,
+            hash: h,
             token,
-            flight,
             settled: false,
         }))
     }
@@ -582,8 +613,8 @@ impl<V: Clone, E> DedupStore<V, E> for MemoryStore<V, E> {
 pub struct Lease<V: Clone, E> {
     store: Arc<Shared<V, E>>,
     key: Arc<str>,
+    hash: u64,
     token: u64,
-    flight: Arc<Flight<V, E>>,
     settled: bool,
 }
 
@@ -591,8 +622,9 @@ impl<V: Clone, E> Lease<V, E> {
     /// Stores `value` until the TTL and wakes the waiters with it.
     pub fn complete_now(mut self, value: V) {
         self.settled = true;
-        self.finish(Some(Ok(value.clone())));
-        self.flight.settle(Joined::Value(value));
+        if let Some(flight) = self.finish(Some(Ok(value.clone()))) {
+            flight.settle(Joined::Value(value));
+        }
     }
 
     /// Removes the entry (or caches the failure when the store is configured to and
@@ -606,45 +638,48 @@ impl<V: Clone, E> Lease<V, E> {
             .cache_failure
             .as_ref()
             .is_some_and(|permanent| permanent(&error));
-        self.finish(cache.then(|| Err(error.clone())));
         // Removed before the waiters wake: one that retries at once does not see it.
-        self.flight.settle(Joined::Failed(error.clone()));
+        if let Some(flight) = self.finish(cache.then(|| Err(error.clone()))) {
+            flight.settle(Joined::Failed(error.clone()));
+        }
         error
     }
 
     /// Replaces this lease's running entry with a completed one holding `outcome`
     /// until the TTL, or removes it (`None`). An entry that is no longer this lease's
-    /// is left alone.
-    fn finish(&self, outcome: Option<Result<V, Arc<E>>>) {
+    /// is left alone. Gives back the flight the joiners wait on, if any joined, to be
+    /// settled once the table is unlocked.
+    fn finish(&self, outcome: Option<Result<V, Arc<E>>>) -> Option<Arc<Flight<V, E>>> {
         let sh = &*self.store;
         let now = sh.now_nanos();
         let mut t = sh.lock();
         let seq = t.next_seq;
-        let Entry::Occupied(mut slot) = t.map.entry(self.key.clone()) else {
-            return;
-        };
-        let fingerprint = match slot.get() {
+        let slot = t.map.get_mut_h(self.hash, &self.key)?;
+        let (fingerprint, flight) = match slot {
             Slot::Running {
-                token, fingerprint, ..
-            } if *token == self.token => fingerprint.clone(),
-            _ => return,
+                token,
+                fingerprint,
+                flight,
+            } if *token == self.token => (fingerprint.clone(), flight.take()),
+            _ => return None,
         };
         match outcome {
             None => {
-                slot.remove();
+                t.map.remove_h(self.hash, &self.key);
             }
             Some(outcome) => {
                 let expires_at = sh.expiry(now);
-                slot.insert(Slot::Done {
+                *slot = Slot::Done {
                     fingerprint,
                     outcome,
                     expires_at,
                     seq,
-                });
+                };
                 t.next_seq += 1;
                 t.enqueue(self.key.clone(), seq, expires_at);
             }
         }
+        flight
     }
 
     /// The action panicked (or raised in a host language without an error value):
@@ -655,8 +690,9 @@ impl<V: Clone, E> Lease<V, E> {
     }
 
     fn release(&self, outcome: Joined<V, E>) {
-        self.finish(None);
-        self.flight.settle(outcome);
+        if let Some(flight) = self.finish(None) {
+            flight.settle(outcome);
+        }
     }
 
     /// The scoped key this lease is for.

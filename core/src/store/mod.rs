@@ -7,6 +7,7 @@
 //! trait and inherits the same rules.
 
 mod flight;
+mod keymap;
 mod memory;
 
 use std::any::Any;
