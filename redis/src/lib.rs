@@ -423,7 +423,8 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
         let claim = {
             let scripts = inner.scripts.clone();
             let (record, fp, token) = (record.clone(), fingerprint.to_owned(), token.clone());
-            let (lease_ms, ttl_ms) = (millis(inner.config.lease), millis(inner.config.ttl));
+            let lease_ms = millis(inner.config.lease);
+            let ttl_ms = millis(inner.config.ttl).max(lease_ms.saturating_mul(2));
             let (undo_scripts, undo_record, undo_token) =
                 (scripts.clone(), record.clone(), token.clone());
             inner.pool.call_or_undo(

@@ -17,7 +17,8 @@ macro_rules! lua {
     };
 }
 
-/// KEYS[1] record; ARGV fingerprint, new token, lease ms, retention ms.
+/// KEYS[1] record; ARGV fingerprint, new token, lease ms, key TTL ms (max of the
+/// retention and two leases).
 /// → {'lead', generation} | {'replay', result} | {'mismatch'} | {'running', ms left}
 ///   | {'version', v}
 const CLAIM: &str = lua!(
@@ -58,11 +59,16 @@ return {'expired'}
 );
 
 /// KEYS[1] record; ARGV token, lease ms. → 1 renewed | 0 lost
+/// (A running record never expires under its leader: its key TTL is kept at least
+/// one lease ahead.)
 const RENEW: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'state', 'token')
 if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'deadline', now + tonumber(ARGV[2]))
+if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+end
 return 1
 "#
 );

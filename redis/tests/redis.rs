@@ -442,3 +442,27 @@ fn fleet_every_key_runs_once() {
         }
     });
 }
+
+/// A running record outlives a retention shorter than the action: its key TTL is kept
+/// ahead of the lease, so no second leader can start meanwhile.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn running_record_outlives_short_retention() {
+    timed(|| {
+        let a = build(&fresh_prefix(), Duration::from_millis(100));
+        let b = build(a.prefix(), a.ttl());
+        let k = key();
+        let lease = match block_on(a.begin(&k, "f", ExecuteOptions::default())).unwrap() {
+            Begin::Lead(l) => l,
+            other => panic!("{other:?}"),
+        };
+        std::thread::sleep(Duration::from_millis(900));
+        match block_on(b.execute_with(&k, "f", ExecuteOptions::NO_WAIT, || async {
+            Ok(b"second".to_vec())
+        })) {
+            Err(ExecuteError::Store(e)) => assert_eq!(e.code(), Code::Aborted, "{e}"),
+            other => panic!("a second leader started: {other:?}"),
+        }
+        block_on(lease.complete(b"first".to_vec())).unwrap();
+    });
+}
