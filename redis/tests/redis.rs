@@ -466,3 +466,19 @@ fn running_record_outlives_short_retention() {
         block_on(lease.complete(b"first".to_vec())).unwrap();
     });
 }
+
+/// The store, its leases and its futures are `Send` (usable from `tokio::spawn` or any
+/// multi-threaded executor); making a future connects nothing.
+#[test]
+fn futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    fn sync<T: Send + Sync>() {}
+    sync::<RedisStore<Boom>>();
+    sync::<oncely_redis::RedisLease<Boom>>();
+    let s: RedisStore<Boom> = RedisStore::builder("redis://127.0.0.1:1").build().unwrap();
+    let k = key();
+    let exec = s.execute(&k, "f", || async { Ok(vec![]) });
+    send(&exec);
+    let begin = s.begin(&k, "f", ExecuteOptions::default());
+    send(&begin);
+}
