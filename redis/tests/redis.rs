@@ -482,3 +482,74 @@ fn futures_are_send() {
     let begin = s.begin(&k, "f", ExecuteOptions::default());
     send(&begin);
 }
+
+/// A remote join polled by hand with a counting waker: pending → woken by the
+/// notification (polling is set to 5 s, so only pub/sub can wake it in time) → ready
+/// with the leader's value.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn remote_join_pending_woken_ready() {
+    use std::future::Future;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Counting(AtomicUsize);
+    impl Wake for Counting {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    timed(|| {
+        let a = build(&fresh_prefix(), Duration::from_secs(60));
+        let b: RedisStore<Boom> = RedisStore::builder(url())
+            .prefix(a.prefix())
+            .lease(LEASE)
+            .poll_interval(Duration::from_secs(5), Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let k = key();
+        let lease = match block_on(a.begin(&k, "f", ExecuteOptions::default())).unwrap() {
+            Begin::Lead(l) => l,
+            other => panic!("{other:?}"),
+        };
+        let mut join = match block_on(b.begin(&k, "f", ExecuteOptions::default())).unwrap() {
+            Begin::Join(j) => j,
+            other => panic!("expected to join, got {other:?}"),
+        };
+        let counter = Arc::new(Counting(AtomicUsize::new(0)));
+        let waker = Waker::from(counter.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(std::pin::Pin::new(&mut join).poll(&mut cx).is_pending());
+        // Let the listener subscribe (it wakes the waiter once when it has).
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            std::pin::Pin::new(&mut join).poll(&mut cx).is_pending(),
+            "ready before the leader completed"
+        );
+        let before = counter.0.load(Ordering::SeqCst);
+        block_on(lease.complete(b"v".to_vec())).unwrap();
+        let t = Instant::now();
+        let out = loop {
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "never woken by the notification"
+            );
+            if counter.0.load(Ordering::SeqCst) > before {
+                match std::pin::Pin::new(&mut join).poll(&mut cx) {
+                    Poll::Ready(out) => break out,
+                    Poll::Pending => {}
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        match out {
+            oncely::Joined::Value(v) => assert_eq!(v, b"v"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "woken after {:?}",
+            t.elapsed()
+        );
+    });
+}
