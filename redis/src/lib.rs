@@ -533,6 +533,46 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     {
         oncely::execute(self, key, fingerprint, options, action).await
     }
+
+    /// The blocking variant of [`execute_with`](Self::execute_with), for
+    /// thread-per-request code (and bindings' sync entry points): waiting parks this
+    /// thread; `action` runs on it.
+    pub fn execute_blocking<F>(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        options: ExecuteOptions,
+        action: F,
+    ) -> Result<Executed<Vec<u8>>, ExecuteError<E>>
+    where
+        F: FnOnce() -> Result<Vec<u8>, E>,
+    {
+        block_on(oncely::execute(self, key, fingerprint, options, || {
+            std::future::ready(action())
+        }))
+    }
+}
+
+/// Runs a future to completion on this thread, parking between polls (no runtime).
+fn block_on<F: Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
 }
 
 /// Hands a value found in Redis to this process's waiters, then forgets it locally:

@@ -553,3 +553,46 @@ fn remote_join_pending_woken_ready() {
         );
     });
 }
+
+/// `execute_blocking` from plain threads on two instances: one run, and a panicking
+/// action propagates to its caller while the others take over.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn execute_blocking_from_threads() {
+    timed(|| {
+        let a = build(&fresh_prefix(), Duration::from_secs(60));
+        let b = build(a.prefix(), a.ttl());
+        let k = key();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(Barrier::new(8));
+        let hs: Vec<_> = (0..8)
+            .map(|i| {
+                let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let (k, runs, barrier) = (k.clone(), runs.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    s.execute_blocking(&k, "f", ExecuteOptions::default(), || {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(20));
+                        Ok(b"once".to_vec())
+                    })
+                    .unwrap()
+                })
+            })
+            .collect();
+        for h in hs {
+            assert_eq!(h.join().unwrap().value, b"once");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+        let k = key();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            a.execute_blocking(&k, "f", ExecuteOptions::default(), || panic!("boom"))
+        }));
+        assert!(r.is_err());
+        let after = b
+            .execute_blocking(&k, "f", ExecuteOptions::default(), || Ok(b"after".to_vec()))
+            .unwrap();
+        assert_eq!(after.source, Source::Led);
+    });
+}
