@@ -172,9 +172,12 @@ export interface RetryEvent {
 }
 
 export interface RetryOptions {
-  /** Backoff and attempts (a `RetryPolicy` or its options); default: the SPEC defaults. */
+  /**
+   * Backoff and attempts (a `RetryPolicy` or its options); default: the SPEC defaults.
+   * Pass a `RetryPolicy` made once: options are turned into one on every call.
+   */
   policy?: RetryPolicy | RetryPolicyOptions
-  /** A deadline for the whole call (a `Deadline` or ms from now). */
+  /** A deadline for the whole call (a `Deadline` or ms from now, which makes one at the call's start). */
   deadline?: Deadline | number
   /** The call is idempotent or carries an idempotency key (required to retry UNAVAILABLE). */
   safe?: boolean
@@ -182,7 +185,7 @@ export interface RetryOptions {
   rereads?: boolean
   /** INTERNAL/UNKNOWN are transient for this (safe) call. */
   transientInternal?: boolean
-  /** A budget shared by the calls of a client (retry storms). */
+  /** A budget shared by the calls of a client (retry storms); every call is counted in it, successes too. */
   budget?: RetryBudget
   /** Cancels the loop at once, during a sleep too; the rejection is `signal.reason`. */
   signal?: AbortSignal
