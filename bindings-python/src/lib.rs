@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 mod convert;
 mod errors;
 mod keys;
+mod redis_store;
 mod retry;
 mod store;
 
@@ -46,5 +47,9 @@ fn _oncely(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::Counters>()?;
     m.add_class::<store::Lease>()?;
     m.add_class::<store::Join>()?;
+
+    m.add_class::<redis_store::PyRedisStore>()?;
+    m.add_class::<redis_store::RedisPending>()?;
+    m.add_class::<redis_store::RedisLease>()?;
     Ok(())
 }

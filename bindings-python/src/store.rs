@@ -49,10 +49,10 @@ use crate::retry::{code_of, ManualClock};
 pub struct Held(Option<Py<PyAny>>);
 
 impl Held {
-    fn new(obj: Py<PyAny>) -> Self {
+    pub(crate) fn new(obj: Py<PyAny>) -> Self {
         Held(Some(obj))
     }
-    fn bind<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+    pub(crate) fn bind<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
         self.0
             .as_ref()
             .expect("a held object is only taken by drop")
@@ -74,7 +74,7 @@ static GRAVEYARD: Mutex<Vec<Py<PyAny>>> = Mutex::new(Vec::new());
 static GRAVEYARD_FULL: AtomicBool = AtomicBool::new(false);
 
 /// Releases the references dropped by the store, while attached and holding no lock.
-fn bury(_py: Python<'_>) {
+pub(crate) fn bury(_py: Python<'_>) {
     if GRAVEYARD_FULL.swap(false, Ordering::AcqRel) {
         let dead = std::mem::take(&mut *lock(&GRAVEYARD));
         drop(dead);
@@ -151,7 +151,11 @@ impl Executed {
     }
 }
 
-fn executed(py: Python<'_>, value: Py<PyAny>, source: &'static str) -> PyResult<Py<PyAny>> {
+pub(crate) fn executed(
+    py: Python<'_>,
+    value: Py<PyAny>,
+    source: &'static str,
+) -> PyResult<Py<PyAny>> {
     Ok(Py::new(py, Executed { value, source })?.into_any())
 }
 
@@ -319,7 +323,7 @@ impl PyStore {
     }
 }
 
-fn scoped_key<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> PyResult<PyRef<'py, ScopedKey>> {
+pub(crate) fn scoped_key<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> PyResult<PyRef<'py, ScopedKey>> {
     obj.extract::<PyRef<'py, ScopedKey>>().map_err(|_| {
         pyo3::exceptions::PyTypeError::new_err(format!(
             "scoped must be an oncely.ScopedKey made by oncely.scope(tenant, method, key), not {}",
@@ -446,7 +450,7 @@ impl Join {
                     map.insert(
                         id,
                         Entry {
-                            join,
+                            join: Waited::Memory(join),
                             waker,
                             event_loop: r#loop.unbind(),
                             fut: fut.clone().unbind(),
@@ -491,8 +495,90 @@ impl Join {
 // The pump: wakes of asyncio waiters, forwarded to their event loops
 // ---------------------------------------------------------------------------------------
 
+/// What a registration waits for: a memory-store join, or any native future whose
+/// output is turned into a Python object once the GIL is held (the Redis store).
+enum Waited {
+    Memory(CoreJoin),
+    Native(NativeFuture),
+}
+
+/// A Rust future handed to asyncio through the pump (see [`register_native`]).
+pub(crate) type NativeFuture = Pin<Box<dyn Future<Output = Deliver> + Send>>;
+/// Turns a native future's output into the Python object its waiter gets.
+pub(crate) type Deliver = Box<dyn FnOnce(Python<'_>) -> Py<PyAny> + Send>;
+
+enum Ready {
+    Memory(Outcome),
+    Native(Deliver),
+}
+
+impl Waited {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Ready> {
+        match self {
+            Waited::Memory(j) => Pin::new(j).poll(cx).map(Ready::Memory),
+            Waited::Native(f) => f.as_mut().poll(cx).map(Ready::Native),
+        }
+    }
+}
+
+fn ready_value(py: Python<'_>, ready: Ready) -> Py<PyAny> {
+    match ready {
+        Ready::Memory(out) => match outcome(py, out, "joined") {
+            Ok(v) => v,
+            Err(e) => e.into_value(py).into_any(),
+        },
+        Ready::Native(deliver) => deliver(py),
+    }
+}
+
+/// Awaits `future` from asyncio: returns its output at once if it is ready; otherwise
+/// registers `fut` (a future of `loop`), which gets the output through
+/// `loop.call_soon_threadsafe` from the pump, and returns the registration id.
+pub(crate) fn register_native(
+    py: Python<'_>,
+    mut future: NativeFuture,
+    event_loop: Bound<'_, PyAny>,
+    fut: Bound<'_, PyAny>,
+) -> Result<u64, Py<PyAny>> {
+    let id = REGISTRY.next.fetch_add(1, Ordering::Relaxed);
+    let waker = Waker::from(Arc::new(IdWaker(id)));
+    let ready = {
+        let mut map = lock(&REGISTRY.map);
+        match future.as_mut().poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(deliver) => Some(deliver),
+            Poll::Pending => {
+                map.insert(
+                    id,
+                    Entry {
+                        join: Waited::Native(future),
+                        waker,
+                        event_loop: event_loop.unbind(),
+                        fut: fut.unbind(),
+                    },
+                );
+                None
+            }
+        }
+    };
+    match ready {
+        Some(deliver) => {
+            let v = deliver(py);
+            bury(py);
+            Err(v)
+        }
+        None => Ok(id),
+    }
+}
+
+/// Forgets a registration (its waiter was cancelled): drops its future.
+pub(crate) fn unregister(py: Python<'_>, id: u64) {
+    let entry = lock(&REGISTRY.map).remove(&id);
+    drop(entry);
+    bury(py);
+}
+
 struct Entry {
-    join: CoreJoin,
+    join: Waited,
     waker: Waker,
     event_loop: Py<PyAny>,
     fut: Py<PyAny>,
@@ -567,7 +653,7 @@ fn settling<R>(py: Python<'_>, f: impl FnOnce() -> R) -> R {
 
 /// Polls the joins of `ids` (holding the registry lock, never the GIL) and returns
 /// those that are ready with their outcomes.
-fn poll_ready(ids: Vec<u64>) -> Vec<(Entry, Outcome)> {
+fn poll_ready(ids: Vec<u64>) -> Vec<(Entry, Ready)> {
     let mut ready = Vec::new();
     let mut map = lock(&REGISTRY.map);
     for id in ids {
@@ -575,7 +661,7 @@ fn poll_ready(ids: Vec<u64>) -> Vec<(Entry, Outcome)> {
             continue; // cancelled, or already resolved by an earlier wake
         };
         let waker = entry.waker.clone();
-        if let Poll::Ready(out) = Pin::new(&mut entry.join).poll(&mut Context::from_waker(&waker)) {
+        if let Poll::Ready(out) = entry.join.poll(&mut Context::from_waker(&waker)) {
             let entry = map.remove(&id).expect("entry present");
             ready.push((entry, out));
         }
@@ -616,17 +702,14 @@ fn deliver_now(py: Python<'_>) {
     }
 }
 
-fn deliver(py: Python<'_>, batch: Vec<(Entry, Outcome)>) {
+fn deliver(py: Python<'_>, batch: Vec<(Entry, Ready)>) {
     static SETTLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let Ok(settle) = SETTLE.import(py, "oncely.store", "_settle_batch") else {
         return;
     };
     let mut groups: Vec<(Py<PyAny>, Bound<'_, PyList>)> = Vec::new();
     for (entry, out) in batch {
-        let value = match outcome(py, out, "joined") {
-            Ok(v) => v,
-            Err(e) => e.into_value(py).into_any(),
-        };
+        let value = ready_value(py, out);
         let Ok(item) = PyTuple::new(py, [entry.fut.clone_ref(py), value]) else {
             continue;
         };

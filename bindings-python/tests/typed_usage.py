@@ -71,5 +71,23 @@ async def main() -> None:
         assert_type(e.retry_after, float)
 
 
+async def redis_usage() -> None:
+    """Type-checked only (it needs a Redis): oncely.RedisStore has IdempotencyStore's API."""
+    shared = oncely.RedisStore("redis://127.0.0.1:6379", lease=30.0, ttl=timedelta(days=1),
+                               prefix="shop")
+    scoped = oncely.scope("acme", "CreateOrder", oncely.new_key())
+    fp = oncely.fingerprint({"sku": "A1"})
+
+    async def create() -> dict[str, int]:
+        return {"id": 1}
+
+    on_redis = await shared.execute(scoped, fp, create, wait=False)
+    assert_type(on_redis, Executed[dict[str, int]])
+    raw = shared.execute_sync(scoped, fp, lambda: b"bytes")
+    assert_type(raw.value, bytes)
+    assert_type(shared.lease, float)
+    assert_type(shared.counters(), dict[str, int])
+
+
 if __name__ == "__main__":
     asyncio.run(main())

@@ -4,7 +4,7 @@ Retry with capped, jittered backoff (:func:`retry`, :func:`retry_sync`,
 :func:`retrying`), decide which failures may be retried (:func:`classify`, :class:`Code`),
 make idempotency keys (:func:`new_key`, :func:`derive_key`, :func:`scope`,
 :func:`fingerprint`) and deduplicate by them on the server
-(:class:`IdempotencyStore`). All the logic is in the Rust core; this package is a thin
+(:class:`IdempotencyStore`, or :class:`RedisStore` shared by many processes). All the logic is in the Rust core; this package is a thin
 layer over its native module ``oncely._oncely``. Durations are seconds (``float``;
 ``datetime.timedelta`` is accepted too).
 """
@@ -51,6 +51,7 @@ from .errors import (
     StoreUnavailableError,
 )
 from .extract import code_of, failure_of
+from .redis_store import RedisStore
 from .retry import Attempt, RetryEvent, Seconds, retry, retry_sync, retrying
 from .store import IdempotencyStore
 
@@ -81,6 +82,7 @@ __all__ = [
     "OncelyError",
     "RetryBudget",
     "RetryEvent",
+    "RedisStore",
     "RetryPolicy",
     "ScopedKey",
     "Seconds",

@@ -1,0 +1,378 @@
+"""oncely.RedisStore against a real Redis (SPEC §6 across processes).
+
+The Redis-backed tests read ONCELY_REDIS_URL and are skipped without it: run them with
+scripts/test-redis (or scripts/test redis), which starts a throwaway redis-server. The
+encoding tests need no Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import oncely
+import pytest
+from oncely import (
+    FingerprintMismatchError,
+    InProgressError,
+    RedisStore,
+    StoreUnavailableError,
+)
+from oncely.redis_store import decode_result, encode_result
+
+URL = os.environ.get("ONCELY_REDIS_URL")
+needs_redis = pytest.mark.skipif(not URL, reason="needs a Redis: run scripts/test-redis")
+
+FP = oncely.fingerprint({"sku": "A1", "qty": 1})
+OTHER_FP = oncely.fingerprint({"sku": "A1", "qty": 2})
+
+
+def key() -> oncely.ScopedKey:
+    return oncely.scope("acme", "CreateOrder", oncely.new_key())
+
+
+def prefix() -> str:
+    return "pytest-" + oncely.new_key()
+
+
+def store(pfx: str, **kw: Any) -> RedisStore:
+    assert URL
+    return RedisStore(URL, prefix=pfx, **kw)
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def bump(self) -> int:
+        with self.lock:
+            self.calls += 1
+            return self.calls
+
+
+# ---------------------------------------------------------------------------------------
+# Result encoding (redis/README.md, "Result encoding"): no Redis needed
+# ---------------------------------------------------------------------------------------
+
+
+def test_encoding_tags_json_and_bytes() -> None:
+    assert encode_result({"b": [1, 2.5, None, True], "a": "é"}) == (
+        b"j" + '{"b":[1,2.5,null,true],"a":"é"}'.encode()
+    )
+    assert encode_result(b"\x00\xff") == b"b\x00\xff"
+    assert encode_result(bytearray(b"xy")) == b"bxy"
+    assert encode_result(memoryview(b"z")) == b"bz"
+    assert encode_result("text") == b'j"text"'
+    assert encode_result(None) == b"jnull"
+    assert decode_result(b'j{"a":[1,"\xc3\xa9"]}') == {"a": [1, "é"]}
+    assert decode_result(b"b\x00\xff") == b"\x00\xff"
+    assert decode_result(b"b") == b""
+    with pytest.raises(StoreUnavailableError, match="unknown encoding tag"):
+        decode_result(b"x123")
+    with pytest.raises(StoreUnavailableError):
+        decode_result(b"")
+    with pytest.raises(ValueError):
+        encode_result(float("nan"))  # not JSON: a Node reader could not parse it
+    with pytest.raises(TypeError):
+        encode_result(object())
+
+
+def test_settings_and_bad_settings() -> None:
+    s = RedisStore("redis://127.0.0.1:1", lease=5, ttl=60.0, prefix="p")
+    assert (s.lease, s.ttl, s.prefix) == (5.0, 60.0, "p")
+    d = RedisStore("redis://127.0.0.1:1")
+    assert (d.lease, d.ttl, d.prefix) == (30.0, 86400.0, "oncely")
+    k = oncely.scope("t", "M", "abcdefgh")
+    assert d.record_key(k) == "{oncely:" + k.value + "}"
+    with pytest.raises(oncely.InvalidArgumentError):
+        RedisStore("redis://127.0.0.1:1", ttl=0)
+    with pytest.raises(oncely.InvalidArgumentError):
+        RedisStore("redis://127.0.0.1:1", workers=0)
+
+
+# ---------------------------------------------------------------------------------------
+# Unreachable Redis: no Redis needed either (a closed port on 127.0.0.1)
+# ---------------------------------------------------------------------------------------
+
+
+def closed_port_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"redis://127.0.0.1:{port}"
+
+
+async def test_unreachable_redis_is_unavailable_and_the_action_does_not_run() -> None:
+    s = RedisStore(closed_port_url(), connect_timeout=0.5, io_timeout=0.5)
+    ran = []
+
+    async def action() -> str:
+        ran.append(1)
+        return "x"
+
+    with pytest.raises(StoreUnavailableError) as info:
+        await s.execute(key(), FP, action)
+    assert info.value.code == oncely.Code.UNAVAILABLE
+    with pytest.raises(StoreUnavailableError):
+        s.execute_sync(key(), FP, lambda: ran.append(2))
+    assert ran == []
+
+
+# ---------------------------------------------------------------------------------------
+# With Redis
+# ---------------------------------------------------------------------------------------
+
+
+@needs_redis
+async def test_many_concurrent_asyncio_callers_run_once() -> None:
+    s = store(prefix())
+    c = Counter()
+    k = key()
+
+    async def action() -> dict[str, Any]:
+        n = c.bump()
+        await asyncio.sleep(0.05)
+        return {"order": n, "items": [1, 2]}
+
+    results = await asyncio.wait_for(
+        asyncio.gather(*(s.execute(k, FP, action) for _ in range(200))), timeout=30
+    )
+    assert c.calls == 1
+    assert all(r.value == {"order": 1, "items": [1, 2]} for r in results)
+    sources = [r.source for r in results]
+    assert sources.count("led") == 1 and sources.count("joined") == 199
+    assert s.counters()["claims"] == 1  # the in-process tier: one claim
+
+
+@needs_redis
+def test_many_threads_run_once() -> None:
+    s = store(prefix())
+    c = Counter()
+    k = key()
+    out: list[Any] = []
+    barrier = threading.Barrier(16)
+
+    def action() -> list[int]:
+        c.bump()
+        time.sleep(0.1)
+        return [7]
+
+    def worker() -> None:
+        barrier.wait()
+        out.append(s.execute_sync(k, FP, action))
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert c.calls == 1 and len(out) == 16
+    assert all(r.value == [7] for r in out)
+    assert [r.source for r in out].count("led") == 1
+
+
+@needs_redis
+async def test_replay_is_an_equal_value_and_bytes_stay_bytes() -> None:
+    s = store(prefix())
+    value = {"id": "o-1", "total": 12.5, "tags": ["é", None, True], "nested": {"n": 3}}
+
+    async def action() -> dict[str, Any]:
+        return value
+
+    first = await s.execute(k := key(), FP, action)
+    assert first.source == "led" and first.value is value
+    again = await s.execute(k, FP, action)
+    assert (again.source, again.replayed) == ("replayed", True)
+    assert again.value == value and again.value is not value
+    assert s.execute_sync(k, FP, lambda: "never").value == value
+
+    raw = b"\x00\x01binary\xff"
+    kb = key()
+    assert s.execute_sync(kb, FP, lambda: raw).value is raw
+    back = s.execute_sync(kb, FP, lambda: b"never")
+    assert back.source == "replayed" and type(back.value) is bytes and back.value == raw
+
+    async def tuple_action() -> tuple[int, str]:
+        return (1, "a")
+
+    kt = key()
+    await s.execute(kt, FP, tuple_action)
+    assert (await s.execute(kt, FP, tuple_action)).value == [1, "a"]  # JSON has lists
+
+
+@needs_redis
+async def test_fingerprint_mismatch() -> None:
+    s = store(prefix())
+    k = key()
+
+    async def action() -> int:
+        return 1
+
+    await s.execute(k, FP, action)
+    with pytest.raises(FingerprintMismatchError) as info:
+        await s.execute(k, OTHER_FP, action)
+    assert info.value.code == oncely.Code.FAILED_PRECONDITION
+    with pytest.raises(FingerprintMismatchError):
+        store(s.prefix).execute_sync(k, OTHER_FP, lambda: 2)  # another instance too
+
+
+@needs_redis
+async def test_failure_is_not_cached_and_local_waiters_share_it() -> None:
+    s = store(prefix())
+    k = key()
+    c = Counter()
+
+    class Boom(Exception):
+        pass
+
+    async def failing() -> int:
+        c.bump()
+        await asyncio.sleep(0.05)
+        raise Boom("no")
+
+    results = await asyncio.gather(*(s.execute(k, FP, failing) for _ in range(5)),
+                                   return_exceptions=True)
+    assert c.calls == 1
+    assert all(isinstance(r, Boom) for r in results)
+    assert len({id(r) for r in results}) == 1  # the leader's very exception
+
+    async def ok() -> str:
+        c.bump()
+        return "second"
+
+    assert (await s.execute(k, FP, ok)).source == "led" and c.calls == 2
+    with pytest.raises(Boom):
+        store(prefix()).execute_sync(key(), FP, lambda: (_ for _ in ()).throw(Boom()))
+
+    # A value that cannot be encoded fails the call and is not stored either.
+    kn = key()
+    with pytest.raises(ValueError):
+        s.execute_sync(kn, FP, lambda: float("nan"))
+    assert s.execute_sync(kn, FP, lambda: 1.5).source == "led"
+
+
+@needs_redis
+async def test_no_wait_is_in_progress_with_retry_after() -> None:
+    pfx = prefix()
+    a = store(pfx)
+    b = store(pfx, in_progress_retry_after=0.25)
+    k = key()
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await release.wait()
+        return "done"
+
+    leader = asyncio.ensure_future(a.execute(k, FP, slow))
+    await started.wait()
+    with pytest.raises(InProgressError) as info:  # another instance: via Redis
+        await b.execute(k, FP, slow, wait=False)
+    assert info.value.retry_after == pytest.approx(0.25)
+    assert info.value.code == oncely.Code.ABORTED
+    with pytest.raises(InProgressError):  # the same instance: the in-process tier
+        a.execute_sync(k, FP, lambda: "x", wait=False)
+    waiter = asyncio.ensure_future(b.execute(k, FP, slow))  # waits on the other instance
+    await asyncio.sleep(0.05)
+    release.set()
+    assert (await leader).source == "led"
+    got = await asyncio.wait_for(waiter, 10)
+    assert (got.value, got.source) == ("done", "joined")
+
+
+@needs_redis
+async def test_two_instances_share_one_run() -> None:
+    pfx = prefix()
+    a, b = store(pfx), store(pfx)
+    c = Counter()
+    k = key()
+
+    async def action() -> dict[str, int]:
+        c.bump()
+        await asyncio.sleep(0.1)
+        return {"n": 1}
+
+    results = await asyncio.wait_for(
+        asyncio.gather(*(st.execute(k, FP, action) for st in [a, b] * 20)), timeout=30
+    )
+    assert c.calls == 1
+    assert all(r.value == {"n": 1} for r in results)
+    assert a.counters()["claims"] + b.counters()["claims"] == 2
+    again = b.execute_sync(k, FP, lambda: {"n": 2})
+    assert (again.value, again.source) == ({"n": 1}, "replayed")
+
+
+@needs_redis
+async def test_cancelled_leader_lets_a_waiter_take_over() -> None:
+    pfx = prefix()
+    a, b = store(pfx), store(pfx)
+    k = key()
+    started = asyncio.Event()
+
+    async def hang() -> str:
+        started.set()
+        await asyncio.sleep(60)
+        return "never"
+
+    async def quick() -> str:
+        return "took over"
+
+    leader = asyncio.ensure_future(a.execute(k, FP, hang))
+    await started.wait()
+    waiter = asyncio.ensure_future(b.execute(k, FP, quick))
+    await asyncio.sleep(0.05)
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    got = await asyncio.wait_for(waiter, 10)
+    assert (got.value, got.source) == ("took over", "led")
+
+
+SCRIPT = """
+import json, sys
+import oncely
+url, pfx, tenant, method, k, fp = sys.argv[1:7]
+store = oncely.RedisStore(url, prefix=pfx)
+done = store.execute_sync(oncely.scope(tenant, method, k), fp, lambda: {"from": "child"})
+print(json.dumps({"value": done.value, "source": done.source}))
+"""
+
+
+@needs_redis
+async def test_another_process_replays_the_stored_value() -> None:
+    assert URL
+    pfx = prefix()
+    s = store(pfx)
+    k_text = oncely.new_key()
+    k = oncely.scope("acme", "CreateOrder", k_text)
+    value = {"order": "o-42", "amount": [1, 2.5], "note": "ünïcode"}
+
+    async def action() -> dict[str, Any]:
+        return value
+
+    await s.execute(k, FP, action)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, URL, pfx, "acme", "CreateOrder", k_text, FP],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    got = json.loads(proc.stdout)
+    assert got == {"value": value, "source": "replayed"}
+
+    # And the other way: the child stores, this process replays.
+    k2_text = oncely.new_key()
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, URL, pfx, "acme", "CreateOrder", k2_text, FP],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    assert json.loads(proc.stdout)["source"] == "led"
+    back = s.execute_sync(oncely.scope("acme", "CreateOrder", k2_text), FP, lambda: "never")
+    assert (back.value, back.source) == ({"from": "child"}, "replayed")
