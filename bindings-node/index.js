@@ -403,12 +403,19 @@ const REPLAYED = 'replayed'
  */
 class IdempotencyStore {
   #native
+  /** `native.begin` bound to the store: `(wait, key?, fingerprint?)`. */
+  #begin
+  /** `[0]`: a leader's lease, handed over by `begin`; `[1..]`: the stored values. */
   #slot = [undefined]
   #cacheFailures
+  /** The key and fingerprint text the native store holds from the last `begin`. */
+  #key = undefined
+  #fp = undefined
 
   /** `{ ttlMs = 86_400_000, maxEntries, inProgressRetryAfterMs = 1000, cachePermanentFailures = false }` */
   constructor(options) {
     this.#native = new NativeStore(options, ABANDONED, LEAD, this.#slot)
+    this.#begin = this.#native.beginFunction()
     this.#cacheFailures = options != null && options.cachePermanentFailures === true
   }
 
@@ -417,50 +424,67 @@ class IdempotencyStore {
    * leader's value (the same object for every caller), whether this caller got it from
    * another call, and how (`'led'`, `'joined'`, `'replayed'`).
    */
-  async execute(scoped, fingerprint, fn, options) {
-    if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
-    if (typeof fingerprint !== 'string') throw mustBe('a string', 'fingerprint', fingerprint)
-    if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
-    let wait = true
-    let signal
-    if (options !== undefined) {
-      if (options === null || typeof options !== 'object') throw mustBe('an object', 'options', options)
-      signal = options.signal
-      if (signal !== undefined && !isSignal(signal)) throw mustBe('an AbortSignal', 'signal', signal)
-      if (options.wait !== undefined) {
-        if (typeof options.wait !== 'boolean') throw mustBe('a boolean', 'wait', options.wait)
-        wait = options.wait
-      }
-      if (signal !== undefined && signal.aborted) throw signal.reason
-    }
-    for (;;) {
-      const r = this.#native.begin(scoped, fingerprint, wait)
-      if (r === LEAD) {
-        // This caller leads (inline: one async frame per call, not two).
-        const lease = this.#slot[0]
-        this.#slot[0] = undefined
-        let value
-        try {
-          const p = fn()
-          value = await (signal === undefined ? p : abortable(Promise.resolve(p), signal))
-        } catch (error) {
-          if (signal !== undefined && signal.aborted) {
-            this.#native.abandon(lease)
-            throw signal.reason
-          }
-          this.#native.fail(lease, error, this.#cacheFailures ? codeOf(error) : UNKNOWN)
-          throw error
+  execute(scoped, fingerprint, fn, options) {
+    // Not an async function: a replay or a join costs no async frame of its own (a
+    // replay resolves at once, a join chains on the flight's one shared Promise). Every
+    // error still comes back as a rejection.
+    try {
+      if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
+      if (typeof fingerprint !== 'string') throw mustBe('a string', 'fingerprint', fingerprint)
+      if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
+      let wait = true
+      let signal
+      if (options !== undefined) {
+        if (options === null || typeof options !== 'object') throw mustBe('an object', 'options', options)
+        signal = options.signal
+        if (signal !== undefined && !isSignal(signal)) throw mustBe('an AbortSignal', 'signal', signal)
+        if (options.wait !== undefined) {
+          if (typeof options.wait !== 'boolean') throw mustBe('a boolean', 'wait', options.wait)
+          wait = options.wait
         }
-        this.#native.complete(lease, value)
-        return { value, replayed: false, source: LED }
+        if (signal !== undefined && signal.aborted) throw signal.reason
       }
+      // The strings cross into Rust only when they differ from the last call's.
+      let r
+      try {
+        r = scoped === this.#key && fingerprint === this.#fp ? this.#begin(wait) : this.#begin(wait, scoped === this.#key ? undefined : scoped, fingerprint === this.#fp ? undefined : fingerprint)
+      } catch (e) {
+        this.#key = this.#fp = undefined
+        throw e
+      }
+      this.#key = scoped
+      this.#fp = fingerprint
+      // A replay: the index of the stored value in the slot array.
+      if (typeof r === 'number') return Promise.resolve({ value: this.#slot[r], replayed: true, source: REPLAYED })
+      if (r === LEAD) return this.#lead(fn, signal)
       if (r instanceof Promise) {
-        const v = await (signal === undefined ? r : abortable(r, signal))
-        if (v === ABANDONED) continue
-        return { value: v, replayed: true, source: JOINED }
+        // The leader went away (ABANDONED): begin again, one waiter leads.
+        return (signal === undefined ? r : abortable(r, signal)).then((v) => (v === ABANDONED ? this.execute(scoped, fingerprint, fn, options) : { value: v, replayed: true, source: JOINED }))
       }
-      return { value: r, replayed: true, source: REPLAYED }
+      throw new Error('oncely: unexpected answer from the native store')
+    } catch (e) {
+      return Promise.reject(e)
     }
+  }
+
+  /** This caller leads: its lease is in the slot; runs `fn` and settles the lease. */
+  async #lead(fn, signal) {
+    const lease = this.#slot[0]
+    this.#slot[0] = undefined
+    let value
+    try {
+      const p = fn()
+      value = await (signal === undefined ? p : abortable(Promise.resolve(p), signal))
+    } catch (error) {
+      if (signal !== undefined && signal.aborted) {
+        this.#native.abandon(lease)
+        throw signal.reason
+      }
+      this.#native.fail(lease, error, this.#cacheFailures ? codeOf(error) : UNKNOWN)
+      throw error
+    }
+    this.#native.complete(lease, value)
+    return { value, replayed: false, source: LED }
   }
 
   /** Counts since the store was made: leads, joins, replays, conflicts, expirations, evictions. */

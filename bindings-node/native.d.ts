@@ -50,12 +50,16 @@ export declare class NativeStore {
    */
   constructor(options: unknown, abandoned: object, lead: object, slot: unknown[])
   /**
-   * Looks `key` up (SPEC §6 rules 1–4): returns the stored value (a replay), the
-   * `lead` sentinel (this caller leads: its lease is in `slot[0]`) or a Promise (a call
-   * is running: it resolves to the value, rejects with the leader's error, or resolves
-   * to the `abandoned` sentinel). Throws a cached failure as is, and oncely's errors.
+   * Looks `key` up (SPEC §6 rules 1–4; `undefined` for the key or the fingerprint: the
+   * same text as the last call's): returns the index in `slot` of the stored value (a
+   * replay), the `lead` sentinel (this caller leads: its lease is in `slot[0]`) or a
+   * Promise (a call is running: it resolves to the value, rejects with the leader's
+   * error, or resolves to the `abandoned` sentinel; one Promise per flight, shared by
+   * its joiners). Throws a cached failure as is, and oncely's errors.
    */
-  begin(key: string, fingerprint: string, wait: boolean): unknown
+  begin(key: string | undefined, fingerprint: string | undefined, wait: boolean): unknown
+  /** `begin` as a plain function bound to this store: `(wait, key?, fingerprint?)`. */
+  beginFunction(): (wait: boolean, key?: string, fingerprint?: string) => unknown
   /** Stores `value` until the TTL and gives it to every waiter. */
   complete(lease: unknown, value: unknown): void
   /**

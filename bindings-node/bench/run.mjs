@@ -5,7 +5,9 @@
 //           (hot replay; 10,000 waiters on one key; 1,000,000 keys with memory per entry)
 // Prints absolute numbers, ratios to the peers and the targets of issue 4.
 //
-//   node bench/run.mjs [--quick] [--markdown FILE]
+//   node bench/run.mjs [--quick] [--store] [--markdown FILE]
+//
+// --store runs the store scenarios only (no table).
 //
 // Run it with --expose-gc for the memory numbers (npm run bench does).
 import { createRequire } from 'node:module'
@@ -20,6 +22,7 @@ const asyncRetry = require('async-retry')
 
 const args = process.argv.slice(2)
 const quick = args.includes('--quick')
+const storeOnly = args.includes('--store')
 const mdIndex = args.indexOf('--markdown')
 const markdownFile = mdIndex >= 0 ? args[mdIndex + 1] : undefined
 const gc = globalThis.gc ?? (() => {})
@@ -50,16 +53,18 @@ const fmt = (v) => (v >= 100 ? v.toFixed(0) : v.toFixed(1))
 // 1. retry: success-path overhead (net of calling the action directly)
 // ---------------------------------------------------------------------------------------
 
-const N = quick ? 100_000 : 500_000
 const ok = async () => 1
+let base, succ, ffs
+if (!storeOnly) {
+const N = quick ? 100_000 : 500_000
 
 const cockatielPolicy = cockatiel.retry(cockatiel.handleAll, { maxAttempts: 2, backoff: new cockatiel.ConstantBackoff(0) })
 const oncelyPolicy = new oncely.RetryPolicy({ maxAttempts: 3 })
 const oncelyOptions = { policy: oncelyPolicy, safe: true }
 
-const base = await measure(() => ok(), N)
+base = await measure(() => ok(), N)
 row('retry success path', 'baseline: await fn()', base, 'ns')
-const succ = {
+succ = {
   oncely: await measure(() => oncely.retry(ok, oncelyOptions), N),
   cockatiel: await measure(() => cockatielPolicy.execute(ok), N),
   'p-retry': await measure(() => pRetry(ok, { retries: 2 }), quick ? 20_000 : 100_000),
@@ -86,7 +91,7 @@ const zero = new oncely.RetryPolicy({ baseDelayMs: 0, maxDelayMs: 0, maxAttempts
 const zeroOptions = { policy: zero, safe: true }
 const cockatielZero = cockatiel.retry(cockatiel.handleAll, { maxAttempts: 2, backoff: new cockatiel.ConstantBackoff(0) })
 const M = quick ? 5_000 : 30_000
-const ffs = {
+ffs = {
   'bare loop': await measure(async () => {
     const fn = flaky()
     for (;;) {
@@ -102,6 +107,8 @@ const ffs = {
   'async-retry': await measure(() => asyncRetry(flaky(), { retries: 2, minTimeout: 0, maxTimeout: 0 }), quick ? 300 : 1_000, 3),
 }
 for (const [name, ns] of Object.entries(ffs)) row('retry fail-fail-succeed (0 ms)', name, ns / 1000, 'µs')
+
+}
 
 // ---------------------------------------------------------------------------------------
 // 3. store: hot replay, 10,000 waiters, 1,000,000 keys
@@ -212,6 +219,7 @@ async function manyKeys(name, insert) {
 // Summary: ratios and targets
 // ---------------------------------------------------------------------------------------
 
+if (storeOnly) process.exit(0)
 const lines = []
 const add = (what, value, unit, target, peers) => {
   const met = value <= target ? 'yes' : 'no'

@@ -1,27 +1,30 @@
 //! The dedup store: the core's `MemoryStore` holding JavaScript values.
 //!
 //! The JavaScript `IdempotencyStore.execute` drives the core's primitives: `begin` →
-//! replay (the stored value itself), lead (a `NativeLease` the caller settles with
+//! replay (the stored value, by its index), lead (a `NativeLease` the caller settles with
 //! `complete`/`fail`/`abandon`) or join (a Promise). Every rule — fingerprints, TTL,
 //! single flight, takeover, eviction, counters — is the core's.
 //!
-//! **Values.** Results and errors stay JavaScript values, kept by one napi reference
-//! each (`Held`) and shared by `Arc`: every waiter and every replay gets the very same
-//! object (`===`). The reference is deleted when the core drops its last copy (entry
-//! expired, evicted, removed, failure handed to all waiters).
+//! **Values.** Results stay JavaScript values, each in one element of the array the
+//! store shares with its JavaScript side (`slot[1..]`), the core holding the index
+//! (`Stored`, shared by `Rc`): every waiter and every replay gets the very same object
+//! (`===`); a replay hands JavaScript the index. The element is cleared and reused when
+//! the core drops its last copy (entry expired, evicted, removed). Errors are kept by one
+//! napi reference each (`Held`).
 //!
-//! **Waiting.** A joiner gets a Promise (a napi deferred). Its core `Join` is polled
-//! with a waker that queues the waiter's id; the queue is drained on the JS thread,
-//! which settles the deferreds. The leader's `complete`/`fail`/`abandon` drain it
+//! **Waiting.** The joiners of one flight share one Promise (a napi deferred): its core
+//! `Join` is polled with a waker that queues the group's id; the queue is drained on the
+//! JS thread, which settles the deferreds. The leader's `complete`/`fail`/`abandon` drain it
 //! right away (the core wakes the waiters synchronously inside those calls); a wake
 //! from anywhere else (a lease dropped by the garbage collector: a takeover) schedules
 //! a drain through a threadsafe function, which is unref'd so it never keeps the
 //! process alive. No runtime, no polling, no thread.
 
-use std::cell::RefCell;
-use std::collections::HashSet;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::ptr;
 use std::rc::{Rc, Weak};
@@ -104,8 +107,79 @@ impl Drop for Held {
     }
 }
 
+/// The JavaScript array the store shares with its JavaScript side: `[0]` is where a
+/// leader's lease is handed over, `[1..]` hold the stored results (one element each,
+/// instead of a napi reference each: less memory, and a replay reads it in JavaScript).
+struct Table {
+    env: sys::napi_env,
+    array: Held,
+    /// Elements free for reuse.
+    free: RefCell<Vec<u32>>,
+    /// Elements used so far (free or not), the lease's included.
+    len: Cell<u32>,
+    /// The store is gone (or the environment is going away): nothing is cleared.
+    closed: Cell<bool>,
+}
+
+impl Table {
+    /// Puts `value` in a free element.
+    fn put(self: &Rc<Self>, env: sys::napi_env, value: sys::napi_value) -> Result<Stored> {
+        let idx = match self.free.borrow_mut().pop() {
+            Some(i) => i,
+            None => {
+                let i = self.len.get();
+                if i == u32::MAX {
+                    return Err(Error::new(
+                        Status::GenericFailure,
+                        "oncely: too many stored values",
+                    ));
+                }
+                self.len.set(i + 1);
+                i
+            }
+        };
+        // SAFETY: on the JS thread; `array` is an array held by this table.
+        unsafe { sys::napi_set_element(env, self.array.value(env), idx, value) };
+        Ok(Stored {
+            idx,
+            table: self.clone(),
+        })
+    }
+
+    fn get(&self, env: sys::napi_env, idx: u32) -> sys::napi_value {
+        let mut v = ptr::null_mut();
+        // SAFETY: on the JS thread; `array` is an array held by this table.
+        unsafe { sys::napi_get_element(env, self.array.value(env), idx, &mut v) };
+        v
+    }
+}
+
+/// A stored result: its element in the `Table`, cleared and freed when the core drops
+/// its last copy (entry expired, evicted, removed; waiters settled).
+pub(crate) struct Stored {
+    idx: u32,
+    table: Rc<Table>,
+}
+
+impl Drop for Stored {
+    fn drop(&mut self) {
+        let t = &*self.table;
+        if t.closed.get() {
+            return;
+        }
+        // SAFETY: dropped on the JS thread of `env` (everything holding a `Stored` lives
+        // behind the store's `Rc`s, owned by native objects of that thread).
+        unsafe {
+            let mut undefined = ptr::null_mut();
+            sys::napi_get_undefined(t.env, &mut undefined);
+            sys::napi_set_element(t.env, t.array.value(t.env), self.idx, undefined);
+        }
+        t.free.borrow_mut().push(self.idx);
+    }
+}
+
 /// The stored result.
-type Value = Rc<Held>;
+type Value = Rc<Stored>;
 
 /// A leader's error: the JavaScript value, and the code extracted from it (used only
 /// to decide whether a permanent failure is cached, when that is enabled).
@@ -174,16 +248,51 @@ impl Wake for WakeEntry {
     }
 }
 
-struct Waiter {
+/// The one Promise of a flight, shared by all its waiters (same-thread joiners of one
+/// running call): one core `Join`, one deferred, one wake-up for all of them.
+struct Group {
     join: Join<Value, Failed>,
     deferred: sys::napi_deferred,
+    /// The Promise, handed to every later joiner of the same flight.
+    promise: Held,
     waker: Waker,
+    /// The scoped key, to forget the group in `by_key` once settled.
+    key: Box<str>,
+    /// Callers waiting on this Promise.
+    waiters: u32,
 }
 
 #[derive(Default)]
 struct Waiters {
-    slots: Vec<Option<Waiter>>,
+    slots: Vec<Option<Group>>,
     free: Vec<u32>,
+    /// The unsettled group of each key with joiners. A key has at most one running
+    /// entry, so a group whose flight is unsettled is the one a new `Join` of that key
+    /// waits on (checked with `try_get` before sharing).
+    by_key: HashMap<Box<str>, u32>,
+    /// Callers waiting, over all groups.
+    pending: u32,
+}
+
+/// Hashes the addresses in `Inner::leases` (a multiply-shift: addresses are not chosen
+/// by callers, and SipHash cost more than the rest of the set operation).
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(32);
+    }
 }
 
 struct Inner {
@@ -194,13 +303,16 @@ struct Inner {
     abandoned: Held,
     /// What `begin` returns when the caller leads; the lease is then in `slot[0]`.
     lead: Held,
-    slot: Held,
+    /// `slot`: the lease's element and the stored results.
+    table: Rc<Table>,
     /// The leases of this store alive now (their addresses): a lease handle from JavaScript
     /// is used only if it is one of these.
-    leases: RefCell<HashSet<usize>>,
+    leases: RefCell<HashSet<usize, BuildHasherDefault<AddrHasher>>>,
     /// The scoped key parsed last: retries and replays repeat a key, and parsing (the
     /// core's canonical-form check) costs more than comparing the text.
     last_key: RefCell<Option<oncely::ScopedKey>>,
+    /// The fingerprint text of the last `begin`.
+    last_fp: RefCell<Option<String>>,
 }
 
 impl Inner {
@@ -231,16 +343,22 @@ impl Inner {
             for id in ids {
                 let done = {
                     let mut ws = self.waiters.borrow_mut();
-                    let Some(Some(w)) = ws.slots.get_mut(id as usize) else {
+                    let Some(Some(g)) = ws.slots.get_mut(id as usize) else {
                         continue;
                     };
-                    let mut cx = Context::from_waker(&w.waker);
-                    match Pin::new(&mut w.join).poll(&mut cx) {
+                    let mut cx = Context::from_waker(&g.waker);
+                    match Pin::new(&mut g.join).poll(&mut cx) {
                         Poll::Pending => None,
                         Poll::Ready(out) => {
-                            let w = ws.slots[id as usize].take();
+                            let g = ws.slots[id as usize].take();
                             ws.free.push(id);
-                            w.map(|w| (w.deferred, out))
+                            g.map(|g| {
+                                ws.pending -= g.waiters;
+                                if ws.by_key.get(&g.key) == Some(&id) {
+                                    ws.by_key.remove(&g.key);
+                                }
+                                (g.deferred, out)
+                            })
                         }
                     }
                 };
@@ -256,7 +374,7 @@ impl Inner {
         unsafe {
             match out {
                 Joined::Value(v) => {
-                    sys::napi_resolve_deferred(env, deferred, v.value(env));
+                    sys::napi_resolve_deferred(env, deferred, self.table.get(env, v.idx));
                 }
                 Joined::Failed(e) => {
                     sys::napi_reject_deferred(env, deferred, e.held.value(env));
@@ -278,8 +396,27 @@ impl Inner {
         }
     }
 
-    /// A Promise for the outcome of `join`.
-    fn wait(&self, env: sys::napi_env, mut join: Join<Value, Failed>) -> Result<sys::napi_value> {
+    /// A Promise for the outcome of `join` (a joiner of `key`): the Promise of the
+    /// flight's group when this thread already waits on that flight.
+    fn wait(
+        &self,
+        env: sys::napi_env,
+        key: &str,
+        mut join: Join<Value, Failed>,
+    ) -> Result<sys::napi_value> {
+        let mut ws = self.waiters.borrow_mut();
+        if let Some(&id) = ws.by_key.get(key) {
+            if let Some(Some(g)) = ws.slots.get_mut(id as usize) {
+                // Unsettled: the key's running entry is still this flight, the one
+                // `join` waits on too.
+                if g.join.try_get().is_none() {
+                    g.waiters += 1;
+                    let promise = g.promise.value(env);
+                    ws.pending += 1;
+                    return Ok(promise);
+                }
+            }
+        }
         let mut deferred = ptr::null_mut();
         let mut promise = ptr::null_mut();
         // SAFETY: on the JS thread of `env`.
@@ -291,7 +428,6 @@ impl Inner {
                 "oncely: napi_create_promise failed",
             ));
         }
-        let mut ws = self.waiters.borrow_mut();
         let id = match ws.free.pop() {
             Some(id) => id,
             None => {
@@ -311,11 +447,17 @@ impl Inner {
                 self.settle(env, deferred, out);
             }
             Poll::Pending => {
-                ws.slots[id as usize] = Some(Waiter {
+                let held = Held::new(env, promise)?;
+                ws.slots[id as usize] = Some(Group {
                     join,
                     deferred,
+                    promise: held,
                     waker,
+                    key: key.into(),
+                    waiters: 1,
                 });
+                ws.by_key.insert(key.into(), id);
+                ws.pending += 1;
             }
         }
         Ok(promise)
@@ -324,6 +466,7 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.table.closed.set(true);
         let tsfn = self.hub.tsfn.swap(ptr::null_mut(), Ordering::AcqRel);
         if !tsfn.is_null() {
             // SAFETY: not yet finalized (the finalizer nulls the pointer first).
@@ -443,7 +586,13 @@ impl NativeStore {
         let store = b.build().or_throw(raw)?;
         let abandoned = Held::new(raw, abandoned.raw())?;
         let lead = Held::new(raw, lead.raw())?;
-        let slot = Held::new(raw, slot.raw())?;
+        let table = Rc::new(Table {
+            env: raw,
+            array: Held::new(raw, slot.raw())?,
+            free: RefCell::new(Vec::new()),
+            len: Cell::new(1),
+            closed: Cell::new(false),
+        });
         let hub = Arc::new(Hub {
             ready: Mutex::new(Vec::new()),
             scheduled: AtomicBool::new(false),
@@ -456,9 +605,10 @@ impl NativeStore {
             hub: hub.clone(),
             abandoned,
             lead,
-            slot,
-            leases: RefCell::new(HashSet::new()),
+            table,
+            leases: RefCell::new(HashSet::default()),
             last_key: RefCell::new(None),
+            last_fp: RefCell::new(None),
         });
         let ctx = Box::into_raw(Box::new(TsfnContext {
             inner: Rc::downgrade(&inner),
@@ -496,12 +646,14 @@ impl NativeStore {
         Ok(NativeStore { inner })
     }
 
-    /// Looks `key` up (SPEC §6 rules 1–4): returns the stored value (a replay), the
-    /// `lead` sentinel (this caller leads: its lease is in `slot[0]`) or a Promise (a call
-    /// is running: it resolves to the value, rejects with the leader's error, or resolves
-    /// to the `abandoned` sentinel). Throws a cached failure as is, and oncely's errors.
+    /// Looks `key` up (SPEC §6 rules 1–4; `undefined` for the key or the fingerprint: the
+    /// same text as the last call's): returns the index in `slot` of the stored value (a
+    /// replay), the `lead` sentinel (this caller leads: its lease is in `slot[0]`) or a
+    /// Promise (a call is running: it resolves to the value, rejects with the leader's
+    /// error, or resolves to the `abandoned` sentinel; one Promise per flight, shared by
+    /// its joiners). Throws a cached failure as is, and oncely's errors.
     #[napi(
-        ts_args_type = "key: string, fingerprint: string, wait: boolean",
+        ts_args_type = "key: string | undefined, fingerprint: string | undefined, wait: boolean",
         ts_return_type = "unknown"
     )]
     pub fn begin<'env>(
@@ -512,36 +664,47 @@ impl NativeStore {
         wait: bool,
     ) -> Result<Unknown<'env>> {
         let raw = env.raw();
-        convert::with_str(raw, key.raw(), "scoped", SHORT_STRING_MAX, |s| {
-            self.inner.parse_key(s)
-        })?
-        .or_throw(raw)?;
-        let begun = {
-            let last = self.inner.last_key.borrow();
-            let Some(key) = last.as_ref() else {
-                return Err(Error::new(Status::GenericFailure, "oncely: no parsed key"));
-            };
-            convert::with_str(
-                raw,
-                fingerprint.raw(),
-                "fingerprint",
-                SHORT_STRING_MAX,
-                |fp| self.inner.store.begin(key, fp, ExecuteOptions { wait }),
-            )?
-        };
-        let v = match begun {
-            Err(e) => return Err(core_error(raw, &e)),
-            Ok(Begin::Replay(Ok(v))) => v.value(raw),
-            Ok(Begin::Replay(Err(e))) => {
-                // SAFETY: on the JS thread; throws the leader's own error value.
-                unsafe { sys::napi_throw(raw, e.held.value(raw)) };
-                return Err(Error::new(Status::PendingException, "cached failure"));
-            }
-            Ok(Begin::Lead(lease)) => self.inner.hand_out(raw, lease)?,
-            Ok(Begin::Join(join)) => self.inner.wait(raw, join)?,
-        };
+        let v = self
+            .inner
+            .begin(raw, key.raw(), fingerprint.raw(), wait, true)?;
         // SAFETY: a live value of this call.
         Ok(unsafe { Unknown::from_raw_unchecked(raw, v) })
+    }
+
+    /// `begin` as a plain function bound to this store: `(wait, key?, fingerprint?)`.
+    #[napi(ts_return_type = "(wait: boolean, key?: string, fingerprint?: string) => unknown")]
+    pub fn begin_function<'env>(&self, env: &'env Env) -> Result<Unknown<'env>> {
+        let raw = env.raw();
+        let data = Box::into_raw(Box::new(self.inner.clone()));
+        let mut f = ptr::null_mut();
+        // SAFETY: on the JS thread; `data` is freed by the function's finalizer (or here
+        // when the function could not be made).
+        unsafe {
+            if sys::napi_create_function(
+                raw,
+                c"begin".as_ptr(),
+                5,
+                Some(begin_fn),
+                data.cast(),
+                &mut f,
+            ) != sys::Status::napi_ok
+                || sys::napi_add_finalizer(
+                    raw,
+                    f,
+                    data.cast(),
+                    Some(finalize_begin_fn),
+                    ptr::null_mut(),
+                    ptr::null_mut(),
+                ) != sys::Status::napi_ok
+            {
+                drop(Box::from_raw(data));
+                return Err(Error::new(
+                    Status::GenericFailure,
+                    "oncely: could not make the begin function",
+                ));
+            }
+            Ok(Unknown::from_raw_unchecked(raw, f))
+        }
     }
 
     /// Stores `value` until the TTL and gives it to every waiter.
@@ -549,8 +712,8 @@ impl NativeStore {
     pub fn complete(&self, env: &Env, lease: Unknown<'_>, value: Unknown<'_>) -> Result<()> {
         let raw = env.raw();
         let lease = self.inner.take_lease(raw, lease.raw())?;
-        let held = Rc::new(Held::new(raw, value.raw())?);
-        self.inner.settling(raw, move || lease.complete_now(held));
+        let stored = Rc::new(self.inner.table.put(raw, value.raw())?);
+        self.inner.settling(raw, move || lease.complete_now(stored));
         Ok(())
     }
 
@@ -606,8 +769,7 @@ impl NativeStore {
     /// Waiters whose Promise is not settled yet.
     #[napi(getter)]
     pub fn pending_waiters(&self) -> u32 {
-        let ws = self.inner.waiters.borrow();
-        (ws.slots.len() - ws.free.len()) as u32
+        self.inner.waiters.borrow().pending
     }
 
     /// The TTL of completed entries, ms.
@@ -631,6 +793,112 @@ impl NativeStore {
         .or_throw(raw)?;
         Ok(self.inner.store.remove(&key))
     }
+}
+
+impl Inner {
+    /// `NativeStore.begin`; `given`: whether `key` and `fingerprint` were passed (when
+    /// not, they are the last call's).
+    fn begin(
+        self: &Rc<Self>,
+        raw: sys::napi_env,
+        key: sys::napi_value,
+        fingerprint: sys::napi_value,
+        wait: bool,
+        given: bool,
+    ) -> Result<sys::napi_value> {
+        // `undefined`: the same text as the last call's (the JavaScript side remembers
+        // it), which spares converting the strings again.
+        let same_key = self.last_key.borrow().is_some()
+            && (!given || convert::type_of(raw, key) == sys::ValueType::napi_undefined);
+        if !same_key {
+            convert::with_str(raw, key, "scoped", SHORT_STRING_MAX, |s| self.parse_key(s))?
+                .or_throw(raw)?;
+        }
+        let same_fp = self.last_fp.borrow().is_some()
+            && (!given || convert::type_of(raw, fingerprint) == sys::ValueType::napi_undefined);
+        if !same_fp {
+            convert::with_str(raw, fingerprint, "fingerprint", SHORT_STRING_MAX, |fp| {
+                let mut last = self.last_fp.borrow_mut();
+                let last = last.get_or_insert_with(String::new);
+                last.clear();
+                last.push_str(fp);
+            })?;
+        }
+        let begun = {
+            let last = self.last_key.borrow();
+            let fp = self.last_fp.borrow();
+            let (Some(key), Some(fp)) = (last.as_ref(), fp.as_deref()) else {
+                return Err(Error::new(Status::GenericFailure, "oncely: no parsed key"));
+            };
+            self.store.begin(key, fp, ExecuteOptions { wait })
+        };
+        let v = match begun {
+            Err(e) => return Err(core_error(raw, &e)),
+            Ok(Begin::Replay(Ok(v))) => {
+                // The element's index: the JavaScript side reads `slot[index]`.
+                let mut n = ptr::null_mut();
+                // SAFETY: on the JS thread.
+                unsafe { sys::napi_create_uint32(raw, v.idx, &mut n) };
+                n
+            }
+            Ok(Begin::Replay(Err(e))) => {
+                // SAFETY: on the JS thread; throws the leader's own error value.
+                unsafe { sys::napi_throw(raw, e.held.value(raw)) };
+                return Err(Error::new(Status::PendingException, "cached failure"));
+            }
+            Ok(Begin::Lead(lease)) => self.hand_out(raw, lease)?,
+            Ok(Begin::Join(join)) => {
+                let last = self.last_key.borrow();
+                let key = last.as_ref().map_or("", |k| k.as_str());
+                self.wait(raw, key, join)?
+            }
+        };
+        Ok(v)
+    }
+}
+
+/// `begin` as a plain function bound to one store (`NativeStore.beginFunction`):
+/// `(wait, key?, fingerprint?)`, a missing or `undefined` key or fingerprint meaning the
+/// last call's. Spares the class-method machinery (unwrapping `this`) on every call.
+unsafe extern "C" fn begin_fn(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
+    let mut argc = 3usize;
+    let mut argv = [ptr::null_mut(); 3];
+    let mut data = ptr::null_mut();
+    // SAFETY: a callback of a function made by `begin_function`, whose data is a boxed
+    // `Rc<Inner>` freed only by the function's finalizer.
+    let result = unsafe {
+        sys::napi_get_cb_info(
+            env,
+            info,
+            &mut argc,
+            argv.as_mut_ptr(),
+            ptr::null_mut(),
+            &mut data,
+        );
+        let inner = &*(data as *const Rc<Inner>);
+        let mut wait = true;
+        sys::napi_get_value_bool(env, argv[0], &mut wait);
+        inner.begin(env, argv[1], argv[2], wait, argc > 1)
+    };
+    match result {
+        Ok(v) => v,
+        Err(e) => {
+            if e.status != Status::PendingException {
+                let msg = std::ffi::CString::new(e.reason.replace('\0', "")).unwrap_or_default();
+                // SAFETY: on the JS thread.
+                unsafe { sys::napi_throw_error(env, ptr::null(), msg.as_ptr()) };
+            }
+            ptr::null_mut()
+        }
+    }
+}
+
+unsafe extern "C" fn finalize_begin_fn(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
+    // SAFETY: the `Rc<Inner>` boxed by `begin_function`; finalized once.
+    drop(unsafe { Box::from_raw(data as *mut Rc<Inner>) });
 }
 
 /// A leader's lease, handed to JavaScript as an External. Freed by the External's
@@ -683,7 +951,7 @@ impl Inner {
         }
         self.leases.borrow_mut().insert(cell as usize);
         // SAFETY: `slot` is an array held by this store.
-        unsafe { sys::napi_set_element(env, self.slot.value(env), 0, ext) };
+        unsafe { sys::napi_set_element(env, self.table.array.value(env), 0, ext) };
         Ok(self.lead.value(env))
     }
 
