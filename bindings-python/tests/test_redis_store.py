@@ -376,3 +376,132 @@ async def test_another_process_replays_the_stored_value() -> None:
     assert json.loads(proc.stdout)["source"] == "led"
     back = s.execute_sync(oncely.scope("acme", "CreateOrder", k2_text), FP, lambda: "never")
     assert (back.value, back.source) == ({"from": "child"}, "replayed")
+
+
+def redis_command(*args: str | bytes) -> bytes:
+    """One command over a raw RESP connection to ONCELY_REDIS_URL (no client library);
+    returns the first reply line."""
+    assert URL
+    host, port = URL.removeprefix("redis://").split("/")[0].rsplit(":", 1)
+    parts = [a.encode() if isinstance(a, str) else a for a in args]
+    msg = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(msg)
+        return s.recv(65536).split(b"\r\n")[0]
+
+
+@needs_redis
+def test_a_leader_whose_record_was_taken_gets_lease_lost() -> None:
+    s = store(prefix())
+    k = key()
+
+    def action() -> str:
+        # Another leader took over (simulated: the record is gone): nothing is written.
+        assert redis_command("DEL", s.record_key(k)) == b":1"
+        return "late"
+
+    with pytest.raises(oncely.LeaseLostError) as info:
+        s.execute_sync(k, FP, action)
+    assert info.value.code == oncely.Code.ABORTED
+    assert redis_command("EXISTS", s.record_key(k)) == b":0"
+
+
+@needs_redis
+async def test_a_result_with_an_unknown_encoding_tag_is_refused() -> None:
+    s = store(prefix())
+    k = key()
+    record = s.record_key(k)
+    reply = redis_command("HSET", record, "v", "1", "state", "done", "fp", FP, "token", "t",
+                          "gen", "1", "result", b"raw-from-elsewhere", "done_at", "1")
+    assert reply == b":7"
+    ran = []
+
+    async def action() -> int:
+        ran.append(1)
+        return 1
+
+    with pytest.raises(StoreUnavailableError, match="unknown encoding tag"):
+        await s.execute(k, FP, action)
+    assert ran == []
+    redis_command("HSET", record, "result", b'j{"ok":true}')
+    assert s.execute_sync(k, FP, lambda: 0).value == {"ok": True}
+
+
+CRASHING = """
+import sys, time
+import oncely
+url, pfx, k, fp = sys.argv[1:5]
+store = oncely.RedisStore(url, prefix=pfx, lease=0.5)
+
+def action():
+    print("STARTED", flush=True)
+    time.sleep(60)
+
+store.execute_sync(oncely.scope("acme", "CreateOrder", k), fp, action)
+"""
+
+
+@needs_redis
+async def test_a_killed_leader_process_is_taken_over_after_its_lease() -> None:
+    assert URL
+    pfx = prefix()
+    k_text = oncely.new_key()
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASHING, URL, pfx, k_text, FP],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "STARTED"
+        child.kill()  # SIGKILL: no release; the lease (0.5 s) has to run out
+        child.wait(10)
+        s = store(pfx)
+        t0 = time.monotonic()
+
+        async def action() -> str:
+            return "taken over"
+
+        got = await asyncio.wait_for(
+            s.execute(oncely.scope("acme", "CreateOrder", k_text), FP, action), 10
+        )
+        assert (got.value, got.source) == ("taken over", "led")
+        assert time.monotonic() - t0 > 0.2  # not before the lease ran out
+        assert s.counters()["takeovers"] == 1
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+@needs_redis
+def test_event_loops_in_several_threads_and_instances_share_one_run() -> None:
+    pfx = prefix()
+    stores = [store(pfx), store(pfx)]
+    c = Counter()
+    keys = [key() for _ in range(20)]
+    seen: list[Any] = []
+    lock = threading.Lock()
+
+    async def action() -> dict[str, int]:
+        n = c.bump()
+        await asyncio.sleep(0.02)
+        return {"n": n}
+
+    async def one_loop(s: RedisStore) -> None:
+        got = await asyncio.gather(*(s.execute(k, FP, action) for k in keys for _ in range(10)))
+        with lock:
+            seen.extend((r.value["n"], i // 10) for i, r in enumerate(got))
+
+    threads = [threading.Thread(target=asyncio.run, args=(one_loop(stores[i % 2]),))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert c.calls == len(keys) and len(seen) == 4 * 10 * len(keys)
+    by_key: dict[int, set[int]] = {}
+    for n, k in seen:
+        by_key.setdefault(k, set()).add(n)
+    assert all(len(ns) == 1 for ns in by_key.values())  # every caller got the one result
