@@ -12,6 +12,7 @@ import type {
   Deadline,
   ReasonCodes,
   StoreCounters,
+  RedisStoreCounters,
   ManualClock,
 } from './native'
 
@@ -28,6 +29,7 @@ export {
   CallFactsOptions,
   Pushback,
   StoreCounters,
+  RedisStoreCounters,
   ProtocolHeaders,
   ProtocolHttpStatus,
   classify,
@@ -283,3 +285,56 @@ export declare class IdempotencyStore {
   /** Clears a completed entry so the next call runs again; returns whether one was removed. */
   remove(scoped: ScopedKey): boolean
 }
+
+export interface RedisStoreOptions {
+  /** `redis://[user:password@]host:port/db`. */
+  url: string
+  /** How long a claim lasts without renewal (default 30_000; renewed every lease/3 while `fn` runs). */
+  leaseMs?: number
+  /** How long a completed result is kept (default 86_400_000, 24 h). */
+  ttlMs?: number
+  /** The Redis key prefix (default `'oncely'`): records are `{<prefix>:<scoped key>}`. */
+  prefix?: string
+  /** Connecting to Redis (default 1000). */
+  connectTimeoutMs?: number
+  /** Each Redis command (default 1000). */
+  ioTimeoutMs?: number
+  /** Connections/threads talking to Redis (default 4). */
+  workers?: number
+  /** The `retryAfterMs` given to a caller that does not wait (default 1000). */
+  inProgressRetryAfterMs?: number
+}
+
+/**
+ * The dedup store shared by every process (Node, Python, Rust) on one Redis: runs an
+ * action at most once per scoped key within the TTL (SPEC §6), with the same `execute`
+ * as `IdempotencyStore`. Values are stored as tagged bytes (redis/README.md, "Result
+ * encoding"): a `Buffer`/`Uint8Array` as bytes (replayed as a `Buffer`), anything else as
+ * JSON (replayed as a fresh value). `fn`'s errors are never stored.
+ */
+export declare class RedisStore {
+  constructor(options: RedisStoreOptions)
+  /**
+   * Runs `fn` if this caller leads; otherwise waits for the running call (here or in
+   * another process) or replays the stored result. Redis unreachable → UNAVAILABLE and
+   * `fn` does not run; a differing fingerprint → FAILED_PRECONDITION; `wait: false` on a
+   * running call → ABORTED with `retryAfterMs`; the lease taken over before completing →
+   * ABORTED (`kind: 'lease_lost'`).
+   */
+  execute<T>(scoped: ScopedKey, fingerprint: string, fn: () => T | PromiseLike<T>, options?: ExecuteOptions): Promise<Executed<T>>
+  /** Counts since the store was made (this process's instance). */
+  counters(): RedisStoreCounters
+  /** The lease of this store's claims, ms. */
+  readonly leaseMs: number
+  /** How long completed results are kept, ms. */
+  readonly ttlMs: number
+  /** The Redis key prefix. */
+  readonly prefix: string
+  /** The Redis key holding `scoped`'s record. */
+  recordKey(scoped: ScopedKey): string
+}
+
+/** The stored form of a result: `b` + bytes for a `Buffer`/`Uint8Array`, `j` + JSON text otherwise. */
+export declare function encodeResult(value: unknown): Buffer
+/** Reads a stored result back: JSON → a fresh value, bytes → a `Buffer`; an unknown tag throws UNAVAILABLE. */
+export declare function decodeResult(data: Buffer): unknown

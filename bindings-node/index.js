@@ -10,6 +10,7 @@ const native = require('./native.js')
 const {
   Deadline,
   ManualClock,
+  NativeRedisStore,
   NativeStore,
   ReasonCodes,
   RetryBudget,
@@ -531,6 +532,141 @@ function httpStatusOf(err) {
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// The Redis store: the same execute, state shared by every process (and language) on
+// one Redis. Results cross as tagged bytes (redis/README.md, "Result encoding").
+// ---------------------------------------------------------------------------------------
+
+const TAG_JSON = 0x6a // 'j'
+const TAG_BYTES = 0x62 // 'b'
+const BYTES_PREFIX = Buffer.from([TAG_BYTES])
+
+/** The stored form of a result: `b` + the bytes of a Buffer/Uint8Array, `j` + JSON text otherwise. */
+function encodeResult(value) {
+  if (value instanceof Uint8Array) return Buffer.concat([BYTES_PREFIX, value])
+  return Buffer.from(`j${jsonText(value)}`, 'utf8')
+}
+
+/** Reads a stored result back: JSON → a fresh value, bytes → a Buffer. Unknown tags fail closed (UNAVAILABLE). */
+function decodeResult(data) {
+  const tag = data.length > 0 ? data[0] : -1
+  if (tag === TAG_JSON) return JSON.parse(data.toString('utf8', 1))
+  if (tag === TAG_BYTES) return data.subarray(1)
+  const e = new Error(`the stored result has an unknown encoding tag ${tag < 0 ? '(empty)' : `0x${tag.toString(16)}`} (expected 'j' for JSON or 'b' for bytes; see 'Result encoding' in redis/README.md)`)
+  e.code = 'UNAVAILABLE'
+  e.kind = 'unavailable'
+  throw e
+}
+
+const R_REPLAYED = 0
+const R_JOINED = 1
+const R_LEAD = 2
+
+class RedisStore {
+  #native
+
+  /**
+   * `{ url, leaseMs = 30_000, ttlMs = 86_400_000, prefix = 'oncely', connectTimeoutMs = 1000,
+   * ioTimeoutMs = 1000, workers = 4, inProgressRetryAfterMs = 1000 }`
+   */
+  constructor(options) {
+    if (options === null || typeof options !== 'object') throw mustBe('an object with a url', 'options', options)
+    this.#native = new NativeRedisStore(options)
+  }
+
+  /**
+   * `fn` runs only if this caller leads, across every process sharing the Redis.
+   * Resolves to `{ value, replayed, source }`; the leader gets its own value, the others
+   * a decoded copy (JSON round trip, or a Buffer for bytes).
+   */
+  async execute(scoped, fingerprint, fn, options) {
+    if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
+    if (typeof fingerprint !== 'string') throw mustBe('a string', 'fingerprint', fingerprint)
+    if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
+    let wait = true
+    let signal
+    if (options !== undefined) {
+      if (options === null || typeof options !== 'object') throw mustBe('an object', 'options', options)
+      signal = options.signal
+      if (signal !== undefined && !isSignal(signal)) throw mustBe('an AbortSignal', 'signal', signal)
+      if (options.wait !== undefined) {
+        if (typeof options.wait !== 'boolean') throw mustBe('a boolean', 'wait', options.wait)
+        wait = options.wait
+      }
+    }
+    for (;;) {
+      if (signal !== undefined && signal.aborted) throw signal.reason
+      const [p, id] = this.#native.begin(scoped, fingerprint, wait)
+      let r
+      if (signal === undefined) {
+        r = await p
+      } else {
+        try {
+          r = await abortable(p, signal)
+        } catch (e) {
+          if (signal.aborted) this.#native.cancel(id)
+          throw e
+        }
+      }
+      switch (r[0]) {
+        case R_REPLAYED:
+          return { value: decodeResult(r[1]), replayed: true, source: REPLAYED }
+        case R_JOINED:
+          return { value: decodeResult(r[1]), replayed: true, source: JOINED }
+        case R_LEAD:
+          return this.#lead(r[1], fn, signal)
+        default:
+          continue // the leader went away: claim again
+      }
+    }
+  }
+
+  async #lead(lease, fn, signal) {
+    let value
+    let data
+    try {
+      const p = fn()
+      value = await (signal === undefined ? p : abortable(Promise.resolve(p), signal))
+      data = encodeResult(value)
+    } catch (error) {
+      if (signal !== undefined && signal.aborted) {
+        this.#native.abandon(lease)
+        throw signal.reason
+      }
+      await this.#native.fail(lease, error)
+      throw error
+    }
+    await this.#native.complete(lease, data)
+    return { value, replayed: false, source: LED }
+  }
+
+  /** Counts since the store was made: claims, leads, takeovers, replays, remoteWaits, leasesLost. */
+  counters() {
+    return this.#native.counters()
+  }
+
+  /** The lease of this store's claims, ms. */
+  get leaseMs() {
+    return this.#native.leaseMs
+  }
+
+  /** How long completed results are kept, ms. */
+  get ttlMs() {
+    return this.#native.ttlMs
+  }
+
+  /** The Redis key prefix. */
+  get prefix() {
+    return this.#native.prefix
+  }
+
+  /** The Redis key holding `scoped`'s record: `{<prefix>:<scoped>}`. */
+  recordKey(scoped) {
+    if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
+    return this.#native.recordKey(scoped)
+  }
+}
+
 module.exports = {
   // backoff, classification, the retry loop
   RetryPolicy,
@@ -559,4 +695,7 @@ module.exports = {
   httpStatusOf,
   // the dedup store
   IdempotencyStore,
+  RedisStore,
+  encodeResult,
+  decodeResult,
 }

@@ -29,6 +29,9 @@ export const {
   httpStatus,
   httpStatusOf,
   IdempotencyStore,
+  RedisStore,
+  encodeResult,
+  decodeResult,
 } = oncely
 
 export default oncely

@@ -38,6 +38,52 @@ export declare class ManualClock {
   get nowMs(): number
 }
 
+/** The shared dedup store on Redis (oncely-redis). Internal: used through `RedisStore`. */
+export declare class NativeRedisStore {
+  /**
+   * `options`: `{ url, prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
+   * inProgressRetryAfterMs }`.
+   */
+  constructor(options: unknown)
+  /**
+   * Claims `key` (or joins, or replays): `[promise, id]`, the Promise resolving to
+   * `[0, bytes]` (replayed), `[1, bytes]` (joined), `[2, lease]` (this caller leads) or
+   * `[3]` (the leader went away: begin again); rejecting with oncely's errors or the
+   * error of a leader of this process. `id` is for `cancel`.
+   */
+  begin(key: string, fingerprint: string, wait: boolean): [Promise<[number, unknown?]>, number]
+  /**
+   * Stops task `id` (a caller that stopped waiting): a claim it won is released. Its
+   * Promise resolves to `[3]`, which the caller no longer reads.
+   */
+  cancel(id: number): void
+  /**
+   * Stores `data` (the tagged bytes) for every instance and gives it to this
+   * process's waiters. Rejects with ABORTED (`lease_lost`) when the lease was taken
+   * over, UNAVAILABLE when Redis could not be reached (nothing is stored then).
+   */
+  complete(lease: unknown, data: Buffer): Promise<void>
+  /** Releases the claim and gives `error` to this process's waiters (never stored). */
+  fail(lease: unknown, error: unknown): Promise<void>
+  /**
+   * Gives up the claim without a result (the leader was aborted): released at once,
+   * a waiter takes over. A settled lease is left alone.
+   */
+  abandon(lease: unknown): void
+  /** The counters so far. */
+  counters(): RedisStoreCounters
+  /** The lease of this store's claims, ms. */
+  get leaseMs(): number
+  /** How long completed results are kept, ms. */
+  get ttlMs(): number
+  /** The key prefix. */
+  get prefix(): string
+  /** The Redis key holding `key`'s record: `{<prefix>:<scoped key>}`. */
+  recordKey(key: string): string
+  /** Tasks not yet settled (claims, waits, completions in flight). */
+  get pending(): number
+}
+
 /**
  * The core's in-process dedup store holding JavaScript values. Internal: used through
  * `IdempotencyStore`.
@@ -274,6 +320,22 @@ export interface Pushback {
   delayMs?: number
   /** True for a negative pushback: do not retry. */
   doNotRetry: boolean
+}
+
+/** Counts of what one Redis store instance has done since it was made. */
+export interface RedisStoreCounters {
+  /** Claim scripts run (one per key per process at a time). */
+  claims: number
+  /** Claims that made this instance the leader (takeovers included). */
+  leads: number
+  /** Leads that took over an expired lease. */
+  takeovers: number
+  /** Claims answered with a stored result. */
+  replays: number
+  /** Claims that found a leader on another instance and waited for it. */
+  remoteWaits: number
+  /** Leaders that found their lease taken over when completing. */
+  leasesLost: number
 }
 
 /** Options of `new RetryBudget(options)`. */

@@ -837,6 +837,7 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.Deadline = nativeBinding.Deadline
 module.exports.ManualClock = nativeBinding.ManualClock
+module.exports.NativeRedisStore = nativeBinding.NativeRedisStore
 module.exports.NativeStore = nativeBinding.NativeStore
 module.exports.ReasonCodes = nativeBinding.ReasonCodes
 module.exports.RetryBudget = nativeBinding.RetryBudget

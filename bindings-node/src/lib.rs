@@ -15,4 +15,5 @@ mod convert;
 mod errors;
 mod keys;
 mod policy;
+mod redis_store;
 mod store;

@@ -54,7 +54,7 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    fn new(env: sys::napi_env, value: sys::napi_value) -> Result<Held> {
+    pub(crate) fn new(env: sys::napi_env, value: sys::napi_value) -> Result<Held> {
         let direct = matches!(
             convert::type_of(env, value),
             sys::ValueType::napi_object | sys::ValueType::napi_function
@@ -84,7 +84,7 @@ impl Held {
         }
     }
 
-    fn value(&self, env: sys::napi_env) -> sys::napi_value {
+    pub(crate) fn value(&self, env: sys::napi_env) -> sys::napi_value {
         // SAFETY: `self.raw` is a live strong reference of `env` (same thread).
         unsafe {
             let mut v = ptr::null_mut();

@@ -1,7 +1,8 @@
 // The ES module entry has the same types.
-import oncely, { retry, IdempotencyStore, Code } from 'oncely'
+import oncely, { retry, IdempotencyStore, RedisStore, Code } from 'oncely'
 
 const n: number = await retry(async (attempt) => attempt, { safe: true })
 const store: IdempotencyStore = new oncely.IdempotencyStore()
 const code: Code = oncely.Code.UNAVAILABLE
-console.log(n, store, code, Code.OK)
+const RS: typeof RedisStore = oncely.RedisStore
+console.log(n, store, code, Code.OK, RS)

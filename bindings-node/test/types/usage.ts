@@ -9,6 +9,9 @@ import {
   ManualClock,
   OncelyError,
   ReasonCodes,
+  RedisStore,
+  RedisStoreCounters,
+  RedisStoreOptions,
   RetryBudget,
   RetryErrorInfo,
   RetryPolicy,
@@ -18,6 +21,8 @@ import {
   classify,
   codeFromHttp,
   codeOf,
+  decodeResult,
+  encodeResult,
   deriveKey,
   failureOf,
   fingerprint,
@@ -108,3 +113,18 @@ console.log(canonicalJson([1, 2]), fingerprintBytes(new Uint8Array([1])), client
 new RetryPolicy({ maxAttempts: '3' })
 // @ts-expect-error execute needs a scoped key (a string), not an object
 void new IdempotencyStore().execute({ key: 'k' }, 'fp', async () => 1)
+
+// The Redis store: the same execute, options with a url.
+async function redisUsage(scoped: ScopedKey): Promise<void> {
+  const options: RedisStoreOptions = { url: 'redis://127.0.0.1:6379/0', leaseMs: 30_000, ttlMs: 60_000, prefix: 'app' }
+  const redis = new RedisStore(options)
+  const { value, replayed, source } = await redis.execute(scoped, fingerprint({ a: 1 }), async () => ({ id: 'x' }), { wait: false })
+  const bytes = await redis.execute(scoped, 'fp', () => Buffer.from('hi'))
+  const counters: RedisStoreCounters = redis.counters()
+  const data: Buffer = encodeResult(value)
+  console.log(value.id, replayed, source, bytes.value.length, counters.claims, counters.remoteWaits, decodeResult(data))
+  console.log(redis.leaseMs, redis.ttlMs, redis.prefix, redis.recordKey(scoped))
+}
+void redisUsage
+// @ts-expect-error RedisStore needs its options (a url)
+new RedisStore()

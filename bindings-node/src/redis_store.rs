@@ -1,0 +1,796 @@
+//! The Redis dedup store: `oncely_redis::RedisStore` driven from the Node event loop.
+//!
+//! The JavaScript `RedisStore.execute` (index.js) calls `begin` → a Promise of
+//! `[kind, payload]`: `0` replayed (the stored bytes), `1` joined (the bytes), `2` lead
+//! (a lease handle), `3` abandoned (begin again). The leader settles its lease with
+//! `complete` (the tagged bytes; a Promise), `fail` (its error; a Promise) or `abandon`.
+//! Results cross as tagged bytes (redis/README.md, "Result encoding"): index.js encodes
+//! and decodes them.
+//!
+//! **Waiting.** The store's futures (claims, waits, completions) are polled on the JS
+//! thread only. Their wakers — called from the store's own threads — queue the task's
+//! id and schedule a drain through a threadsafe function, which polls the woken tasks
+//! and settles their deferreds. The threadsafe function is ref'd only while tasks are
+//! pending, so a wait keeps the process alive and an idle store does not. No runtime, no
+//! thread of ours, the event loop never blocks.
+//!
+//! **Errors.** A leader's error never leaves the process (not stored in Redis): it is
+//! kept by a napi reference under an id (`JsFailure` carries the id), and the waiters of
+//! this process are rejected with that very value. When the core drops its last copy,
+//! the id is queued and the reference deleted on the JS thread.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+use std::future::Future;
+use std::pin::Pin;
+use std::ptr;
+use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+
+use napi::bindgen_prelude::*;
+use napi::sys;
+use napi_derive::napi;
+
+use oncely::{Begin, Code, ExecuteOptions, Joined, LeaderLease};
+use oncely_redis::RedisLease;
+
+use crate::convert::{self, Options, SHORT_STRING_MAX};
+use crate::errors::{self, core_error, Ctor, OrThrow, Prop};
+use crate::policy::ms;
+use crate::store::Held;
+
+/// A leader's error as the Redis store holds it: the id of its napi reference. Dropped
+/// (from any thread) when the core no longer needs it: the id is queued for deletion.
+pub(crate) struct JsFailure {
+    id: u32,
+    dead: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Drop for JsFailure {
+    fn drop(&mut self) {
+        lock(&self.dead).push(self.id);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+type Store = oncely_redis::RedisStore<JsFailure>;
+type Lease = RedisLease<JsFailure>;
+
+/// What a task ends with.
+enum Out {
+    /// The stored bytes: kind 0 (replayed) or 1 (joined).
+    Value(Vec<u8>, u32),
+    Lead(Lease),
+    Abandoned,
+    Failed(Arc<JsFailure>),
+    Panicked(String),
+    Error(oncely::Error),
+    Done,
+}
+
+type Task = Pin<Box<dyn Future<Output = Out>>>;
+
+struct Pending {
+    fut: Task,
+    deferred: sys::napi_deferred,
+}
+
+/// The part of a store the wakers reach, from any thread.
+struct Hub {
+    ready: Mutex<Vec<u32>>,
+    scheduled: AtomicBool,
+    /// A native call on the JS thread drains the queue itself when it returns.
+    draining: AtomicBool,
+    /// Null once Node has finalized the threadsafe function.
+    tsfn: AtomicPtr<sys::napi_threadsafe_function__>,
+}
+
+impl Hub {
+    fn push(&self, id: u32) {
+        lock(&self.ready).push(id);
+        if !self.draining.load(Ordering::Acquire) && !self.scheduled.swap(true, Ordering::AcqRel) {
+            let tsfn = self.tsfn.load(Ordering::Acquire);
+            if !tsfn.is_null() {
+                // SAFETY: not yet finalized; callable from any thread.
+                unsafe {
+                    sys::napi_call_threadsafe_function(
+                        tsfn,
+                        ptr::null_mut(),
+                        sys::ThreadsafeFunctionCallMode::nonblocking,
+                    )
+                };
+            }
+        }
+    }
+}
+
+struct WakeTask {
+    hub: Arc<Hub>,
+    id: u32,
+}
+
+impl Wake for WakeTask {
+    fn wake(self: Arc<Self>) {
+        self.hub.push(self.id);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.hub.push(self.id);
+    }
+}
+
+struct Inner {
+    store: Store,
+    hub: Arc<Hub>,
+    tasks: RefCell<HashMap<u32, Pending>>,
+    next_task: Cell<u32>,
+    /// The threadsafe function is ref'd (tasks are pending).
+    reffed: Cell<bool>,
+    errors: RefCell<HashMap<u32, Held>>,
+    next_error: Cell<u32>,
+    dead: Arc<Mutex<Vec<u32>>>,
+    /// The live lease cells of this store (addresses).
+    leases: RefCell<HashSet<usize>>,
+    /// This store (lease cells hold it).
+    me: Weak<Inner>,
+}
+
+impl Inner {
+    /// Runs `f` (which may wake tasks), then polls the woken tasks.
+    fn settling<R>(&self, env: sys::napi_env, f: impl FnOnce() -> R) -> R {
+        let was = self.hub.draining.swap(true, Ordering::AcqRel);
+        let r = f();
+        self.hub.draining.store(was, Ordering::Release);
+        if !was {
+            self.drain(env);
+        }
+        r
+    }
+
+    fn drain(&self, env: sys::napi_env) {
+        loop {
+            let dead = std::mem::take(&mut *lock(&self.dead));
+            if !dead.is_empty() {
+                let mut errs = self.errors.borrow_mut();
+                for id in dead {
+                    errs.remove(&id);
+                }
+            }
+            let ids = std::mem::take(&mut *lock(&self.hub.ready));
+            if ids.is_empty() {
+                break;
+            }
+            for id in ids {
+                self.poll_task(env, id);
+            }
+        }
+        self.update_ref(env);
+    }
+
+    fn update_ref(&self, env: sys::napi_env) {
+        let want = !self.tasks.borrow().is_empty();
+        if want == self.reffed.get() {
+            return;
+        }
+        let tsfn = self.hub.tsfn.load(Ordering::Acquire);
+        if tsfn.is_null() {
+            return;
+        }
+        // SAFETY: on the JS thread; the threadsafe function is alive.
+        unsafe {
+            if want {
+                sys::napi_ref_threadsafe_function(env, tsfn);
+            } else {
+                sys::napi_unref_threadsafe_function(env, tsfn);
+            }
+        }
+        self.reffed.set(want);
+    }
+
+    fn poll_task(&self, env: sys::napi_env, id: u32) {
+        let Some(mut task) = self.tasks.borrow_mut().remove(&id) else {
+            return; // settled or cancelled already
+        };
+        let waker = Waker::from(Arc::new(WakeTask {
+            hub: self.hub.clone(),
+            id,
+        }));
+        let mut cx = Context::from_waker(&waker);
+        let was = self.hub.draining.swap(true, Ordering::AcqRel);
+        let polled = task.fut.as_mut().poll(&mut cx);
+        self.hub.draining.store(was, Ordering::Release);
+        match polled {
+            Poll::Pending => {
+                self.tasks.borrow_mut().insert(id, task);
+            }
+            Poll::Ready(out) => self.settle(env, task.deferred, out),
+        }
+    }
+
+    /// A new task: its Promise and id. Polled once at once.
+    fn spawn(&self, env: sys::napi_env, fut: Task) -> Result<(sys::napi_value, u32)> {
+        let mut deferred = ptr::null_mut();
+        let mut promise = ptr::null_mut();
+        // SAFETY: on the JS thread.
+        if unsafe { sys::napi_create_promise(env, &mut deferred, &mut promise) }
+            != sys::Status::napi_ok
+        {
+            return Err(Error::new(
+                Status::GenericFailure,
+                "oncely: napi_create_promise failed",
+            ));
+        }
+        let id = self.next_task.get();
+        self.next_task.set(id.wrapping_add(1));
+        self.tasks
+            .borrow_mut()
+            .insert(id, Pending { fut, deferred });
+        self.settling(env, || self.poll_task(env, id));
+        self.update_ref(env);
+        Ok((promise, id))
+    }
+
+    fn settle(&self, env: sys::napi_env, deferred: sys::napi_deferred, out: Out) {
+        // SAFETY: `deferred` is unsettled and belongs to `env`; on the JS thread.
+        unsafe {
+            let (ok, v) = match out {
+                Out::Value(bytes, kind) => (true, pair(env, kind, buffer(env, &bytes))),
+                Out::Lead(lease) => match self.hand_out(env, lease) {
+                    Some(ext) => (true, pair(env, 2, ext)),
+                    None => (
+                        false,
+                        errors::make_error(
+                            env,
+                            Ctor::Error,
+                            Code::Internal.as_str(),
+                            "oncely: napi_create_external failed",
+                            &[Prop::Str(c"kind", "other")],
+                        ),
+                    ),
+                },
+                Out::Abandoned => (true, pair(env, 3, ptr::null_mut())),
+                Out::Failed(e) => {
+                    let held = self.errors.borrow().get(&e.id).map(|h| h.value(env));
+                    let v = held.unwrap_or_else(|| {
+                        errors::make_error(
+                            env,
+                            Ctor::Error,
+                            Code::Unknown.as_str(),
+                            "the leader's call failed",
+                            &[Prop::Str(c"kind", "other")],
+                        )
+                    });
+                    (false, v)
+                }
+                Out::Panicked(message) => (
+                    false,
+                    errors::make_error(
+                        env,
+                        Ctor::Error,
+                        Code::Internal.as_str(),
+                        &oncely::Error::LeaderPanicked(message).to_string(),
+                        &[Prop::Str(c"kind", "leader_panicked")],
+                    ),
+                ),
+                Out::Error(e) => (false, thrown(env, &e)),
+                Out::Done => {
+                    let mut u = ptr::null_mut();
+                    sys::napi_get_undefined(env, &mut u);
+                    (true, u)
+                }
+            };
+            if ok {
+                sys::napi_resolve_deferred(env, deferred, v);
+            } else {
+                sys::napi_reject_deferred(env, deferred, v);
+            }
+        }
+    }
+
+    /// Wraps `lease` in an External (freed by its finalizer: an unsettled lease collected
+    /// is dropped, which releases the claim).
+    fn hand_out(&self, env: sys::napi_env, lease: Lease) -> Option<sys::napi_value> {
+        let cell = Box::into_raw(Box::new(LeaseCell {
+            lease: Some(lease),
+            inner: self.me.clone(),
+        }));
+        let mut ext = ptr::null_mut();
+        // SAFETY: on the JS thread; Node owns `cell` from here on.
+        let status = unsafe {
+            sys::napi_create_external(
+                env,
+                cell.cast(),
+                Some(finalize_lease),
+                ptr::null_mut(),
+                &mut ext,
+            )
+        };
+        if status != sys::Status::napi_ok {
+            // SAFETY: not handed to Node.
+            drop(unsafe { Box::from_raw(cell) });
+            return None;
+        }
+        self.leases.borrow_mut().insert(cell as usize);
+        Some(ext)
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn lease_cell(&self, env: sys::napi_env, handle: sys::napi_value) -> Result<&mut LeaseCell> {
+        let mut data = ptr::null_mut();
+        // SAFETY: any value may be asked; non-externals give an error status.
+        let status = unsafe { sys::napi_get_value_external(env, handle, &mut data) };
+        if status != sys::Status::napi_ok || !self.leases.borrow().contains(&(data as usize)) {
+            return Err(errors::type_error(
+                env,
+                "lease",
+                "lease must be a lease handed out by this store",
+            ));
+        }
+        // SAFETY: a live `LeaseCell` of this store, used on the JS thread only.
+        Ok(unsafe { &mut *(data as *mut LeaseCell) })
+    }
+
+    fn take_lease(&self, env: sys::napi_env, handle: sys::napi_value) -> Result<Lease> {
+        self.lease_cell(env, handle)?.lease.take().ok_or_else(|| {
+            errors::throw(
+                env,
+                Ctor::Error,
+                Code::FailedPrecondition.as_str(),
+                "this lease is already settled",
+                &[Prop::Str(c"kind", "lease_settled")],
+            )
+        })
+    }
+}
+
+/// The JavaScript error of `e`, as a value (thrown, then caught).
+fn thrown(env: sys::napi_env, e: &oncely::Error) -> sys::napi_value {
+    let _ = core_error(env, e);
+    let mut v = ptr::null_mut();
+    // SAFETY: on the JS thread; `core_error` left the error pending.
+    unsafe { sys::napi_get_and_clear_last_exception(env, &mut v) };
+    v
+}
+
+/// `[kind, payload]` (`payload` omitted when null).
+fn pair(env: sys::napi_env, kind: u32, payload: sys::napi_value) -> sys::napi_value {
+    // SAFETY: on the JS thread.
+    unsafe {
+        let mut arr = ptr::null_mut();
+        sys::napi_create_array_with_length(env, 2, &mut arr);
+        let mut k = ptr::null_mut();
+        sys::napi_create_uint32(env, kind, &mut k);
+        sys::napi_set_element(env, arr, 0, k);
+        if !payload.is_null() {
+            sys::napi_set_element(env, arr, 1, payload);
+        }
+        arr
+    }
+}
+
+fn buffer(env: sys::napi_env, bytes: &[u8]) -> sys::napi_value {
+    let mut v = ptr::null_mut();
+    let mut data = ptr::null_mut();
+    // SAFETY: on the JS thread; `bytes` is valid for its length.
+    unsafe {
+        sys::napi_create_buffer_copy(env, bytes.len(), bytes.as_ptr().cast(), &mut data, &mut v)
+    };
+    v
+}
+
+struct LeaseCell {
+    lease: Option<Lease>,
+    inner: Weak<Inner>,
+}
+
+unsafe extern "C" fn finalize_lease(env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
+    // SAFETY: the `LeaseCell` boxed by `hand_out`; its External is gone.
+    let mut cell = unsafe { Box::from_raw(data as *mut LeaseCell) };
+    let lease = cell.lease.take();
+    if let Some(inner) = cell.inner.upgrade() {
+        inner.leases.borrow_mut().remove(&(data as usize));
+        // An unsettled lease: dropping it releases the claim and wakes the waiters.
+        inner.settling(env, move || drop(lease));
+    } else {
+        drop(lease);
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let tsfn = self.hub.tsfn.swap(ptr::null_mut(), Ordering::AcqRel);
+        if !tsfn.is_null() {
+            // SAFETY: not yet finalized (the finalizer nulls the pointer first).
+            unsafe {
+                sys::napi_release_threadsafe_function(
+                    tsfn,
+                    sys::ThreadsafeFunctionReleaseMode::release,
+                )
+            };
+        }
+    }
+}
+
+struct TsfnContext {
+    inner: Weak<Inner>,
+    hub: Arc<Hub>,
+}
+
+unsafe extern "C" fn call_js(
+    env: sys::napi_env,
+    _js_callback: sys::napi_value,
+    context: *mut c_void,
+    _data: *mut c_void,
+) {
+    if env.is_null() || context.is_null() {
+        return;
+    }
+    // SAFETY: the `TsfnContext` leaked at creation, freed only by `finalize`.
+    let ctx = unsafe { &*(context as *const TsfnContext) };
+    ctx.hub.scheduled.store(false, Ordering::Release);
+    if let Some(inner) = ctx.inner.upgrade() {
+        inner.settling(env, || ());
+    }
+}
+
+unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
+    if data.is_null() {
+        return;
+    }
+    // SAFETY: the `TsfnContext` leaked at creation; finalize runs once.
+    let ctx = unsafe { Box::from_raw(data as *mut TsfnContext) };
+    ctx.hub.tsfn.store(ptr::null_mut(), Ordering::Release);
+}
+
+/// Counts of what one Redis store instance has done since it was made.
+#[napi(object)]
+pub struct RedisStoreCounters {
+    /// Claim scripts run (one per key per process at a time).
+    pub claims: f64,
+    /// Claims that made this instance the leader (takeovers included).
+    pub leads: f64,
+    /// Leads that took over an expired lease.
+    pub takeovers: f64,
+    /// Claims answered with a stored result.
+    pub replays: f64,
+    /// Claims that found a leader on another instance and waited for it.
+    pub remote_waits: f64,
+    /// Leaders that found their lease taken over when completing.
+    pub leases_lost: f64,
+}
+
+/// The shared dedup store on Redis (oncely-redis). Internal: used through `RedisStore`.
+#[napi]
+pub struct NativeRedisStore {
+    inner: Rc<Inner>,
+}
+
+#[napi]
+impl NativeRedisStore {
+    /// `options`: `{ url, prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
+    /// inProgressRetryAfterMs }`.
+    #[napi(constructor, ts_args_type = "options: unknown")]
+    pub fn new(env: &Env, options: Unknown<'_>) -> Result<Self> {
+        let raw = env.raw();
+        if convert::is_nullish(raw, options.raw()) {
+            return Err(errors::type_error(
+                raw,
+                "options",
+                "RedisStore options must be an object with a url",
+            ));
+        }
+        let o = Options::new(
+            raw,
+            options.raw(),
+            "RedisStore",
+            &[
+                "url",
+                "prefix",
+                "leaseMs",
+                "ttlMs",
+                "connectTimeoutMs",
+                "ioTimeoutMs",
+                "workers",
+                "inProgressRetryAfterMs",
+            ],
+        )?;
+        let url = match o.get(c"url")? {
+            Some(v) => convert::string(raw, v, "url", 4096)?,
+            None => {
+                return Err(errors::type_error(
+                    raw,
+                    "url",
+                    "url must be a string (redis://host:port/db), got undefined",
+                ))
+            }
+        };
+        let mut b = Store::builder(url);
+        if let Some(v) = o.get(c"prefix")? {
+            b = b.prefix(convert::string(raw, v, "prefix", SHORT_STRING_MAX)?);
+        }
+        if let Some(d) = o.millis(c"leaseMs", "lease")? {
+            b = b.lease(d);
+        }
+        if let Some(d) = o.millis(c"ttlMs", "ttl")? {
+            b = b.ttl(d);
+        }
+        if let Some(d) = o.millis(c"connectTimeoutMs", "connect_timeout")? {
+            b = b.connect_timeout(d);
+        }
+        if let Some(d) = o.millis(c"ioTimeoutMs", "io_timeout")? {
+            b = b.io_timeout(d);
+        }
+        if let Some(n) = o.integer(c"workers", 1.0, 1024.0)? {
+            b = b.workers(n as usize);
+        }
+        if let Some(d) = o.millis(c"inProgressRetryAfterMs", "in_progress_retry_after")? {
+            b = b.in_progress_retry_after(d);
+        }
+        let store = b.build().or_throw(raw)?;
+        let hub = Arc::new(Hub {
+            ready: Mutex::new(Vec::new()),
+            scheduled: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            tsfn: AtomicPtr::new(ptr::null_mut()),
+        });
+        let inner = Rc::new_cyclic(|me| Inner {
+            store,
+            hub: hub.clone(),
+            tasks: RefCell::new(HashMap::new()),
+            next_task: Cell::new(0),
+            reffed: Cell::new(false),
+            errors: RefCell::new(HashMap::new()),
+            next_error: Cell::new(0),
+            dead: Arc::new(Mutex::new(Vec::new())),
+            leases: RefCell::new(HashSet::new()),
+            me: me.clone(),
+        });
+        let ctx = Box::into_raw(Box::new(TsfnContext {
+            inner: Rc::downgrade(&inner),
+            hub: hub.clone(),
+        }));
+        let mut tsfn = ptr::null_mut();
+        // SAFETY: on the JS thread; `ctx` stays valid until `finalize` frees it.
+        let status = unsafe {
+            sys::napi_create_threadsafe_function(
+                raw,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                errors::js_string(raw, "oncely.RedisStore"),
+                0,
+                1,
+                ctx.cast(),
+                Some(finalize),
+                ctx.cast(),
+                Some(call_js),
+                &mut tsfn,
+            )
+        };
+        if status != sys::Status::napi_ok {
+            // SAFETY: not handed to Node.
+            drop(unsafe { Box::from_raw(ctx) });
+            return Err(Error::new(
+                Status::GenericFailure,
+                "oncely: napi_create_threadsafe_function failed",
+            ));
+        }
+        // SAFETY: just created on this thread; ref'd only while tasks are pending.
+        unsafe { sys::napi_unref_threadsafe_function(raw, tsfn) };
+        hub.tsfn.store(tsfn, Ordering::Release);
+        Ok(NativeRedisStore { inner })
+    }
+
+    /// Claims `key` (or joins, or replays): `[promise, id]`, the Promise resolving to
+    /// `[0, bytes]` (replayed), `[1, bytes]` (joined), `[2, lease]` (this caller leads) or
+    /// `[3]` (the leader went away: begin again); rejecting with oncely's errors or the
+    /// error of a leader of this process. `id` is for `cancel`.
+    #[napi(
+        ts_args_type = "key: string, fingerprint: string, wait: boolean",
+        ts_return_type = "[Promise<[number, unknown?]>, number]"
+    )]
+    pub fn begin<'env>(
+        &self,
+        env: &'env Env,
+        key: Unknown<'_>,
+        fingerprint: Unknown<'_>,
+        wait: bool,
+    ) -> Result<Unknown<'env>> {
+        let raw = env.raw();
+        let key = convert::with_str(
+            raw,
+            key.raw(),
+            "scoped",
+            SHORT_STRING_MAX,
+            oncely::ScopedKey::parse,
+        )?
+        .or_throw(raw)?;
+        let fp = convert::string(raw, fingerprint.raw(), "fingerprint", SHORT_STRING_MAX)?;
+        let store = self.inner.store.clone();
+        let fut: Task = Box::pin(async move {
+            match store.begin(&key, &fp, ExecuteOptions { wait }).await {
+                Err(e) => Out::Error(e),
+                Ok(Begin::Replay(Ok(v))) => Out::Value(v, 0),
+                Ok(Begin::Replay(Err(e))) => Out::Failed(e),
+                Ok(Begin::Lead(lease)) => Out::Lead(lease),
+                Ok(Begin::Join(join)) => match join.await {
+                    Joined::Value(v) => Out::Value(v, 1),
+                    Joined::Failed(e) => Out::Failed(e),
+                    Joined::Panicked(m) => Out::Panicked(m.to_string()),
+                    Joined::Abandoned => Out::Abandoned,
+                },
+            }
+        });
+        let (promise, id) = self.inner.spawn(raw, fut)?;
+        // SAFETY: on the JS thread: `[promise, id]`.
+        unsafe {
+            let mut arr = ptr::null_mut();
+            sys::napi_create_array_with_length(raw, 2, &mut arr);
+            sys::napi_set_element(raw, arr, 0, promise);
+            let mut n = ptr::null_mut();
+            sys::napi_create_uint32(raw, id, &mut n);
+            sys::napi_set_element(raw, arr, 1, n);
+            Ok(Unknown::from_raw_unchecked(raw, arr))
+        }
+    }
+
+    /// Stops task `id` (a caller that stopped waiting): a claim it won is released. Its
+    /// Promise resolves to `[3]`, which the caller no longer reads.
+    #[napi]
+    pub fn cancel(&self, env: &Env, id: u32) {
+        let raw = env.raw();
+        let task = self.inner.tasks.borrow_mut().remove(&id);
+        if let Some(task) = task {
+            let deferred = task.deferred;
+            self.inner.settling(raw, move || drop(task.fut));
+            self.inner.settle(raw, deferred, Out::Abandoned);
+            self.inner.update_ref(raw);
+        }
+    }
+
+    /// Stores `data` (the tagged bytes) for every instance and gives it to this
+    /// process's waiters. Rejects with ABORTED (`lease_lost`) when the lease was taken
+    /// over, UNAVAILABLE when Redis could not be reached (nothing is stored then).
+    #[napi(
+        ts_args_type = "lease: unknown, data: Buffer",
+        ts_return_type = "Promise<void>"
+    )]
+    pub fn complete<'env>(
+        &self,
+        env: &'env Env,
+        lease: Unknown<'_>,
+        data: Unknown<'_>,
+    ) -> Result<Unknown<'env>> {
+        let raw = env.raw();
+        let mut is_buffer = false;
+        // SAFETY: on the JS thread.
+        unsafe { sys::napi_is_buffer(raw, data.raw(), &mut is_buffer) };
+        if !is_buffer {
+            return Err(errors::type_error(raw, "data", "data must be a Buffer"));
+        }
+        let bytes = {
+            let mut p = ptr::null_mut();
+            let mut len = 0usize;
+            // SAFETY: `data` is a Buffer of this call; copied before returning.
+            unsafe {
+                sys::napi_get_buffer_info(raw, data.raw(), &mut p, &mut len);
+                if len == 0 {
+                    Vec::new()
+                } else {
+                    std::slice::from_raw_parts(p as *const u8, len).to_vec()
+                }
+            }
+        };
+        let lease = self.inner.take_lease(raw, lease.raw())?;
+        let fut: Task = Box::pin(async move {
+            match LeaderLease::complete(lease, bytes).await {
+                Ok(()) => Out::Done,
+                Err(e) => Out::Error(e),
+            }
+        });
+        let (promise, _) = self.inner.spawn(raw, fut)?;
+        // SAFETY: a live value of this call.
+        Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
+    }
+
+    /// Releases the claim and gives `error` to this process's waiters (never stored).
+    #[napi(
+        ts_args_type = "lease: unknown, error: unknown",
+        ts_return_type = "Promise<void>"
+    )]
+    pub fn fail<'env>(
+        &self,
+        env: &'env Env,
+        lease: Unknown<'_>,
+        error: Unknown<'_>,
+    ) -> Result<Unknown<'env>> {
+        let raw = env.raw();
+        let lease = self.inner.take_lease(raw, lease.raw())?;
+        let id = self.inner.next_error.get();
+        self.inner.next_error.set(id.wrapping_add(1));
+        self.inner
+            .errors
+            .borrow_mut()
+            .insert(id, Held::new(raw, error.raw())?);
+        let failure = JsFailure {
+            id,
+            dead: self.inner.dead.clone(),
+        };
+        let fut: Task = Box::pin(async move {
+            drop(LeaderLease::fail(lease, failure).await);
+            Out::Done
+        });
+        let (promise, _) = self.inner.spawn(raw, fut)?;
+        // SAFETY: a live value of this call.
+        Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
+    }
+
+    /// Gives up the claim without a result (the leader was aborted): released at once,
+    /// a waiter takes over. A settled lease is left alone.
+    #[napi(ts_args_type = "lease: unknown")]
+    pub fn abandon(&self, env: &Env, lease: Unknown<'_>) -> Result<()> {
+        let raw = env.raw();
+        let cell = self.inner.lease_cell(raw, lease.raw())?;
+        if let Some(lease) = cell.lease.take() {
+            self.inner.settling(raw, move || drop(lease));
+        }
+        Ok(())
+    }
+
+    /// The counters so far.
+    #[napi]
+    pub fn counters(&self) -> RedisStoreCounters {
+        let c = self.inner.store.counters();
+        RedisStoreCounters {
+            claims: c.claims as f64,
+            leads: c.leads as f64,
+            takeovers: c.takeovers as f64,
+            replays: c.replays as f64,
+            remote_waits: c.remote_waits as f64,
+            leases_lost: c.leases_lost as f64,
+        }
+    }
+
+    /// The lease of this store's claims, ms.
+    #[napi(getter)]
+    pub fn lease_ms(&self) -> f64 {
+        ms(self.inner.store.lease())
+    }
+
+    /// How long completed results are kept, ms.
+    #[napi(getter)]
+    pub fn ttl_ms(&self) -> f64 {
+        ms(self.inner.store.ttl())
+    }
+
+    /// The key prefix.
+    #[napi(getter)]
+    pub fn prefix(&self) -> String {
+        self.inner.store.prefix().to_owned()
+    }
+
+    /// The Redis key holding `key`'s record: `{<prefix>:<scoped key>}`.
+    #[napi(ts_args_type = "key: string")]
+    pub fn record_key(&self, env: &Env, key: Unknown<'_>) -> Result<String> {
+        let raw = env.raw();
+        let key = convert::with_str(
+            raw,
+            key.raw(),
+            "scoped",
+            SHORT_STRING_MAX,
+            oncely::ScopedKey::parse,
+        )?
+        .or_throw(raw)?;
+        Ok(self.inner.store.record_key(&key))
+    }
+
+    /// Tasks not yet settled (claims, waits, completions in flight).
+    #[napi(getter)]
+    pub fn pending(&self) -> u32 {
+        u32::try_from(self.inner.tasks.borrow().len()).unwrap_or(u32::MAX)
+    }
+}

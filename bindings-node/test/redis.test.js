@@ -1,0 +1,293 @@
+'use strict'
+// RedisStore against a real Redis (SPEC §6 across processes and languages).
+//
+// The Redis-backed tests read ONCELY_REDIS_URL and are skipped without it: run them with
+// scripts/test-redis (or scripts/test redis), which starts a throwaway redis-server. The
+// encoding tests need no Redis.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const fs = require('node:fs')
+const net = require('node:net')
+const path = require('node:path')
+const { execFile } = require('node:child_process')
+
+const { RedisStore, encodeResult, decodeResult, scope, newKey, fingerprint } = require('oncely')
+
+const URL = process.env.ONCELY_REDIS_URL
+const needsRedis = URL ? {} : { skip: 'needs a Redis: run scripts/test-redis' }
+
+const fp = fingerprint({ sku: 'A1', qty: 1 })
+const otherFp = fingerprint({ sku: 'A1', qty: 2 })
+const key = () => scope('acme', 'CreateOrder', newKey())
+const prefix = () => `nodetest-${newKey()}`
+const store = (options) => new RedisStore({ url: URL, prefix: prefix(), ...options })
+
+const root = path.resolve(__dirname, '..', '..')
+const venv = process.env.ONCELY_VENV || path.join(root, '.venv')
+const python = path.join(venv, 'bin', 'python')
+
+function deferred() {
+  let resolve
+  let reject
+  const promise = new Promise((res, rej) => {
+    resolve = res
+    reject = rej
+  })
+  return { promise, resolve, reject }
+}
+
+// ---------------------------------------------------------------------------------------
+// Result encoding (redis/README.md, "Result encoding"): no Redis needed
+// ---------------------------------------------------------------------------------------
+
+test('encoding: j + compact JSON, b + raw bytes, unknown tags refused', () => {
+  assert.deepEqual(encodeResult({ b: [1, 2.5, null, true], a: 'é' }), Buffer.from('j{"b":[1,2.5,null,true],"a":"é"}', 'utf8'))
+  assert.deepEqual(encodeResult(Buffer.from([0, 255])), Buffer.from([0x62, 0, 255]))
+  assert.deepEqual(encodeResult(new Uint8Array([1, 2])), Buffer.from([0x62, 1, 2]))
+  assert.deepEqual(encodeResult('text'), Buffer.from('j"text"'))
+  assert.deepEqual(encodeResult(null), Buffer.from('jnull'))
+  assert.deepEqual(decodeResult(Buffer.from('j{"a":[1,"é"]}', 'utf8')), { a: [1, 'é'] })
+  const bytes = decodeResult(Buffer.from([0x62, 0, 255]))
+  assert.ok(Buffer.isBuffer(bytes))
+  assert.deepEqual([...bytes], [0, 255])
+  assert.equal(decodeResult(Buffer.from('b')).length, 0)
+  assert.throws(() => decodeResult(Buffer.from('x123')), { code: 'UNAVAILABLE', message: /unknown encoding tag/ })
+  assert.throws(() => decodeResult(Buffer.alloc(0)), { code: 'UNAVAILABLE' })
+  assert.throws(() => encodeResult(Number.NaN), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => encodeResult(undefined), { code: 'INVALID_ARGUMENT' })
+})
+
+test('options are checked', () => {
+  assert.throws(() => new RedisStore(), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => new RedisStore({}), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => new RedisStore({ url: 'redis://127.0.0.1:1/0', lease: 5 }), { code: 'INVALID_ARGUMENT' })
+  const s = new RedisStore({ url: 'redis://127.0.0.1:1/0', leaseMs: 5000, ttlMs: 60_000, prefix: 'p' })
+  assert.equal(s.leaseMs, 5000)
+  assert.equal(s.ttlMs, 60_000)
+  assert.equal(s.prefix, 'p')
+  const k = key()
+  assert.equal(s.recordKey(k), `{p:${k}}`)
+})
+
+// ---------------------------------------------------------------------------------------
+// Against Redis
+// ---------------------------------------------------------------------------------------
+
+test('1,000 concurrent same-key callers: one run, every caller gets the value', needsRedis, async () => {
+  const s = store()
+  const k = key()
+  let calls = 0
+  const gate = deferred()
+  const action = async () => {
+    calls++
+    await gate.promise
+    return { order: 'o-1', items: [1, 2, 3] }
+  }
+  const all = Array.from({ length: 1000 }, () => s.execute(k, fp, action))
+  await new Promise((r) => setTimeout(r, 50))
+  gate.resolve()
+  const results = await Promise.all(all)
+  assert.equal(calls, 1)
+  const sources = results.map((r) => r.source)
+  assert.equal(sources.filter((x) => x === 'led').length, 1)
+  assert.equal(sources.filter((x) => x === 'joined').length, 999)
+  for (const r of results) assert.deepEqual(r.value, { order: 'o-1', items: [1, 2, 3] })
+  assert.equal(s.counters().claims, 1)
+  // And a replay afterwards, from another instance: still no second run.
+  const again = await new RedisStore({ url: URL, prefix: s.prefix }).execute(k, fp, action)
+  assert.equal(calls, 1)
+  assert.equal(again.source, 'replayed')
+})
+
+test('replay returns an equal value; Buffers stay bytes', needsRedis, async () => {
+  const s = store()
+  const k = key()
+  const value = { id: 'x', n: [1, 2.5, null], nested: { ok: true, s: 'ünïcode' } }
+  const first = await s.execute(k, fp, async () => value)
+  assert.equal(first.value, value) // the leader gets its own object
+  assert.deepEqual(first, { value, replayed: false, source: 'led' })
+  const replay = await s.execute(k, fp, () => assert.fail('must not run'))
+  assert.deepEqual(replay, { value, replayed: true, source: 'replayed' })
+  assert.notEqual(replay.value, value) // a fresh value
+
+  const kb = key()
+  const bytes = Buffer.from([0, 1, 2, 254, 255])
+  const led = await s.execute(kb, fp, () => bytes)
+  assert.equal(led.value, bytes)
+  const back = await s.execute(kb, fp, () => assert.fail('must not run'))
+  assert.ok(Buffer.isBuffer(back.value))
+  assert.deepEqual([...back.value], [...bytes])
+  assert.equal(back.source, 'replayed')
+
+  const ku = key()
+  await s.execute(ku, fp, () => new Uint8Array([7, 8]))
+  const u = await s.execute(ku, fp, () => assert.fail('must not run'))
+  assert.ok(Buffer.isBuffer(u.value))
+  assert.deepEqual([...u.value], [7, 8])
+})
+
+test('a different fingerprint is FAILED_PRECONDITION', needsRedis, async () => {
+  const s = store()
+  const k = key()
+  await s.execute(k, fp, () => 1)
+  await assert.rejects(s.execute(k, otherFp, () => assert.fail('must not run')), {
+    code: 'FAILED_PRECONDITION',
+    kind: 'fingerprint_mismatch',
+  })
+})
+
+test('a failure is not cached: waiters get the error itself, the next call runs again', needsRedis, async () => {
+  const s = store()
+  const k = key()
+  const boom = Object.assign(new Error('boom'), { code: 'UNAVAILABLE' })
+  let calls = 0
+  const gate = deferred()
+  const failing = async () => {
+    calls++
+    await gate.promise
+    throw boom
+  }
+  const a = s.execute(k, fp, failing)
+  const b = s.execute(k, fp, failing)
+  gate.resolve()
+  const [ra, rb] = await Promise.allSettled([a, b])
+  assert.equal(ra.status, 'rejected')
+  assert.equal(ra.reason, boom)
+  // The waiter of this process got the leader's error (or ran itself after the release).
+  assert.equal(rb.status, 'rejected')
+  assert.equal(rb.reason, boom)
+  const ok = await s.execute(k, fp, async () => {
+    calls++
+    return 'second'
+  })
+  assert.deepEqual(ok, { value: 'second', replayed: false, source: 'led' })
+  assert.ok(calls >= 2)
+})
+
+test('wait: false on a running call is ABORTED with retryAfterMs', needsRedis, async () => {
+  const s = store({ inProgressRetryAfterMs: 250 })
+  const other = new RedisStore({ url: URL, prefix: s.prefix, inProgressRetryAfterMs: 250 })
+  const k = key()
+  const gate = deferred()
+  const started = deferred()
+  const leader = s.execute(k, fp, async () => {
+    started.resolve()
+    await gate.promise
+    return 'done'
+  })
+  await started.promise
+  // Another instance (another process, as far as Redis can tell).
+  await assert.rejects(other.execute(k, fp, () => assert.fail('must not run'), { wait: false }), (e) => {
+    assert.equal(e.code, 'ABORTED')
+    assert.equal(e.kind, 'in_progress')
+    assert.equal(e.retryAfterMs, 250)
+    return true
+  })
+  // The same instance (its in-process tier).
+  await assert.rejects(s.execute(k, fp, () => assert.fail('must not run'), { wait: false }), { code: 'ABORTED' })
+  // Waiting on the other instance: woken when the leader completes.
+  const waiter = other.execute(k, fp, () => assert.fail('must not run'))
+  gate.resolve()
+  assert.equal((await leader).value, 'done')
+  assert.deepEqual(await waiter, { value: 'done', replayed: true, source: 'joined' })
+})
+
+test('an aborted leader releases its claim: a waiter of another instance takes over', needsRedis, async () => {
+  const s = store()
+  const other = new RedisStore({ url: URL, prefix: s.prefix })
+  const k = key()
+  const ac = new AbortController()
+  const started = deferred()
+  const leader = s.execute(
+    k,
+    fp,
+    async () => {
+      started.resolve()
+      await new Promise(() => {})
+    },
+    { signal: ac.signal },
+  )
+  await started.promise
+  const waiter = other.execute(k, fp, async () => 'taken over')
+  await new Promise((r) => setTimeout(r, 20))
+  ac.abort(new Error('stop'))
+  await assert.rejects(leader, { message: 'stop' })
+  assert.deepEqual(await waiter, { value: 'taken over', replayed: false, source: 'led' })
+})
+
+test('an unreachable Redis is UNAVAILABLE and fn does not run', async () => {
+  // A closed port on 127.0.0.1: bound by the kernel, then released.
+  const port = await new Promise((resolve) => {
+    const srv = net.createServer()
+    srv.listen(0, '127.0.0.1', () => {
+      const p = srv.address().port
+      srv.close(() => resolve(p))
+    })
+  })
+  const s = new RedisStore({ url: `redis://127.0.0.1:${port}/0`, connectTimeoutMs: 500, ioTimeoutMs: 500 })
+  let ran = false
+  await assert.rejects(
+    s.execute(key(), fp, () => {
+      ran = true
+      return 1
+    }),
+    { code: 'UNAVAILABLE' },
+  )
+  assert.equal(ran, false)
+})
+
+// ---------------------------------------------------------------------------------------
+// Across languages: Node and Python share one Redis
+// ---------------------------------------------------------------------------------------
+
+const PY = `
+import json, sys
+import oncely
+url, pfx, tenant, method, k, fp, kind = sys.argv[1:8]
+store = oncely.RedisStore(url, prefix=pfx)
+value = b"\\x00py\\xff" if kind == "bytes" else {"from": "python", "n": [1, 2.5], "s": "\\u00fcn\\u00efcode"}
+done = store.execute_sync(oncely.scope(tenant, method, k), fp, lambda: value)
+v = done.value
+print(json.dumps({"value": v.hex() if isinstance(v, bytes) else v, "bytes": isinstance(v, bytes), "source": done.source}))
+`
+
+function runPython(args) {
+  if (!fs.existsSync(python)) {
+    throw new Error(`${python} does not exist: run scripts/test-python first (it makes the venv with the oncely wheel), or set ONCELY_VENV`)
+  }
+  return new Promise((resolve, reject) => {
+    execFile(python, ['-c', PY, ...args], { timeout: 60_000 }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`python failed: ${err.message}\n${stderr}`))
+      else resolve(JSON.parse(stdout))
+    })
+  })
+}
+
+test('cross-language: a value stored by Node is replayed by Python, and back', needsRedis, async () => {
+  const s = store()
+  const pfx = s.prefix
+  const k1 = newKey()
+  const value = { order: 'o-42', amount: [1, 2.5], note: 'ünïcode', ok: true, none: null }
+  assert.equal((await s.execute(scope('acme', 'CreateOrder', k1), fp, async () => value)).source, 'led')
+  const got = await runPython([URL, pfx, 'acme', 'CreateOrder', k1, fp, 'json'])
+  assert.deepEqual(got, { value, bytes: false, source: 'replayed' })
+
+  // Bytes stay bytes across languages.
+  const k2 = newKey()
+  await s.execute(scope('acme', 'CreateOrder', k2), fp, () => Buffer.from([0, 110, 255]))
+  const gotBytes = await runPython([URL, pfx, 'acme', 'CreateOrder', k2, fp, 'bytes'])
+  assert.deepEqual(gotBytes, { value: '006eff', bytes: true, source: 'replayed' })
+
+  // Python stores, Node replays.
+  const k3 = newKey()
+  const led = await runPython([URL, pfx, 'acme', 'CreateOrder', k3, fp, 'json'])
+  assert.equal(led.source, 'led')
+  const back = await s.execute(scope('acme', 'CreateOrder', k3), fp, () => assert.fail('must not run'))
+  assert.deepEqual(back, { value: { from: 'python', n: [1, 2.5], s: 'ünïcode' }, replayed: true, source: 'replayed' })
+
+  const k4 = newKey()
+  assert.equal((await runPython([URL, pfx, 'acme', 'CreateOrder', k4, fp, 'bytes'])).source, 'led')
+  const backBytes = await s.execute(scope('acme', 'CreateOrder', k4), fp, () => assert.fail('must not run'))
+  assert.ok(Buffer.isBuffer(backBytes.value))
+  assert.deepEqual([...backBytes.value], [0, 0x70, 0x79, 0xff])
+})
