@@ -236,6 +236,84 @@ test('an unreachable Redis is UNAVAILABLE and fn does not run', async () => {
   assert.equal(ran, false)
 })
 
+/** One command over a raw RESP connection to ONCELY_REDIS_URL; resolves to the first reply line. */
+function redisCommand(...args) {
+  const [host, port] = URL.replace(/^redis:\/\//, '').split('/')[0].split(':')
+  const parts = args.map((a) => (Buffer.isBuffer(a) ? a : Buffer.from(String(a))))
+  const msg = Buffer.concat([Buffer.from(`*${parts.length}\r\n`), ...parts.flatMap((p) => [Buffer.from(`$${p.length}\r\n`), p, Buffer.from('\r\n')])])
+  return new Promise((resolve, reject) => {
+    const sock = net.createConnection({ host, port: Number(port) }, () => sock.write(msg))
+    let got = ''
+    sock.on('data', (d) => {
+      got += d.toString('latin1')
+      const i = got.indexOf('\r\n')
+      if (i >= 0) {
+        sock.destroy()
+        resolve(got.slice(0, i))
+      }
+    })
+    sock.on('error', reject)
+  })
+}
+
+test('a leader whose record was taken gets ABORTED (lease_lost); nothing is written', needsRedis, async () => {
+  const s = store()
+  const k = key()
+  const record = s.recordKey(k)
+  await assert.rejects(
+    s.execute(k, fp, async () => {
+      // Another leader took over (simulated: the record is gone).
+      assert.equal(await redisCommand('DEL', record), ':1')
+      return 'late'
+    }),
+    { code: 'ABORTED', kind: 'lease_lost' },
+  )
+  assert.equal(await redisCommand('EXISTS', record), ':0')
+  assert.equal(s.counters().leasesLost, 1)
+})
+
+test('a result with an unknown encoding tag is refused (UNAVAILABLE), fn does not run', needsRedis, async () => {
+  const s = store()
+  const k = key()
+  const record = s.recordKey(k)
+  const reply = await redisCommand('HSET', record, 'v', '1', 'state', 'done', 'fp', fp, 'token', 't', 'gen', '1', 'result', 'raw-from-elsewhere', 'done_at', '1')
+  assert.equal(reply, ':7')
+  let ran = false
+  const fn = () => {
+    ran = true
+    return 1
+  }
+  await assert.rejects(s.execute(k, fp, fn), { code: 'UNAVAILABLE', message: /unknown encoding tag/ })
+  assert.equal(ran, false)
+  await redisCommand('HSET', record, 'result', 'j{"ok":true}')
+  assert.deepEqual((await s.execute(k, fp, fn)).value, { ok: true })
+  assert.equal(ran, false)
+})
+
+test('a waiter that aborts stops waiting; the leader is unaffected', needsRedis, async () => {
+  const s = store()
+  const other = new RedisStore({ url: URL, prefix: s.prefix })
+  const k = key()
+  const gate = deferred()
+  const started = deferred()
+  const leader = s.execute(k, fp, async () => {
+    started.resolve()
+    await gate.promise
+    return 7
+  })
+  await started.promise
+  const ac = new AbortController()
+  const local = s.execute(k, fp, () => assert.fail('must not run'), { signal: ac.signal })
+  const remote = other.execute(k, fp, () => assert.fail('must not run'), { signal: ac.signal })
+  await new Promise((r) => setTimeout(r, 20))
+  ac.abort(new Error('gave up'))
+  await assert.rejects(local, { message: 'gave up' })
+  await assert.rejects(remote, { message: 'gave up' })
+  gate.resolve()
+  assert.equal((await leader).value, 7)
+  assert.equal((await other.execute(k, fp, () => assert.fail('must not run'))).source, 'replayed')
+})
+
 // ---------------------------------------------------------------------------------------
 // Across languages: Node and Python share one Redis
 // ---------------------------------------------------------------------------------------
