@@ -36,6 +36,15 @@ function deferred() {
   return { promise, resolve, reject }
 }
 
+/** Resolves once `cond()` holds (checked every 5 ms, up to 10 s). */
+async function until(cond, what) {
+  const t0 = Date.now()
+  while (!cond()) {
+    if (Date.now() - t0 > 10_000) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 5))
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Result encoding (redis/README.md, "Result encoding"): no Redis needed
 // ---------------------------------------------------------------------------------------
@@ -187,6 +196,7 @@ test('wait: false on a running call is ABORTED with retryAfterMs', needsRedis, a
   await assert.rejects(s.execute(k, fp, () => assert.fail('must not run'), { wait: false }), { code: 'ABORTED' })
   // Waiting on the other instance: woken when the leader completes.
   const waiter = other.execute(k, fp, () => assert.fail('must not run'))
+  await until(() => other.counters().remoteWaits === 1, 'the remote wait')
   gate.resolve()
   assert.equal((await leader).value, 'done')
   assert.deepEqual(await waiter, { value: 'done', replayed: true, source: 'joined' })
@@ -312,6 +322,64 @@ test('a waiter that aborts stops waiting; the leader is unaffected', needsRedis,
   gate.resolve()
   assert.equal((await leader).value, 7)
   assert.equal((await other.execute(k, fp, () => assert.fail('must not run'))).source, 'replayed')
+})
+
+test('waiting does not block the event loop', needsRedis, async () => {
+  const s = store()
+  const other = new RedisStore({ url: URL, prefix: s.prefix })
+  const k = key()
+  const gate = deferred()
+  const started = deferred()
+  const leader = s.execute(k, fp, async () => {
+    started.resolve()
+    await gate.promise
+    return 'v'
+  })
+  await started.promise
+  const waiter = other.execute(k, fp, () => assert.fail('must not run'))
+  await until(() => other.counters().remoteWaits === 1, 'the remote wait')
+  let ticks = 0
+  const timer = setInterval(() => ticks++, 5)
+  await new Promise((r) => setTimeout(r, 200))
+  clearInterval(timer)
+  assert.ok(ticks >= 10, `the event loop ran ${ticks} ticks while waiting`)
+  gate.resolve()
+  await leader
+  assert.equal((await waiter).source, 'joined')
+})
+
+const CRASHING = `
+const { RedisStore, scope } = require('oncely')
+const [url, pfx, k, fp] = process.argv.slice(1)
+const store = new RedisStore({ url, prefix: pfx, leaseMs: 500 })
+store.execute(scope('acme', 'CreateOrder', k), fp, () => {
+  console.log('STARTED')
+  return new Promise(() => setInterval(() => {}, 1000))
+})
+`
+
+test('a killed leader process is taken over after its lease', needsRedis, async () => {
+  const pfx = prefix()
+  const k = newKey()
+  const child = require('node:child_process').spawn(process.execPath, ['-e', CRASHING, URL, pfx, k, fp], {
+    cwd: path.join(__dirname, '..'),
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  try {
+    await new Promise((resolve, reject) => {
+      child.stdout.on('data', (d) => d.toString().includes('STARTED') && resolve())
+      child.on('exit', (code) => reject(new Error(`child exited with ${code}`)))
+    })
+    child.kill('SIGKILL') // no release: the lease (0.5 s) has to run out
+    const s = new RedisStore({ url: URL, prefix: pfx })
+    const t0 = Date.now()
+    const done = await s.execute(scope('acme', 'CreateOrder', k), fp, async () => 'mine')
+    assert.deepEqual(done, { value: 'mine', replayed: false, source: 'led' })
+    assert.ok(Date.now() - t0 < 10_000)
+    assert.equal(s.counters().takeovers, 1)
+  } finally {
+    child.kill('SIGKILL')
+  }
 })
 
 // ---------------------------------------------------------------------------------------
