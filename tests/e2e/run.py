@@ -230,6 +230,10 @@ def test_fleet() -> str:
             by_key[j["key"]].append({**got[j["id"]], "wait": j["wait"], "attempt": j["attempt"]})
 
         problems: list[str] = []
+        sources: dict[str, int] = {}
+        for g in got.values():
+            if g["ok"]:
+                sources[g["source"]] = sources.get(g["source"], 0) + 1
         in_progress = 0
         cross = 0
         for k in keys:
@@ -266,7 +270,8 @@ def test_fleet() -> str:
             raise AssertionError(f"{len(problems)} problems, e.g.:\n  " + "\n  ".join(problems[:10]))
         return (f"{len(all_jobs)} requests over {len(keys)} keys to 4 workers (2 Python, 2 Node), "
                 f"every effect exactly once, one value per key, {cross} keys served to both languages, "
-                f"{in_progress} no-wait in-progress refusals, {elapsed:.1f}s")
+                f"{in_progress} no-wait in-progress refusals, "
+                f"sources {', '.join(f'{n} {s}' for s, n in sorted(sources.items()))}, {elapsed:.1f}s")
     finally:
         for w in workers:
             w.stop()
