@@ -18,19 +18,29 @@
 //!   reused by every attempt, and a service that guards the effect with
 //!   `MemoryStore::execute` on a `ScopedKey` + `fingerprint` → 0 lost, 0 duplicates.
 //!
+//! With `--redis URL --processes N`, the oncely column runs as a fleet: the demo
+//! spawns N copies of itself (hidden `--worker` mode, talking over stdin/stdout) that
+//! guard the effect with one shared `oncely_redis::RedisStore`; each attempt of an
+//! intent goes to another process (a random first one, then the next), so retries
+//! land on other instances, and the workers report every applied effect to the parent's
+//! ledger.
+//!
 //! Exits 0 only if the oncely column shows 0 lost and 0 duplicates; 1 otherwise;
 //! 2 on bad flags.
 //!
 //! ```text
 //! scripts/demo                       # or: cargo run --release -p oncely --example demo
 //! scripts/demo --clients 1000 --drop-rate 0.3 --seed 7
+//! scripts/demo --redis redis://127.0.0.1:6379 --processes 3
 //! scripts/demo --help
 //! ```
 
 use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
-use std::process::ExitCode;
+use std::io::{BufRead, Write as _};
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,6 +49,7 @@ use oncely::{
     fingerprint, retry, Classify, Code, Failure, IdempotencyKey, MemoryStore, RetryEvent,
     RetryPolicy, ScopedKey, ServerDelay, StopReason,
 };
+use oncely_redis::RedisStore;
 
 // ---------------------------------------------------------------------------------
 // Command line
@@ -59,13 +70,20 @@ FLAGS:
     --attempts N         total attempts per intent (retry policy)   [default: 10]
     --seed N             seed the service's faults (and the jitter):
                          a seeded run is reproducible in its counts  [default: random]
+    --redis URL          run the oncely column as a fleet of worker processes
+                         sharing one Redis (redis://host:port[/db]): the effect is
+                         guarded by oncely_redis::RedisStore instead of MemoryStore
+    --processes N        with --redis: how many worker processes (copies of this
+                         demo) to spawn; each attempt of an intent goes to another
+                         process, so retries land on other instances  [default: 1]
     -h, --help           print this help
 
 Rates are probabilities per attempt in [0, 1]; fail + throttle + drop must not
 exceed 1 (the rest succeeds). Values may also be given as --flag=value.
 
 EXIT CODE:
-    0  the oncely column shows 0 lost intents and 0 duplicate effects
+    0  the oncely column shows 0 lost intents and 0 duplicate effects (with --redis:
+       counted across every worker process)
     1  it does not (e.g. every attempt of some intent failed before executing)
     2  bad flags
 ";
@@ -79,6 +97,12 @@ struct Config {
     attempts: u32,
     seed: Option<u64>,
     pushback: Duration,
+    redis: Option<String>,
+    processes: u32,
+    /// Hidden: this process is worker N of a `--redis` fleet.
+    worker: Option<u32>,
+    /// Hidden: the Redis key prefix a fleet's workers share.
+    prefix: String,
 }
 
 impl Default for Config {
@@ -91,6 +115,10 @@ impl Default for Config {
             attempts: 10,
             seed: None,
             pushback: Duration::from_millis(30),
+            redis: None,
+            processes: 1,
+            worker: None,
+            prefix: "oncely-demo".into(),
         }
     }
 }
@@ -118,6 +146,10 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
             "--drop-rate",
             "--attempts",
             "--seed",
+            "--redis",
+            "--processes",
+            "--worker",
+            "--prefix",
         ];
         if !known.contains(&flag.as_str()) {
             return Err(format!("unknown argument {arg:?}"));
@@ -133,6 +165,15 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
             "--fail-rate" => cfg.fail = parse_rate(&flag, &value)?,
             "--throttle-rate" => cfg.throttle = parse_rate(&flag, &value)?,
             "--drop-rate" => cfg.drop = parse_rate(&flag, &value)?,
+            "--redis" => {
+                if !(value.starts_with("redis://") || value.starts_with("rediss://")) {
+                    return Err(format!("--redis: {value:?} is not a redis:// URL"));
+                }
+                cfg.redis = Some(value);
+            }
+            "--processes" => cfg.processes = parse_int(&flag, &value, 1, 64)? as u32,
+            "--worker" => cfg.worker = Some(parse_int(&flag, &value, 0, 64)? as u32),
+            "--prefix" => cfg.prefix = value,
             _ => unreachable!("checked against the known flags"),
         }
     }
@@ -142,6 +183,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
             "--fail-rate + --throttle-rate + --drop-rate must not exceed 1, got {:.3}",
             sum
         ));
+    }
+    if cfg.worker.is_some() && cfg.redis.is_none() {
+        return Err("--worker needs --redis".into());
     }
     Ok(Cli::Run(cfg))
 }
@@ -200,6 +244,11 @@ struct Service {
     seed: u64,
     /// Guards the effect of keyed requests (requests without a key cannot be deduped).
     store: MemoryStore<Receipt, Failure>,
+    /// In a `--redis` worker: the shared store that guards the effect instead.
+    redis: Option<RedisStore<Failure>>,
+    /// In a `--redis` worker: receipts are unique per process (index in the top bits),
+    /// and each applied effect is reported to the parent (`E order` on stdout).
+    worker: Option<u32>,
     /// How often each intent's effect (the stock deduction) was applied.
     ledger: Vec<AtomicU32>,
     next_receipt: AtomicU64,
@@ -215,6 +264,8 @@ impl Service {
             cfg: cfg.clone(),
             seed,
             store: MemoryStore::new(),
+            redis: None,
+            worker: None,
             ledger: (0..cfg.clients).map(|_| AtomicU32::new(0)).collect(),
             next_receipt: AtomicU64::new(1),
             failed_before: AtomicU64::new(0),
@@ -263,11 +314,28 @@ impl Service {
             Some(key) => {
                 let scoped = ScopedKey::new(TENANT, METHOD, key).map_err(|e| failure_of(&e))?;
                 let fp = fingerprint(&(req.order, req.qty)).map_err(|e| failure_of(&e))?;
-                self.store
-                    .execute(&scoped, &fp, || self.apply(req.order))
-                    .await
-                    .map_err(|e| failure_of(&e))?
-                    .value
+                match &self.redis {
+                    None => {
+                        self.store
+                            .execute(&scoped, &fp, || self.apply(req.order))
+                            .await
+                            .map_err(|e| failure_of(&e))?
+                            .value
+                    }
+                    // The same, shared by every process of the fleet; results are bytes.
+                    Some(redis) => {
+                        let bytes = redis
+                            .execute(&scoped, &fp, || async {
+                                Ok(self.apply(req.order).await?.to_be_bytes().to_vec())
+                            })
+                            .await
+                            .map_err(|e| failure_of(&e))?
+                            .value;
+                        let bytes: [u8; 8] =
+                            bytes.try_into().map_err(|_| Failure::new(Code::DataLoss))?;
+                        Receipt::from_be_bytes(bytes)
+                    }
+                }
             }
         };
         if fault == Fault::DropResponse {
@@ -284,8 +352,361 @@ impl Service {
     async fn apply(&self, order: u32) -> Result<Receipt, Failure> {
         tokio::time::sleep(Duration::from_millis(1)).await;
         self.ledger[order as usize].fetch_add(1, Ordering::Relaxed);
-        Ok(self.next_receipt.fetch_add(1, Ordering::Relaxed))
+        let n = self.next_receipt.fetch_add(1, Ordering::Relaxed);
+        match self.worker {
+            None => Ok(n),
+            Some(w) => {
+                // Before the answer, so the parent counts it even if the answer is lost.
+                send_line(&format!("E {order}"));
+                Ok((u64::from(w) << 40) | n)
+            }
+        }
     }
+}
+
+/// Where a client's requests go: the in-process service, or a `--redis` fleet of
+/// worker processes.
+#[derive(Clone)]
+enum Target {
+    Local(Arc<Service>),
+    Fleet(Arc<Fleet>),
+}
+
+impl Target {
+    async fn call(&self, req: Request) -> Result<Receipt, Failure> {
+        match self {
+            Target::Local(service) => service.deduct_stock(req).await,
+            Target::Fleet(fleet) => fleet.call(req).await,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// A --redis fleet: worker processes sharing one Redis
+// ---------------------------------------------------------------------------------
+//
+// Parent -> worker (stdin):  `Q <id> <order> <qty> <attempt> <key>`
+// Worker -> parent (stdout): `E <order>` (an effect applied), `R <id> ok <receipt>`,
+// `R <id> err <CODE> <pushback ms | - | n>`, and at the end (stdin closed, every
+// request answered) `S <failed> <throttled> <dropped> <answered> <claims> <leads>
+// <takeovers> <replays> <remote waits>`.
+
+fn send_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn encode_failure(f: &Failure) -> String {
+    let delay = match f.server_delay {
+        None => "-".to_owned(),
+        Some(ServerDelay::After(d)) => d.as_millis().to_string(),
+        Some(ServerDelay::DoNotRetry) => "n".to_owned(),
+    };
+    format!("{} {delay}", f.code.as_str())
+}
+
+fn decode_failure(code: &str, delay: &str) -> Failure {
+    let code = code.parse::<Code>().unwrap_or(Code::Unknown);
+    let server_delay = match delay {
+        "-" => None,
+        "n" => Some(ServerDelay::DoNotRetry),
+        ms => ms
+            .parse::<u64>()
+            .ok()
+            .map(|ms| ServerDelay::After(Duration::from_millis(ms))),
+    };
+    Failure { code, server_delay }
+}
+
+type Reply = tokio::sync::oneshot::Sender<Result<Receipt, Failure>>;
+
+#[derive(Default)]
+struct WorkerStats {
+    reported: u32,
+    counts: [u64; 9],
+}
+
+struct Fleet {
+    /// Parent-side: its ledger counts the effects the workers report; its counters
+    /// are filled from the workers' final reports.
+    service: Arc<Service>,
+    seed: u64,
+    url: String,
+    prefix: String,
+    stdins: Vec<Mutex<Option<ChildStdin>>>,
+    children: Mutex<Vec<Child>>,
+    readers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    pending: Arc<Mutex<HashMap<u64, Reply>>>,
+    next_id: AtomicU64,
+    stats: Arc<Mutex<WorkerStats>>,
+}
+
+impl Fleet {
+    fn spawn(cfg: &Config, seed: u64, url: &str) -> Result<Arc<Fleet>, String> {
+        let exe =
+            std::env::current_exe().map_err(|e| format!("cannot find the demo binary: {e}"))?;
+        let prefix = format!("oncely-demo-{}", IdempotencyKey::random().as_str());
+        let service = Arc::new(Service::new(cfg, seed));
+        let pending: Arc<Mutex<HashMap<u64, Reply>>> = Arc::default();
+        let stats: Arc<Mutex<WorkerStats>> = Arc::default();
+        let (mut stdins, mut children, mut readers) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..cfg.processes {
+            let mut child = Command::new(&exe)
+                .arg(format!("--clients={}", cfg.clients))
+                .arg(format!("--fail-rate={}", cfg.fail))
+                .arg(format!("--throttle-rate={}", cfg.throttle))
+                .arg(format!("--drop-rate={}", cfg.drop))
+                .arg(format!("--seed={seed}"))
+                .arg(format!("--redis={url}"))
+                .arg(format!("--prefix={prefix}"))
+                .arg(format!("--worker={i}"))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .map_err(|e| format!("cannot start worker process {i}: {e}"))?;
+            let stdout = child.stdout.take().expect("piped");
+            stdins.push(Mutex::new(child.stdin.take()));
+            children.push(child);
+            let (service, pending, stats) = (service.clone(), pending.clone(), stats.clone());
+            readers.push(std::thread::spawn(move || {
+                for line in std::io::BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    match f.as_slice() {
+                        ["E", order] => {
+                            if let Some(n) = order
+                                .parse::<usize>()
+                                .ok()
+                                .and_then(|o| service.ledger.get(o))
+                            {
+                                n.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        ["R", id, rest @ ..] => {
+                            let r = match rest {
+                                ["ok", receipt] => receipt
+                                    .parse::<Receipt>()
+                                    .map_err(|_| Failure::new(Code::Internal)),
+                                ["err", code, delay] => Err(decode_failure(code, delay)),
+                                _ => Err(Failure::new(Code::Internal)),
+                            };
+                            let tx = id
+                                .parse::<u64>()
+                                .ok()
+                                .and_then(|id| pending.lock().unwrap().remove(&id));
+                            if let Some(tx) = tx {
+                                let _ = tx.send(r);
+                            }
+                        }
+                        ["S", nums @ ..] if nums.len() == 9 => {
+                            let mut st = stats.lock().unwrap();
+                            st.reported += 1;
+                            for (total, n) in st.counts.iter_mut().zip(nums) {
+                                *total += n.parse::<u64>().unwrap_or(0);
+                            }
+                        }
+                        _ => eprintln!("demo: worker {i}: unexpected line {line:?}"),
+                    }
+                }
+            }));
+        }
+        Ok(Arc::new(Fleet {
+            service,
+            seed,
+            url: url.to_owned(),
+            prefix,
+            stdins,
+            children: Mutex::new(children),
+            readers: Mutex::new(readers),
+            pending,
+            next_id: AtomicU64::new(1),
+            stats,
+        }))
+    }
+
+    /// Sends the request to a worker: a random one for the first attempt of an
+    /// intent, then the next one for each retry, so a retry always lands on another
+    /// process (with 2 or more).
+    async fn call(&self, req: Request) -> Result<Receipt, Failure> {
+        let n = self.stdins.len() as u64;
+        let first = splitmix64(self.seed ^ splitmix64(u64::from(req.order) | (1 << 40))) % n;
+        let proc = ((first + u64::from(req.attempt)) % n) as usize;
+        let Some(key) = &req.key else {
+            return Err(Failure::new(Code::InvalidArgument));
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.pending.lock().unwrap().insert(id, tx);
+        let line = format!(
+            "Q {id} {} {} {} {}",
+            req.order,
+            req.qty,
+            req.attempt,
+            key.as_str()
+        );
+        let sent = match self.stdins[proc].lock().unwrap().as_mut() {
+            Some(stdin) => writeln!(stdin, "{line}")
+                .and_then(|()| stdin.flush())
+                .is_ok(),
+            None => false,
+        };
+        if !sent {
+            self.pending.lock().unwrap().remove(&id);
+            return Err(Failure::new(Code::Unavailable));
+        }
+        match tokio::time::timeout(Duration::from_secs(30), rx).await {
+            Ok(Ok(r)) => r,
+            _ => {
+                self.pending.lock().unwrap().remove(&id);
+                Err(Failure::new(Code::DeadlineExceeded))
+            }
+        }
+    }
+
+    /// Closes the workers' stdin, waits for them, and fills the parent-side service's
+    /// counters from their reports. Returns the Redis counters as a table cell.
+    fn finish(&self) -> Result<String, String> {
+        for stdin in &self.stdins {
+            stdin.lock().unwrap().take();
+        }
+        let mut failed = Vec::new();
+        for (i, child) in self.children.lock().unwrap().iter_mut().enumerate() {
+            match child.wait() {
+                Ok(status) if status.success() => {}
+                Ok(status) => failed.push(format!("worker {i} exited with {status}")),
+                Err(e) => failed.push(format!("worker {i}: {e}")),
+            }
+        }
+        for reader in self.readers.lock().unwrap().drain(..) {
+            let _ = reader.join();
+        }
+        let st = self.stats.lock().unwrap();
+        if st.reported as usize != self.stdins.len() {
+            failed.push(format!(
+                "{} of {} workers sent their final report",
+                st.reported,
+                self.stdins.len()
+            ));
+        }
+        if !failed.is_empty() {
+            return Err(failed.join("; "));
+        }
+        let c = st.counts;
+        let svc = &self.service;
+        for (atomic, n) in [
+            &svc.failed_before,
+            &svc.throttled,
+            &svc.dropped,
+            &svc.answered,
+        ]
+        .into_iter()
+        .zip(c)
+        {
+            atomic.store(n, Ordering::Relaxed);
+        }
+        // claims, leads, takeovers, replays, remote waits
+        Ok(format!("{}/{}/{}/{}/{}", c[4], c[5], c[6], c[7], c[8]))
+    }
+}
+
+/// A `--worker` process: serves requests from stdin until it closes, with the effect
+/// guarded by the shared Redis store.
+fn run_worker(cfg: &Config, index: u32) -> ExitCode {
+    let (Some(url), Some(seed)) = (cfg.redis.as_deref(), cfg.seed) else {
+        eprintln!("demo worker: --worker needs --redis and --seed");
+        return ExitCode::from(2);
+    };
+    let store = match RedisStore::<Failure>::builder(url)
+        .prefix(cfg.prefix.as_str())
+        .lease(Duration::from_secs(5))
+        .ttl(Duration::from_secs(600))
+        .build()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("demo worker {index}: cannot use Redis at {url}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut service = Service::new(cfg, seed);
+    service.redis = Some(store);
+    service.worker = Some(index);
+    let service = Arc::new(service);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("demo worker {index}: cannot start the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut tasks = tokio::task::JoinSet::new();
+        while let Some(line) = rx.recv().await {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let ["Q", id, order, qty, attempt, key] = f.as_slice() else {
+                eprintln!("demo worker {index}: bad request {line:?}");
+                continue;
+            };
+            let (Ok(order), Ok(qty), Ok(attempt), Ok(key)) = (
+                order.parse::<u32>(),
+                qty.parse::<u32>(),
+                attempt.parse::<u32>(),
+                key.parse::<IdempotencyKey>(),
+            ) else {
+                eprintln!("demo worker {index}: bad request {line:?}");
+                continue;
+            };
+            let id = (*id).to_owned();
+            let service = service.clone();
+            tasks.spawn(async move {
+                let req = Request {
+                    order,
+                    qty,
+                    attempt,
+                    key: Some(key),
+                };
+                match service.deduct_stock(req).await {
+                    Ok(receipt) => send_line(&format!("R {id} ok {receipt}")),
+                    Err(f) => send_line(&format!("R {id} err {}", encode_failure(&f))),
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    });
+    let c = service
+        .redis
+        .as_ref()
+        .map(|r| r.counters())
+        .unwrap_or_default();
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    send_line(&format!(
+        "S {} {} {} {} {} {} {} {} {}",
+        load(&service.failed_before),
+        load(&service.throttled),
+        load(&service.dropped),
+        load(&service.answered),
+        c.claims,
+        c.leads,
+        c.takeovers,
+        c.replays,
+        c.remote_waits
+    ));
+    ExitCode::SUCCESS
 }
 
 fn failure_of(e: &impl Classify) -> Failure {
@@ -342,7 +763,7 @@ impl DelayLog {
 }
 
 async fn client(
-    service: Arc<Service>,
+    target: Target,
     strategy: Strategy,
     order: u32,
     policy: RetryPolicy,
@@ -364,8 +785,8 @@ async fn client(
             attempt: attempt.number,
             key: key.clone(),
         };
-        let service = service.clone();
-        async move { service.deduct_stock(request).await }
+        let target = target.clone();
+        async move { target.call(request).await }
     })
     .policy(policy)
     // oncely: the call carries an idempotency key, so resending after UNAVAILABLE
@@ -391,6 +812,9 @@ struct Report {
     delays: DelayLog,
     service: Arc<Service>,
     elapsed: Duration,
+    /// With --redis, the oncely column's Redis counters
+    /// (claims/leads/takeovers/replays/remote waits), summed over the workers.
+    redis_counts: Option<String>,
 }
 
 impl Report {
@@ -431,8 +855,14 @@ fn retry_policy(cfg: &Config) -> RetryPolicy {
         .with_max_delay(Duration::from_millis(250))
 }
 
-async fn run(cfg: &Config, seed: u64, strategy: Strategy) -> Report {
-    let service = Arc::new(Service::new(cfg, seed));
+async fn run(cfg: &Config, seed: u64, strategy: Strategy, fleet: Option<Arc<Fleet>>) -> Report {
+    let (service, target) = match fleet {
+        Some(fleet) => (fleet.service.clone(), Target::Fleet(fleet)),
+        None => {
+            let service = Arc::new(Service::new(cfg, seed));
+            (service.clone(), Target::Local(service))
+        }
+    };
     let delays = Arc::new(Mutex::new(DelayLog::default()));
     let base = retry_policy(cfg);
     let started = Instant::now();
@@ -445,7 +875,7 @@ async fn run(cfg: &Config, seed: u64, strategy: Strategy) -> Report {
             None => base,
         };
         tasks.spawn(client(
-            service.clone(),
+            target.clone(),
             strategy,
             order,
             policy,
@@ -463,6 +893,7 @@ async fn run(cfg: &Config, seed: u64, strategy: Strategy) -> Report {
         delays,
         service,
         elapsed,
+        redis_counts: None,
     }
 }
 
@@ -538,6 +969,14 @@ fn print_report(cfg: &Config, seed: u64, r: &[Report; 3], total: Duration) {
         ms(p.max_delay()),
         p.jitter() * 100.0
     );
+    if let Some(url) = &cfg.redis {
+        let _ = writeln!(
+            out,
+            "oncely column: {} worker process(es) sharing the Redis store at {url}; each \
+             attempt of an intent goes to another process; effects counted across all",
+            cfg.processes
+        );
+    }
     let _ = writeln!(
         out,
         "seed {seed}{}",
@@ -630,6 +1069,11 @@ fn print_report(cfg: &Config, seed: u64, r: &[Report; 3], total: Duration) {
         &mut out,
         "dedup store: led / replayed / joined",
         each(r, |x| {
+            if let Some(rc) = &x.redis_counts {
+                // leads / replays / remote waits, over every worker process
+                let n: Vec<&str> = rc.split('/').collect();
+                return format!("{}/{}/{}", n[1], n[3], n[4]);
+            }
             let c = x.service.store.counters();
             if c.leads + c.replays + c.joins == 0 {
                 "-".into()
@@ -638,6 +1082,13 @@ fn print_report(cfg: &Config, seed: u64, r: &[Report; 3], total: Duration) {
             }
         }),
     );
+    if let Some(rc) = &r[2].redis_counts {
+        row(
+            &mut out,
+            "redis: claims/leads/takeovers/replays/waits",
+            ["-".into(), "-".into(), rc.clone()],
+        );
+    }
     let _ = writeln!(out, "effects (side-effect ledger, one intent per client)");
     row(
         &mut out,
@@ -698,6 +1149,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(index) = cfg.worker {
+        return run_worker(&cfg, index);
+    }
     let seed = cfg.seed.unwrap_or_else(|| {
         // A fresh random seed from std (no extra dependency), printed so the run can
         // be reproduced with --seed.
@@ -716,13 +1170,35 @@ fn main() -> ExitCode {
         }
     };
     let started = Instant::now();
-    let reports = runtime.block_on(async {
+    let fleet = match &cfg.redis {
+        None => None,
+        Some(url) => match Fleet::spawn(&cfg, seed, url) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("demo: error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let mut reports = runtime.block_on(async {
         [
-            run(&cfg, seed, Strategy::AtMostOnce).await,
-            run(&cfg, seed, Strategy::AtLeastOnce).await,
-            run(&cfg, seed, Strategy::Oncely).await,
+            run(&cfg, seed, Strategy::AtMostOnce, None).await,
+            run(&cfg, seed, Strategy::AtLeastOnce, None).await,
+            run(&cfg, seed, Strategy::Oncely, fleet.clone()).await,
         ]
     });
+    if let Some(fleet) = &fleet {
+        match fleet.finish() {
+            Ok(counts) => reports[2].redis_counts = Some(counts),
+            Err(e) => {
+                eprintln!(
+                    "demo: error: the worker processes (Redis {} prefix {}): {e}",
+                    fleet.url, fleet.prefix
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let total = started.elapsed();
     print_report(&cfg, seed, &reports, total);
 
@@ -767,6 +1243,13 @@ mod tests {
         };
         assert_eq!((c.clients, c.fail, c.seed), (5, 0.5, Some(9)));
         assert!(matches!(parse_args(args("--help")), Ok(Cli::Help)));
+        let Ok(Cli::Run(c)) = parse_args(args("--redis redis://127.0.0.1:1 --processes 3")) else {
+            panic!("should parse")
+        };
+        assert_eq!(
+            (c.redis.as_deref(), c.processes),
+            (Some("redis://127.0.0.1:1"), 3)
+        );
         for bad in [
             "--clients",
             "--clients 0",
@@ -776,6 +1259,9 @@ mod tests {
             "--drop-rate -0.1",
             "--fail-rate 0.6 --drop-rate 0.6",
             "--seed -1",
+            "--processes 0",
+            "--redis http://127.0.0.1:1",
+            "--worker 1",
             "--bogus 1",
             "stray",
         ] {
