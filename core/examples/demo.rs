@@ -254,6 +254,8 @@ struct Service {
     next_receipt: AtomicU64,
     failed_before: AtomicU64,
     throttled: AtomicU64,
+    /// In a `--redis` worker: attempts the Redis store refused (e.g. unreachable).
+    store_errors: AtomicU64,
     dropped: AtomicU64,
     answered: AtomicU64,
 }
@@ -270,6 +272,7 @@ impl Service {
             next_receipt: AtomicU64::new(1),
             failed_before: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
+            store_errors: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             answered: AtomicU64::new(0),
         }
@@ -329,7 +332,15 @@ impl Service {
                                 Ok(self.apply(req.order).await?.to_be_bytes().to_vec())
                             })
                             .await
-                            .map_err(|e| failure_of(&e))?
+                            .map_err(|e| {
+                                if let Some(se) = e.store_error() {
+                                    // The first one per worker is shown, the rest counted.
+                                    if self.store_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                                        eprintln!("demo worker: the Redis store: {se}");
+                                    }
+                                }
+                                failure_of(&e)
+                            })?
                             .value;
                         let bytes: [u8; 8] =
                             bytes.try_into().map_err(|_| Failure::new(Code::DataLoss))?;
@@ -389,7 +400,7 @@ impl Target {
 // Worker -> parent (stdout): `E <order>` (an effect applied), `R <id> ok <receipt>`,
 // `R <id> err <CODE> <pushback ms | - | n>`, and at the end (stdin closed, every
 // request answered) `S <failed> <throttled> <dropped> <answered> <claims> <leads>
-// <takeovers> <replays> <remote waits>`.
+// <takeovers> <replays> <remote waits> <store errors>`.
 
 fn send_line(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -424,7 +435,7 @@ type Reply = tokio::sync::oneshot::Sender<Result<Receipt, Failure>>;
 #[derive(Default)]
 struct WorkerStats {
     reported: u32,
-    counts: [u64; 9],
+    counts: [u64; 10],
 }
 
 struct Fleet {
@@ -500,7 +511,7 @@ impl Fleet {
                                 let _ = tx.send(r);
                             }
                         }
-                        ["S", nums @ ..] if nums.len() == 9 => {
+                        ["S", nums @ ..] if nums.len() == 10 => {
                             let mut st = stats.lock().unwrap();
                             st.reported += 1;
                             for (total, n) in st.counts.iter_mut().zip(nums) {
@@ -606,6 +617,7 @@ impl Fleet {
         {
             atomic.store(n, Ordering::Relaxed);
         }
+        svc.store_errors.store(c[9], Ordering::Relaxed);
         // claims, leads, takeovers, replays, remote waits
         Ok(format!("{}/{}/{}/{}/{}", c[4], c[5], c[6], c[7], c[8]))
     }
@@ -695,7 +707,7 @@ fn run_worker(cfg: &Config, index: u32) -> ExitCode {
         .unwrap_or_default();
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     send_line(&format!(
-        "S {} {} {} {} {} {} {} {} {}",
+        "S {} {} {} {} {} {} {} {} {} {}",
         load(&service.failed_before),
         load(&service.throttled),
         load(&service.dropped),
@@ -704,7 +716,8 @@ fn run_worker(cfg: &Config, index: u32) -> ExitCode {
         c.leads,
         c.takeovers,
         c.replays,
-        c.remote_waits
+        c.remote_waits,
+        load(&service.store_errors)
     ));
     ExitCode::SUCCESS
 }
@@ -1216,7 +1229,15 @@ fn main() -> ExitCode {
     } else {
         let mut msg =
             format!("FAIL: the oncely column shows {lost} lost intent(s) and {dups} duplicate(s)");
-        if dups == 0 && once.stopped(StopReason::AttemptsExhausted) > 0 {
+        let store_errors = once.service.store_errors.load(Ordering::Relaxed);
+        if store_errors > 0 {
+            let _ = write!(
+                msg,
+                "; the Redis store refused {store_errors} attempt(s) (see the workers' \
+                 messages above: is Redis up at {}?)",
+                cfg.redis.as_deref().unwrap_or("?")
+            );
+        } else if dups == 0 && once.stopped(StopReason::AttemptsExhausted) > 0 {
             msg.push_str(
                 ": every attempt of those intents failed before executing; a key makes \
                  retries safe, it cannot make them succeed (raise --attempts or lower \
