@@ -738,7 +738,7 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
                     .complete
                     .key(&record)
                     .arg(&token)
-                    .arg(v)
+                    .arg(&v)
                     .arg(ttl_ms)
                     .arg(&channel)
                     .invoke::<i64>(c)

@@ -73,10 +73,12 @@ return 1
 "#
 );
 
-/// KEYS[1] record; ARGV token, result, retention ms, channel. → 1 stored | 0 lost
+/// KEYS[1] record; ARGV token, result, retention ms, channel. → 1 stored (or already
+/// stored with this token: a resend after a lost reply) | 0 lost
 const COMPLETE: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'state', 'token')
+if r[1] == 'done' and r[2] == ARGV[1] then return 1 end
 if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'done_at', now)
 redis.call('HDEL', KEYS[1], 'deadline')

@@ -51,9 +51,25 @@ impl Conn {
         Conn { link, con: None }
     }
 
+    /// Runs `f` on the connection, opening it first if needed. A connection that was
+    /// opened before and fails with an I/O error (not a timeout) is stale — e.g. the
+    /// server restarted since its last use, so the command never reached a server —
+    /// and `f` is retried once on a fresh connection. Every script is safe to resend:
+    /// each checks the lease token, and completing twice with one token is a success.
     pub(crate) fn run<T>(
         &mut self,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> redis::RedisResult<T> {
+        let reused = self.con.is_some();
+        match self.run_once(&mut f) {
+            Err(e) if reused && e.is_io_error() && !e.is_timeout() => self.run_once(&mut f),
+            r => r,
+        }
+    }
+
+    fn run_once<T>(
+        &mut self,
+        f: &mut impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> redis::RedisResult<T> {
         if self.con.is_none() {
             let con = self
@@ -112,7 +128,7 @@ impl Pool {
     /// become UNAVAILABLE.
     pub(crate) fn call<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
     ) -> impl Future<Output = Result<T, Error>> {
         let (tx, rx) = futures_channel::oneshot::channel();
         let job: Job = Box::new(move |conn: &mut Conn| {
@@ -139,13 +155,17 @@ impl Pool {
     /// lease.
     pub(crate) fn call_or_undo<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
         undo: impl FnOnce(&mut redis::Connection, T) -> redis::RedisResult<()> + Send + 'static,
     ) -> impl Future<Output = Result<T, Error>> {
         let (tx, rx) = futures_channel::oneshot::channel();
         let job: Job = Box::new(move |conn: &mut Conn| {
             if let Err(Ok(v)) = tx.send(conn.run(f)) {
-                let _ = conn.run(|c| undo(c, v));
+                let mut undo = Some((undo, v));
+                let _ = conn.run(|c| match undo.take() {
+                    Some((undo, v)) => undo(c, v),
+                    None => Ok(()),
+                });
             }
         });
         let sent = lock(&self.tx).as_ref().is_some_and(|s| s.send(job).is_ok());
@@ -166,7 +186,7 @@ impl Pool {
     /// Runs `f` on a worker without waiting for it (release after a panic or drop).
     pub(crate) fn spawn(
         &self,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<()> + Send + 'static,
+        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<()> + Send + 'static,
     ) {
         let job: Job = Box::new(move |conn: &mut Conn| {
             let _ = conn.run(f);
