@@ -53,6 +53,7 @@ struct ReadmeDoctests;
 
 use std::fmt;
 use std::future::{poll_fn, Future};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -82,6 +83,21 @@ pub const DEFAULT_WORKERS: usize = 4;
 pub const DEFAULT_POLL_MIN: Duration = Duration::from_millis(10);
 /// Default cap of a waiter's poll interval (500 ms).
 pub const DEFAULT_POLL_MAX: Duration = Duration::from_millis(500);
+
+/// Whether `url` asks for TLS (`rediss://`).
+fn is_tls_url(url: &str) -> bool {
+    url.get(..9)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
+}
+
+/// rustls needs a process-wide crypto provider: ring (the one this crate enables) is
+/// installed unless the program already installed one.
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: some provider is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`].
 pub struct RedisStoreBuilder<E> {
@@ -116,6 +132,7 @@ struct Config {
     poll_min: Duration,
     poll_max: Duration,
     in_progress_retry_after: Duration,
+    tls_ca_file: Option<PathBuf>,
 }
 
 impl fmt::Debug for Config {
@@ -128,6 +145,7 @@ impl fmt::Debug for Config {
             .field("connect_timeout", &self.connect_timeout)
             .field("io_timeout", &self.io_timeout)
             .field("workers", &self.workers)
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish_non_exhaustive()
     }
 }
@@ -180,6 +198,21 @@ impl<E> RedisStoreBuilder<E> {
         self
     }
 
+    /// Trusts the CA certificate(s) in this PEM file for a `rediss://` URL, for a
+    /// private deployment whose server certificate is signed by its own CA.
+    ///
+    /// The file is read by [`build`](Self::build) (an unreadable or invalid file, or a
+    /// URL that is not `rediss://`, is [`Error::InvalidArgument`] with field
+    /// `"tls_ca_file"`). It replaces the default roots: with it, only the CA(s) in the
+    /// file are trusted; without it, `rediss://` trusts the public web PKI roots
+    /// (Mozilla's, built in). The server name in the URL must match the certificate
+    /// (a host name or an IP address in its subject alternative names). A server whose
+    /// certificate is not trusted makes every call fail with UNAVAILABLE.
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config.tls_ca_file = Some(path.into());
+        self
+    }
+
     /// Makes the store. Checks the settings and the URL, but does not connect:
     /// an unreachable Redis shows as UNAVAILABLE on use.
     pub fn build(self) -> Result<RedisStore<E>, Error> {
@@ -222,11 +255,34 @@ impl<E> RedisStoreBuilder<E> {
                 reason: "must be non-empty and contain no '{' or '}'".into(),
             });
         }
-        let client =
-            redis::Client::open(config.url.as_str()).map_err(|e| Error::InvalidArgument {
-                field: "url",
-                reason: format!("{e}"),
-            })?;
+        let client = match &config.tls_ca_file {
+            None => {
+                redis::Client::open(config.url.as_str()).map_err(|e| Error::InvalidArgument {
+                    field: "url",
+                    reason: format!("{e}"),
+                })?
+            }
+            Some(path) => {
+                let invalid = |reason: String| Error::InvalidArgument {
+                    field: "tls_ca_file",
+                    reason,
+                };
+                if !is_tls_url(&config.url) {
+                    return Err(invalid("needs a rediss:// URL".into()));
+                }
+                let pem = std::fs::read(path)
+                    .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
+                let certs = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                };
+                redis::Client::build_with_tls(config.url.as_str(), certs)
+                    .map_err(|e| invalid(format!("{}: {e}", path.display())))?
+            }
+        };
+        if is_tls_url(&config.url) {
+            install_crypto_provider();
+        }
         let link = Link {
             client,
             connect_timeout: config.connect_timeout,
@@ -342,8 +398,9 @@ impl<E> Inner<E> {
 }
 
 impl<E> RedisStore<E> {
-    /// A builder for `url` (`redis://[user:password@]host:port/db`), with the defaults:
-    /// prefix `"oncely"`, lease 30 s, TTL 24 h, 1 s timeouts, 4 workers.
+    /// A builder for `url` (`redis://[user:password@]host:port/db`, or `rediss://...`
+    /// for TLS, see [`RedisStoreBuilder::tls_ca_file`]), with the defaults: prefix
+    /// `"oncely"`, lease 30 s, TTL 24 h, 1 s timeouts, 4 workers.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder<E> {
         RedisStoreBuilder {
             error: std::marker::PhantomData,
@@ -358,6 +415,7 @@ impl<E> RedisStore<E> {
                 poll_min: DEFAULT_POLL_MIN,
                 poll_max: DEFAULT_POLL_MAX,
                 in_progress_retry_after: oncely::DEFAULT_IN_PROGRESS_RETRY_AFTER,
+                tls_ca_file: None,
             },
         }
     }
