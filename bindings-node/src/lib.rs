@@ -13,6 +13,7 @@
 
 mod convert;
 mod errors;
+mod hub;
 mod keys;
 mod policy;
 mod redis_store;

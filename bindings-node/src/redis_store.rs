@@ -19,6 +19,7 @@
 //! this process are rejected with that very value. When the core drops its last copy,
 //! the id is queued and the reference deleted on the JS thread.
 
+use crate::hub::{self, Drain, Hub};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
@@ -26,9 +27,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::ptr;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll};
 
 use napi::bindgen_prelude::*;
 use napi::sys;
@@ -81,49 +81,6 @@ struct Pending {
     deferred: sys::napi_deferred,
 }
 
-/// The part of a store the wakers reach, from any thread.
-struct Hub {
-    ready: Mutex<Vec<u32>>,
-    scheduled: AtomicBool,
-    /// A native call on the JS thread drains the queue itself when it returns.
-    draining: AtomicBool,
-    /// Null once Node has finalized the threadsafe function.
-    tsfn: AtomicPtr<sys::napi_threadsafe_function__>,
-}
-
-impl Hub {
-    fn push(&self, id: u32) {
-        lock(&self.ready).push(id);
-        if !self.draining.load(Ordering::Acquire) && !self.scheduled.swap(true, Ordering::AcqRel) {
-            let tsfn = self.tsfn.load(Ordering::Acquire);
-            if !tsfn.is_null() {
-                // SAFETY: not yet finalized; callable from any thread.
-                unsafe {
-                    sys::napi_call_threadsafe_function(
-                        tsfn,
-                        ptr::null_mut(),
-                        sys::ThreadsafeFunctionCallMode::nonblocking,
-                    )
-                };
-            }
-        }
-    }
-}
-
-struct WakeTask {
-    hub: Arc<Hub>,
-    id: u32,
-}
-
-impl Wake for WakeTask {
-    fn wake(self: Arc<Self>) {
-        self.hub.push(self.id);
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.hub.push(self.id);
-    }
-}
-
 struct Inner {
     store: Store,
     hub: Arc<Hub>,
@@ -143,9 +100,7 @@ struct Inner {
 impl Inner {
     /// Runs `f` (which may wake tasks), then polls the woken tasks.
     fn settling<R>(&self, env: sys::napi_env, f: impl FnOnce() -> R) -> R {
-        let was = self.hub.draining.swap(true, Ordering::AcqRel);
-        let r = f();
-        self.hub.draining.store(was, Ordering::Release);
+        let (r, was) = self.hub.queueing(f);
         if !was {
             self.drain(env);
         }
@@ -161,7 +116,7 @@ impl Inner {
                     errs.remove(&id);
                 }
             }
-            let ids = std::mem::take(&mut *lock(&self.hub.ready));
+            let ids = self.hub.take();
             if ids.is_empty() {
                 break;
             }
@@ -177,7 +132,7 @@ impl Inner {
         if want == self.reffed.get() {
             return;
         }
-        let tsfn = self.hub.tsfn.load(Ordering::Acquire);
+        let tsfn = self.hub.tsfn();
         if tsfn.is_null() {
             return;
         }
@@ -196,14 +151,9 @@ impl Inner {
         let Some(mut task) = self.tasks.borrow_mut().remove(&id) else {
             return; // settled or cancelled already
         };
-        let waker = Waker::from(Arc::new(WakeTask {
-            hub: self.hub.clone(),
-            id,
-        }));
+        let waker = self.hub.waker(id);
         let mut cx = Context::from_waker(&waker);
-        let was = self.hub.draining.swap(true, Ordering::AcqRel);
-        let polled = task.fut.as_mut().poll(&mut cx);
-        self.hub.draining.store(was, Ordering::Release);
+        let (polled, _) = self.hub.queueing(|| task.fut.as_mut().poll(&mut cx));
         match polled {
             Poll::Pending => {
                 self.tasks.borrow_mut().insert(id, task);
@@ -403,48 +353,14 @@ unsafe extern "C" fn finalize_lease(env: sys::napi_env, data: *mut c_void, _hint
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let tsfn = self.hub.tsfn.swap(ptr::null_mut(), Ordering::AcqRel);
-        if !tsfn.is_null() {
-            // SAFETY: not yet finalized (the finalizer nulls the pointer first).
-            unsafe {
-                sys::napi_release_threadsafe_function(
-                    tsfn,
-                    sys::ThreadsafeFunctionReleaseMode::release,
-                )
-            };
-        }
+        self.hub.release();
     }
 }
 
-struct TsfnContext {
-    inner: Weak<Inner>,
-    hub: Arc<Hub>,
-}
-
-unsafe extern "C" fn call_js(
-    env: sys::napi_env,
-    _js_callback: sys::napi_value,
-    context: *mut c_void,
-    _data: *mut c_void,
-) {
-    if env.is_null() || context.is_null() {
-        return;
+impl Drain for Inner {
+    fn drain(&self, env: sys::napi_env) {
+        self.settling(env, || ());
     }
-    // SAFETY: the `TsfnContext` leaked at creation, freed only by `finalize`.
-    let ctx = unsafe { &*(context as *const TsfnContext) };
-    ctx.hub.scheduled.store(false, Ordering::Release);
-    if let Some(inner) = ctx.inner.upgrade() {
-        inner.settling(env, || ());
-    }
-}
-
-unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
-    if data.is_null() {
-        return;
-    }
-    // SAFETY: the `TsfnContext` leaked at creation; finalize runs once.
-    let ctx = unsafe { Box::from_raw(data as *mut TsfnContext) };
-    ctx.hub.tsfn.store(ptr::null_mut(), Ordering::Release);
 }
 
 /// Counts of what one Redis store instance has done since it was made.
@@ -532,12 +448,7 @@ impl NativeRedisStore {
             b = b.in_progress_retry_after(d);
         }
         let store = b.build().or_throw(raw)?;
-        let hub = Arc::new(Hub {
-            ready: Mutex::new(Vec::new()),
-            scheduled: AtomicBool::new(false),
-            draining: AtomicBool::new(false),
-            tsfn: AtomicPtr::new(ptr::null_mut()),
-        });
+        let hub = Hub::new();
         let inner = Rc::new_cyclic(|me| Inner {
             store,
             hub: hub.clone(),
@@ -550,38 +461,7 @@ impl NativeRedisStore {
             leases: RefCell::new(HashSet::new()),
             me: me.clone(),
         });
-        let ctx = Box::into_raw(Box::new(TsfnContext {
-            inner: Rc::downgrade(&inner),
-            hub: hub.clone(),
-        }));
-        let mut tsfn = ptr::null_mut();
-        // SAFETY: on the JS thread; `ctx` stays valid until `finalize` frees it.
-        let status = unsafe {
-            sys::napi_create_threadsafe_function(
-                raw,
-                ptr::null_mut(),
-                ptr::null_mut(),
-                errors::js_string(raw, "oncely.RedisStore"),
-                0,
-                1,
-                ctx.cast(),
-                Some(finalize),
-                ctx.cast(),
-                Some(call_js),
-                &mut tsfn,
-            )
-        };
-        if status != sys::Status::napi_ok {
-            // SAFETY: not handed to Node.
-            drop(unsafe { Box::from_raw(ctx) });
-            return Err(Error::new(
-                Status::GenericFailure,
-                "oncely: napi_create_threadsafe_function failed",
-            ));
-        }
-        // SAFETY: just created on this thread; ref'd only while tasks are pending.
-        unsafe { sys::napi_unref_threadsafe_function(raw, tsfn) };
-        hub.tsfn.store(tsfn, Ordering::Release);
+        hub::attach(raw, "oncely.RedisStore", Rc::downgrade(&inner), &hub)?;
         Ok(NativeRedisStore { inner })
     }
 

@@ -20,6 +20,7 @@
 //! a drain through a threadsafe function, which is unref'd so it never keeps the
 //! process alive. No runtime, no polling, no thread.
 
+use crate::hub::{self, Drain, Hub};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
@@ -27,10 +28,9 @@ use std::future::Future;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::ptr;
-use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use napi::bindgen_prelude::*;
 use napi::sys;
@@ -196,58 +196,6 @@ impl oncely::Classify for Failed {
 
 type Store = MemoryStore<Value, Failed>;
 
-/// The part of a store the wakers reach (from any thread, in principle).
-struct Hub {
-    ready: Mutex<Vec<u32>>,
-    /// A drain through the threadsafe function is on its way.
-    scheduled: AtomicBool,
-    /// The running native call drains the queue itself when it returns.
-    draining: AtomicBool,
-    /// Null once Node has finalized the threadsafe function.
-    tsfn: AtomicPtr<sys::napi_threadsafe_function__>,
-}
-
-impl Hub {
-    fn push(&self, id: u32) {
-        self.ready
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(id);
-        if !self.draining.load(Ordering::Acquire) && !self.scheduled.swap(true, Ordering::AcqRel) {
-            let tsfn = self.tsfn.load(Ordering::Acquire);
-            if !tsfn.is_null() {
-                // SAFETY: the threadsafe function is alive (not yet finalized); calling
-                // it is allowed from any thread.
-                unsafe {
-                    sys::napi_call_threadsafe_function(
-                        tsfn,
-                        ptr::null_mut(),
-                        sys::ThreadsafeFunctionCallMode::nonblocking,
-                    )
-                };
-            }
-        }
-    }
-
-    fn take(&self) -> Vec<u32> {
-        std::mem::take(&mut *self.ready.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
-
-struct WakeEntry {
-    hub: Arc<Hub>,
-    id: u32,
-}
-
-impl Wake for WakeEntry {
-    fn wake(self: Arc<Self>) {
-        self.hub.push(self.id);
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.hub.push(self.id);
-    }
-}
-
 /// The one Promise of a flight, shared by all its waiters (same-thread joiners of one
 /// running call): one core `Join`, one deferred, one wake-up for all of them.
 struct Group {
@@ -328,9 +276,7 @@ impl Inner {
     /// Runs `settle` (a lease transition, which wakes waiters synchronously), then
     /// settles the woken waiters' Promises.
     fn settling(&self, env: sys::napi_env, settle: impl FnOnce()) {
-        let was = self.hub.draining.swap(true, Ordering::AcqRel);
-        settle();
-        self.hub.draining.store(was, Ordering::Release);
+        self.hub.queueing(settle);
         self.drain(env);
     }
 
@@ -435,10 +381,7 @@ impl Inner {
                 (ws.slots.len() - 1) as u32
             }
         };
-        let waker = Waker::from(Arc::new(WakeEntry {
-            hub: self.hub.clone(),
-            id,
-        }));
+        let waker = self.hub.waker(id);
         let mut cx = Context::from_waker(&waker);
         match Pin::new(&mut join).poll(&mut cx) {
             Poll::Ready(out) => {
@@ -467,50 +410,14 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.table.closed.set(true);
-        let tsfn = self.hub.tsfn.swap(ptr::null_mut(), Ordering::AcqRel);
-        if !tsfn.is_null() {
-            // SAFETY: not yet finalized (the finalizer nulls the pointer first).
-            unsafe {
-                sys::napi_release_threadsafe_function(
-                    tsfn,
-                    sys::ThreadsafeFunctionReleaseMode::release,
-                )
-            };
-        }
+        self.hub.release();
     }
 }
 
-/// The threadsafe function's context: reclaimed by its finalizer.
-struct TsfnContext {
-    inner: Weak<Inner>,
-    hub: Arc<Hub>,
-}
-
-unsafe extern "C" fn call_js(
-    env: sys::napi_env,
-    _js_callback: sys::napi_value,
-    context: *mut c_void,
-    _data: *mut c_void,
-) {
-    if env.is_null() || context.is_null() {
-        return; // the environment is shutting down
+impl Drain for Inner {
+    fn drain(&self, env: sys::napi_env) {
+        Inner::drain(self, env);
     }
-    // SAFETY: `context` is the `TsfnContext` leaked at creation, freed only by `finalize`,
-    // which Node runs after the last call.
-    let ctx = unsafe { &*(context as *const TsfnContext) };
-    ctx.hub.scheduled.store(false, Ordering::Release);
-    if let Some(inner) = ctx.inner.upgrade() {
-        inner.drain(env);
-    }
-}
-
-unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
-    if data.is_null() {
-        return;
-    }
-    // SAFETY: `data` is the `TsfnContext` leaked at creation; finalize runs once.
-    let ctx = unsafe { Box::from_raw(data as *mut TsfnContext) };
-    ctx.hub.tsfn.store(ptr::null_mut(), Ordering::Release);
 }
 
 /// Counts of what a store has done since it was made.
@@ -593,12 +500,7 @@ impl NativeStore {
             len: Cell::new(1),
             closed: Cell::new(false),
         });
-        let hub = Arc::new(Hub {
-            ready: Mutex::new(Vec::new()),
-            scheduled: AtomicBool::new(false),
-            draining: AtomicBool::new(false),
-            tsfn: AtomicPtr::new(ptr::null_mut()),
-        });
+        let hub = Hub::new();
         let inner = Rc::new(Inner {
             store,
             waiters: RefCell::new(Waiters::default()),
@@ -610,39 +512,7 @@ impl NativeStore {
             last_key: RefCell::new(None),
             last_fp: RefCell::new(None),
         });
-        let ctx = Box::into_raw(Box::new(TsfnContext {
-            inner: Rc::downgrade(&inner),
-            hub: hub.clone(),
-        }));
-        let mut tsfn = ptr::null_mut();
-        // SAFETY: on the JS thread; `ctx` stays valid until `finalize` frees it.
-        let status = unsafe {
-            sys::napi_create_threadsafe_function(
-                raw,
-                ptr::null_mut(),
-                ptr::null_mut(),
-                errors::js_string(raw, "oncely.IdempotencyStore"),
-                0,
-                1,
-                ctx.cast(),
-                Some(finalize),
-                ctx.cast(),
-                Some(call_js),
-                &mut tsfn,
-            )
-        };
-        if status != sys::Status::napi_ok {
-            // SAFETY: not handed to Node: free it here.
-            drop(unsafe { Box::from_raw(ctx) });
-            return Err(Error::new(
-                Status::GenericFailure,
-                "oncely: napi_create_threadsafe_function failed",
-            ));
-        }
-        // SAFETY: `tsfn` was just created on this thread. Unref'd: a pending drain
-        // never keeps the process alive on its own.
-        unsafe { sys::napi_unref_threadsafe_function(raw, tsfn) };
-        hub.tsfn.store(tsfn, Ordering::Release);
+        hub::attach(raw, "oncely.IdempotencyStore", Rc::downgrade(&inner), &hub)?;
         Ok(NativeStore { inner })
     }
 
