@@ -100,6 +100,8 @@ export type OncelyErrorKind =
   | 'capacity'
   | 'unavailable'
   | 'leader_panicked'
+  | 'reentrant'
+  | 'result_not_stored'
   | 'lease_settled'
   | 'other'
 
@@ -116,6 +118,10 @@ export interface OncelyError extends Error {
   retryAfterMs?: number
   /** For `kind: 'capacity'` (RESOURCE_EXHAUSTED): the configured bound. */
   maxEntries?: number
+  /** For `kind: 'reentrant'` and `'result_not_stored'`: the scoped key. */
+  key?: string
+  /** For `kind: 'result_not_stored'` (DATA_LOSS): the type of the result that could not be stored. */
+  typeName?: string
 }
 
 /** Properties `retry` adds to the last error (when it is an object) before rethrowing it. */

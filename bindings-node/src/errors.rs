@@ -186,6 +186,24 @@ pub(crate) fn core_error(env: sys::napi_env, e: &oncely::Error) -> napi::Error {
         ),
         oncely::Error::Unavailable(_) => simple(env, code, e, "unavailable"),
         oncely::Error::LeaderPanicked(_) => simple(env, code, e, "leader_panicked"),
+        oncely::Error::Reentrant { key } => throw(
+            env,
+            Ctor::Error,
+            code,
+            &e.to_string(),
+            &[Prop::Str(c"kind", "reentrant"), Prop::Str(c"key", key)],
+        ),
+        oncely::Error::ResultNotStored { key, type_name } => throw(
+            env,
+            Ctor::Error,
+            code,
+            &e.to_string(),
+            &[
+                Prop::Str(c"kind", "result_not_stored"),
+                Prop::Str(c"key", key),
+                Prop::Str(c"typeName", type_name),
+            ],
+        ),
         _ => simple(env, code, e, "other"),
     }
 }

@@ -72,6 +72,15 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         }
         Error::Unavailable(_) => class!(py, "StoreUnavailableError")?,
         Error::LeaderPanicked(_) => class!(py, "LeaderPanickedError")?,
+        Error::Reentrant { key } => {
+            kwargs.set_item("key", key)?;
+            class!(py, "ReentrantCallError")?
+        }
+        Error::ResultNotStored { key, type_name } => {
+            kwargs.set_item("key", key)?;
+            kwargs.set_item("type_name", type_name)?;
+            class!(py, "ResultNotStoredError")?
+        }
         // `Error` is non-exhaustive: a variant added to the core later still surfaces
         // as an `OncelyError` carrying its code.
         other => {

@@ -60,6 +60,28 @@ pub enum Error {
     /// The call this one was waiting for panicked while running its action.
     #[error("the leading call for this idempotency key panicked: {0}")]
     LeaderPanicked(String),
+    /// An action called `execute` with the very key it is leading: it would wait for
+    /// itself forever, so the inner call fails at once instead.
+    #[error(
+        "re-entrant execute: the action leading idempotency key {key} called execute with \
+         the same key and would wait for itself forever; give the inner operation its own key"
+    )]
+    Reentrant {
+        /// The scoped key (as `tenant/method/key`).
+        key: String,
+    },
+    /// The operation ran and completed, but its result could not be stored (the store's
+    /// codec cannot encode it), so it cannot be replayed; it is not run again.
+    #[error(
+        "the operation with idempotency key {key} completed, but its result (a {type_name}) \
+         could not be stored, so it cannot be replayed; the operation is not run again"
+    )]
+    ResultNotStored {
+        /// The scoped key (as `tenant/method/key`).
+        key: String,
+        /// The host-language type of the result that could not be encoded.
+        type_name: String,
+    },
 }
 
 impl Error {
@@ -72,6 +94,8 @@ impl Error {
             Error::Capacity { .. } => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,
             Error::LeaderPanicked(_) => Code::Internal,
+            Error::Reentrant { .. } => Code::FailedPrecondition,
+            Error::ResultNotStored { .. } => Code::DataLoss,
         }
     }
 

@@ -90,6 +90,34 @@ class LeaderPanickedError(OncelyError):
     default_code = Code.INTERNAL
 
 
+class ReentrantCallError(OncelyError):
+    """An action called ``execute`` with the key it is leading; it would wait for
+    itself forever (FAILED_PRECONDITION). ``key`` is the scoped key."""
+
+    default_code = Code.FAILED_PRECONDITION
+    key: str
+
+    def __init__(self, message: str, *, key: str = "", code: Optional[int] = None) -> None:
+        super().__init__(message, code=code)
+        self.key = key
+
+
+class ResultNotStoredError(OncelyError):
+    """The operation ran once, but its result could not be encoded by the store, so it
+    cannot be replayed; it is not run again (DATA_LOSS). ``type_name`` names the type."""
+
+    default_code = Code.DATA_LOSS
+    key: str
+    type_name: str
+
+    def __init__(
+        self, message: str, *, key: str = "", type_name: str = "", code: Optional[int] = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.key = key
+        self.type_name = type_name
+
+
 __all__ = [
     "OncelyError",
     "InvalidArgumentError",
@@ -101,4 +129,6 @@ __all__ = [
     "CapacityError",
     "StoreUnavailableError",
     "LeaderPanickedError",
+    "ReentrantCallError",
+    "ResultNotStoredError",
 ]
