@@ -75,7 +75,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_PREFIX: &str = "oncely";
 /// Default timeout for opening a connection (1 s).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Default timeout for one Redis round trip (1 s).
+/// Default deadline of one Redis call (1 s; a third of the lease when that is shorter).
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default number of worker threads (each with one connection).
 pub const DEFAULT_WORKERS: usize = 4;
@@ -127,7 +127,8 @@ struct Config {
     lease: Duration,
     ttl: Duration,
     connect_timeout: Duration,
-    io_timeout: Duration,
+    /// `None`: [`DEFAULT_IO_TIMEOUT`], or a third of a shorter lease.
+    io_timeout: Option<Duration>,
     workers: usize,
     poll_min: Duration,
     poll_max: Duration,
@@ -143,10 +144,17 @@ impl fmt::Debug for Config {
             .field("lease", &self.lease)
             .field("ttl", &self.ttl)
             .field("connect_timeout", &self.connect_timeout)
-            .field("io_timeout", &self.io_timeout)
+            .field("io_timeout", &self.io_timeout())
             .field("workers", &self.workers)
             .field("tls_ca_file", &self.tls_ca_file)
             .finish_non_exhaustive()
+    }
+}
+
+impl Config {
+    fn io_timeout(&self) -> Duration {
+        self.io_timeout
+            .unwrap_or_else(|| DEFAULT_IO_TIMEOUT.min(self.lease / 3))
     }
 }
 
@@ -173,10 +181,14 @@ impl<E> RedisStoreBuilder<E> {
         self.config.connect_timeout = d;
         self
     }
-    /// Timeout for one command's reply (default 1 s); past it the call fails with
-    /// UNAVAILABLE.
+    /// The deadline of one call (default 1 s, or a third of the lease when that is
+    /// shorter): waiting for a free worker, connecting and the reply together; past it
+    /// the call fails with UNAVAILABLE. A call that could not be sent in time (every
+    /// worker busy with a slow Redis) is failed without being sent. The lease must be
+    /// at least 3 × this, so that a renewal that times out can be retried before the
+    /// lease runs out.
     pub fn io_timeout(mut self, d: Duration) -> Self {
-        self.config.io_timeout = d;
+        self.config.io_timeout = Some(d);
         self
     }
     /// Worker threads, each with one connection (default 4).
@@ -229,12 +241,24 @@ impl<E> RedisStoreBuilder<E> {
         };
         positive("ttl", config.ttl)?;
         positive("connect_timeout", config.connect_timeout)?;
-        positive("io_timeout", config.io_timeout)?;
-        positive("poll_interval", config.poll_min)?;
         if config.lease < Duration::from_millis(30) {
             return Err(Error::InvalidArgument {
                 field: "lease",
                 reason: format!("must be at least 30 ms, got {:?}", config.lease),
+            });
+        }
+        let io_timeout = config.io_timeout();
+        positive("io_timeout", io_timeout)?;
+        positive("poll_interval", config.poll_min)?;
+        if config.lease < io_timeout * 3 {
+            return Err(Error::InvalidArgument {
+                field: "lease",
+                reason: format!(
+                    "must be at least 3 × io_timeout ({io_timeout:?}), got {:?}: a renewal \
+                     that times out must leave time for another before the lease runs out \
+                     (raise the lease or lower io_timeout)",
+                    config.lease
+                ),
             });
         }
         if config.poll_max < config.poll_min {
@@ -286,7 +310,7 @@ impl<E> RedisStoreBuilder<E> {
         let link = Link {
             client,
             connect_timeout: config.connect_timeout,
-            io_timeout: config.io_timeout,
+            io_timeout,
         };
         let local = MemoryStore::builder()
             .in_progress_retry_after(config.in_progress_retry_after)
@@ -378,6 +402,26 @@ impl<E> Drop for Inner<E> {
     }
 }
 
+/// Runs the release script: 1 deleted, 0 not ours (left alone).
+fn release(
+    scripts: &Scripts,
+    c: &mut redis::Connection,
+    record: &str,
+    token: &str,
+) -> redis::RedisResult<i64> {
+    scripts
+        .release
+        .key(record)
+        .arg(token)
+        .arg(channel(record))
+        .invoke(c)
+}
+
+/// The notification channel of a record.
+fn channel(record_key: &str) -> String {
+    format!("{record_key}:done")
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
@@ -387,7 +431,13 @@ impl<E> Inner<E> {
         format!("{{{}:{}}}", self.config.prefix, key.as_str())
     }
     fn channel(record_key: &str) -> String {
-        format!("{record_key}:done")
+        channel(record_key)
+    }
+    /// Deletes `record` if `token` still holds it, without waiting.
+    fn release_in_background(&self, record: String, token: String) {
+        let scripts = self.scripts.clone();
+        self.pool
+            .spawn(move |c| release(&scripts, c, &record, &token).map(drop));
     }
     fn version_error(v: &str) -> Error {
         Error::Unavailable(format!(
@@ -410,7 +460,7 @@ impl<E> RedisStore<E> {
                 lease: DEFAULT_LEASE,
                 ttl: oncely::DEFAULT_TTL,
                 connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-                io_timeout: DEFAULT_IO_TIMEOUT,
+                io_timeout: None,
                 workers: DEFAULT_WORKERS,
                 poll_min: DEFAULT_POLL_MIN,
                 poll_max: DEFAULT_POLL_MAX,
@@ -485,6 +535,8 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             let ttl_ms = millis(inner.config.ttl).max(lease_ms.saturating_mul(2));
             let (undo_scripts, undo_record, undo_token) =
                 (scripts.clone(), record.clone(), token.clone());
+            let (later, later_record, later_token) =
+                (self.clone(), record.clone(), token.clone());
             inner.pool.call_or_undo(
                 move |c| {
                     scripts
@@ -499,16 +551,15 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 // The caller went away while claiming: release what it won.
                 move |c, claim| match claim {
                     Claim::Lead { .. } => {
-                        let channel = Inner::<E>::channel(&undo_record);
-                        undo_scripts
-                            .release
-                            .key(&undo_record)
-                            .arg(&undo_token)
-                            .arg(&channel)
-                            .invoke::<i64>(c)
-                            .map(drop)
+                        release(&undo_scripts, c, &undo_record, &undo_token).map(drop)
                     }
                     _ => Ok(()),
+                },
+                // The caller went away after the answer came, before reading it.
+                move |claim| {
+                    if let Claim::Lead { .. } = claim {
+                        later.inner.release_in_background(later_record, later_token);
+                    }
                 },
             )
         }
@@ -769,59 +820,62 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
 
     /// Deletes the record if it is still ours, without waiting.
     fn release_in_background(&self) {
-        let inner = &self.store.inner;
-        let scripts = inner.scripts.clone();
-        let (record, token) = (self.record.clone(), self.token.clone());
-        inner.pool.spawn(move |c| {
-            let channel = Inner::<E>::channel(&record);
-            scripts
-                .release
-                .key(&record)
-                .arg(&token)
-                .arg(&channel)
-                .invoke::<i64>(c)
-                .map(drop)
-        });
+        self.store
+            .inner
+            .release_in_background(self.record.clone(), self.token.clone());
     }
 
-    async fn complete_async(mut self, value: Vec<u8>) -> Result<(), Error> {
+    /// Sends the completion at once (before the returned future is first polled), so
+    /// that dropping the future cannot make a release overtake it: the future only
+    /// waits for the answer. The lease is renewed until the completion has run.
+    fn complete_sent(mut self, value: Vec<u8>) -> impl Future<Output = Result<(), Error>> {
         let inner = self.store.inner.clone();
+        // Taken, so that dropping `self` below releases nothing.
+        let local = self.local.take();
         let stored = {
             let scripts = inner.scripts.clone();
             let (record, token, v) = (self.record.clone(), self.token.clone(), value.clone());
             let ttl_ms = millis(inner.config.ttl);
-            inner.pool.call(move |c| {
-                let channel = Inner::<E>::channel(&record);
-                scripts
-                    .complete
-                    .key(&record)
-                    .arg(&token)
-                    .arg(&v)
-                    .arg(ttl_ms)
-                    .arg(&channel)
-                    .invoke::<i64>(c)
-            })
-        }
-        .await;
-        inner.renewer.unregister(self.renewal);
-        let local = self.local.take();
-        match stored {
-            Ok(1) => {
-                if let Some(local) = local {
-                    settle_local(&inner, local, &self.scoped, value);
+            let (renewer, renewal) = (inner.renewer.clone(), self.renewal);
+            inner.pool.call_to_end(
+                move |c| {
+                    let channel = Inner::<E>::channel(&record);
+                    scripts
+                        .complete
+                        .key(&record)
+                        .arg(&token)
+                        .arg(&v)
+                        .arg(ttl_ms)
+                        .arg(&channel)
+                        .invoke::<i64>(c)
+                },
+                move |_| renewer.unregister(renewal),
+            )
+        };
+        let scoped = self.scoped.clone();
+        let renewal = self.renewal;
+        drop(self);
+        async move {
+            let stored = stored.await;
+            inner.renewer.unregister(renewal);
+            match stored {
+                Ok(1) => {
+                    if let Some(local) = local {
+                        settle_local(&inner, local, &scoped, value);
+                    }
+                    Ok(())
                 }
-                Ok(())
+                // Taken over: the new leader's record is left alone; local waiters look
+                // again (and join the new leader).
+                Ok(_) => {
+                    bump(&inner.counters.leases_lost);
+                    Err(Error::LeaseLost)
+                }
+                Err(Error::Unavailable(m)) => Err(Error::Unavailable(format!(
+                    "{m}; the result was not stored (the claim lapses with its lease)"
+                ))),
+                Err(e) => Err(e),
             }
-            // Taken over: the new leader's record is left alone; local waiters look
-            // again (and join the new leader).
-            Ok(_) => {
-                bump(&inner.counters.leases_lost);
-                Err(Error::LeaseLost)
-            }
-            Err(Error::Unavailable(m)) => Err(Error::Unavailable(format!(
-                "{m}; the result was not stored (the claim lapses with its lease)"
-            ))),
-            Err(e) => Err(e),
         }
     }
 
@@ -832,15 +886,9 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
         let released = {
             let scripts = inner.scripts.clone();
             let (record, token) = (self.record.clone(), self.token.clone());
-            inner.pool.call(move |c| {
-                let channel = Inner::<E>::channel(&record);
-                scripts
-                    .release
-                    .key(&record)
-                    .arg(&token)
-                    .arg(&channel)
-                    .invoke::<i64>(c)
-            })
+            inner
+                .pool
+                .call(move |c| release(&scripts, c, &record, &token))
         }
         .await;
         let _ = released; // unreachable Redis: the claim lapses with its lease
@@ -864,7 +912,7 @@ impl<E: Send + Sync + 'static> Drop for RedisLease<E> {
 
 impl<E: Send + Sync + 'static> LeaderLease<Vec<u8>, E> for RedisLease<E> {
     fn complete(self, value: Vec<u8>) -> impl Future<Output = Result<(), Error>> {
-        self.complete_async(value)
+        self.complete_sent(value)
     }
     fn fail(self, error: E) -> impl Future<Output = Arc<E>> {
         self.fail_async(error)

@@ -21,9 +21,11 @@ macro_rules! lua {
 /// retention and two leases).
 /// → {'lead', generation} | {'replay', result} | {'mismatch'} | {'running', ms left}
 ///   | {'version', v}
+/// Resent after a lost reply, it finds its own token and leads again (the lease
+/// restarted), instead of waiting for itself.
 const CLAIM: &str = lua!(
     r#"
-local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'gen', 'result')
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'gen', 'result', 'token')
 if not r[2] then
   redis.call('HSET', KEYS[1], 'v', '1', 'state', 'running', 'fp', ARGV[1], 'token', ARGV[2],
     'deadline', now + tonumber(ARGV[3]), 'gen', 1)
@@ -33,6 +35,10 @@ end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 if r[3] ~= ARGV[1] then return {'mismatch'} end
 if r[2] == 'done' then return {'replay', r[6] or ''} end
+if r[7] == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'deadline', now + tonumber(ARGV[3]))
+  return {'lead', tonumber(r[5])}
+end
 local left = tonumber(r[4]) - now
 if left > 0 then return {'running', left} end
 local gen = tonumber(r[5]) + 1
@@ -75,6 +81,8 @@ return 1
 
 /// KEYS[1] record; ARGV token, result, retention ms, channel. → 1 stored (or already
 /// stored with this token: a resend after a lost reply) | 0 lost
+/// The notification is best effort (`pcall`): a user without rights on the channel
+/// still stores its result, and waiters find it by polling.
 const COMPLETE: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'state', 'token')
@@ -83,18 +91,19 @@ if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'done_at', now)
 redis.call('HDEL', KEYS[1], 'deadline')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('PUBLISH', ARGV[4], 'done')
+redis.pcall('PUBLISH', ARGV[4], 'done')
 return 1
 "#
 );
 
-/// KEYS[1] record; ARGV token, channel. → 1 deleted | 0 not ours (left alone)
+/// KEYS[1] record; ARGV token, channel. → 1 deleted | 0 not ours (left alone, also
+/// when resent after it deleted). The notification is best effort, as in COMPLETE.
 const RELEASE: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'state', 'token')
 if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], 'released')
+redis.pcall('PUBLISH', ARGV[2], 'released')
 return 1
 "#
 );

@@ -1,12 +1,19 @@
 //! The store's own threads, which drive the redis crate's blocking client so that the
 //! caller needs no async runtime: a small worker pool (results come back through
 //! `futures-channel` oneshots), one lease renewer and one pub/sub listener.
+//!
+//! Every call has a deadline: `io_timeout` after it was made. It bounds the wait for
+//! a worker, connecting and the reply alike, so a slow or black-holed Redis answers
+//! each caller within about one I/O timeout, whatever its place in the queue. A call
+//! whose deadline passed before a worker took it up is never sent.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use event_listener::Event;
@@ -32,12 +39,53 @@ pub(crate) fn unavailable(e: &redis::RedisError) -> Error {
     Error::Unavailable(format!("Redis {what}: {e}"))
 }
 
+/// Why a call gave no value.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Its deadline passed before it could be sent: Redis never saw it.
+    NotSent,
+    /// Redis could not be reached or answered with an error.
+    Redis(redis::RedisError),
+}
+
+impl From<redis::RedisError> for Failure {
+    fn from(e: redis::RedisError) -> Self {
+        Failure::Redis(e)
+    }
+}
+
+impl Failure {
+    fn into_error(self, io_timeout: Duration) -> Error {
+        match self {
+            Failure::NotSent => Error::Unavailable(format!(
+                "Redis timed out: no reply to the calls ahead of this one within the I/O \
+                 timeout ({io_timeout:?}); this call was not sent"
+            )),
+            Failure::Redis(e) => unavailable(&e),
+        }
+    }
+}
+
 /// Connection settings shared by every thread.
 #[derive(Clone)]
 pub(crate) struct Link {
     pub client: redis::Client,
     pub connect_timeout: Duration,
     pub io_timeout: Duration,
+}
+
+impl Link {
+    /// The deadline of a call made now.
+    pub(crate) fn deadline(&self) -> Instant {
+        Instant::now() + self.io_timeout
+    }
+}
+
+/// Time left before `deadline`, if any.
+fn left(deadline: Instant) -> Option<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
 }
 
 /// One lazily (re)opened connection. Any I/O error drops it; the next use reconnects.
@@ -51,45 +99,66 @@ impl Conn {
         Conn { link, con: None }
     }
 
-    /// Runs `f` on the connection, opening it first if needed. A connection that was
-    /// opened before and fails with an I/O error (not a timeout) is stale — e.g. the
-    /// server restarted since its last use, so the command never reached a server —
-    /// and `f` is retried once on a fresh connection. Every script is safe to resend:
-    /// each checks the lease token, and completing twice with one token is a success.
+    /// The deadline of a call made now on this connection.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.link.deadline()
+    }
+
+    /// Runs `f` on the connection, opening it first if needed, by `deadline` (the
+    /// socket timeouts are set to the time left; nothing is sent once it passed).
+    ///
+    /// A connection that was opened before and fails with an I/O error (not a timeout)
+    /// is likely stale — e.g. the server restarted since its last use — and `f` is
+    /// retried once on a fresh connection. The command may still have been executed
+    /// (a connection reset after the server ran it looks the same), so every script is
+    /// idempotent when resent with the same arguments: each checks the lease token, a
+    /// claim that finds its own token leads, completing twice with one token counts as
+    /// stored, and renewing or releasing again is harmless.
     pub(crate) fn run<T>(
         &mut self,
+        deadline: Instant,
         mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> redis::RedisResult<T> {
+    ) -> Result<T, Failure> {
         let reused = self.con.is_some();
-        match self.run_once(&mut f) {
-            Err(e) if reused && e.is_io_error() && !e.is_timeout() => self.run_once(&mut f),
+        match self.run_once(deadline, &mut f) {
+            Err(Failure::Redis(e))
+                if reused && e.is_io_error() && !e.is_timeout() && left(deadline).is_some() =>
+            {
+                self.run_once(deadline, &mut f)
+            }
             r => r,
         }
     }
 
     fn run_once<T>(
         &mut self,
+        deadline: Instant,
         f: &mut impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
-    ) -> redis::RedisResult<T> {
+    ) -> Result<T, Failure> {
         if self.con.is_none() {
+            let time = left(deadline).ok_or(Failure::NotSent)?;
             let con = self
                 .link
                 .client
-                .get_connection_with_timeout(self.link.connect_timeout)?;
-            con.set_read_timeout(Some(self.link.io_timeout))?;
-            con.set_write_timeout(Some(self.link.io_timeout))?;
+                .get_connection_with_timeout(self.link.connect_timeout.min(time))?;
             self.con = Some(con);
         }
         let Some(con) = self.con.as_mut() else {
             unreachable!("connected above")
         };
-        let r = f(con);
+        let r = match left(deadline) {
+            None => return Err(Failure::NotSent),
+            Some(time) => con
+                .set_read_timeout(Some(time))
+                .and_then(|()| con.set_write_timeout(Some(time)))
+                .and_then(|()| f(con)),
+        };
         if let Err(e) = &r {
             if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
                 self.con = None;
             }
         }
-        r
+        Ok(r?)
     }
 }
 
@@ -97,8 +166,66 @@ type Job = Box<dyn FnOnce(&mut Conn) + Send>;
 
 /// A fixed pool of threads, each with its own connection, running jobs in order of
 /// arrival. The threads end when the pool is dropped.
+///
+/// Every job ends by its deadline and all jobs get the same time, so the jobs ahead of
+/// a call end before the call's own deadline: a call waits for a worker at most until
+/// its deadline, and is then failed without being sent.
 pub(crate) struct Pool {
     tx: Mutex<Option<mpsc::Sender<Job>>>,
+    io_timeout: Duration,
+}
+
+/// What a job does when its caller went away before it started.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IfAbandoned {
+    /// Skip it: nobody will read the answer (a claim, a look).
+    Skip,
+    /// Run it anyway: a completion, whose order against a later release matters.
+    Run,
+}
+
+/// The answer of a call on the pool (UNAVAILABLE when Redis failed). Dropping it
+/// before the answer is read hands a value that already arrived to its undo, if any.
+pub(crate) struct Reply<T> {
+    rx: Option<futures_channel::oneshot::Receiver<Result<T, Failure>>>,
+    undo: Option<Box<dyn FnOnce(T) + Send>>,
+    io_timeout: Duration,
+}
+
+impl<T> Future for Reply<T> {
+    type Output = Result<T, Error>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let io_timeout = self.io_timeout;
+        let Some(rx) = self.rx.as_mut() else {
+            return Poll::Ready(Err(Error::Unavailable(
+                "the Redis store was shut down".into(),
+            )));
+        };
+        let out = match Pin::new(rx).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Ok(Ok(v))) => Ok(v),
+            Poll::Ready(Ok(Err(f))) => Err(f.into_error(io_timeout)),
+            Poll::Ready(Err(_)) => Err(Error::Unavailable(
+                "a Redis worker thread stopped before answering".into(),
+            )),
+        };
+        self.rx = None;
+        self.undo = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        if let (Some(mut rx), Some(undo)) = (self.rx.take(), self.undo.take()) {
+            // After `close` no send can succeed: a value is either here now, or the
+            // worker keeps it and undoes it there.
+            rx.close();
+            if let Ok(Some(Ok(v))) = rx.try_recv() {
+                undo(v);
+            }
+        }
+    }
 }
 
 impl Pool {
@@ -121,66 +248,97 @@ impl Pool {
         }
         Pool {
             tx: Mutex::new(Some(tx)),
+            io_timeout: link.io_timeout,
         }
+    }
+
+    fn submit(&self, job: Job) -> bool {
+        lock(&self.tx).as_ref().is_some_and(|s| s.send(job).is_ok())
+    }
+
+    fn reply<T>(
+        &self,
+        sent: bool,
+        rx: futures_channel::oneshot::Receiver<Result<T, Failure>>,
+        undo: Option<Box<dyn FnOnce(T) + Send>>,
+    ) -> Reply<T> {
+        Reply {
+            rx: sent.then_some(rx),
+            undo,
+            io_timeout: self.io_timeout,
+        }
+    }
+
+    fn call_with<T: Send + 'static>(
+        &self,
+        if_abandoned: IfAbandoned,
+        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        after: impl FnOnce(&Result<T, Failure>) + Send + 'static,
+    ) -> Reply<T> {
+        let deadline = Instant::now() + self.io_timeout;
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let job: Job = Box::new(move |conn: &mut Conn| {
+            if if_abandoned == IfAbandoned::Skip && tx.is_canceled() {
+                return;
+            }
+            let r = conn.run(deadline, f);
+            after(&r);
+            let _ = tx.send(r);
+        });
+        let sent = self.submit(job);
+        self.reply(sent, rx, None)
     }
 
     /// Runs `f` on a worker; the future resolves with its result. Redis errors
-    /// become UNAVAILABLE.
+    /// become UNAVAILABLE. Not sent when the caller went away before a worker took
+    /// it up.
     pub(crate) fn call<T: Send + 'static>(
         &self,
         f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
-    ) -> impl Future<Output = Result<T, Error>> {
-        let (tx, rx) = futures_channel::oneshot::channel();
-        let job: Job = Box::new(move |conn: &mut Conn| {
-            let _ = tx.send(conn.run(f));
-        });
-        let sent = lock(&self.tx).as_ref().is_some_and(|s| s.send(job).is_ok());
-        async move {
-            if !sent {
-                return Err(Error::Unavailable("the Redis store was shut down".into()));
-            }
-            match rx.await {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) => Err(unavailable(&e)),
-                Err(_) => Err(Error::Unavailable(
-                    "a Redis worker thread stopped before answering".into(),
-                )),
-            }
-        }
+    ) -> Reply<T> {
+        self.call_with(IfAbandoned::Skip, f, |_| {})
     }
 
-    /// Like [`call`](Self::call), but when the caller stopped waiting (its future was
-    /// dropped) before `f` finished, runs `undo` with `f`'s value on the same worker:
-    /// a claim nobody will use is released at once instead of blocking the key for a
-    /// lease.
+    /// Like [`call`](Self::call), but runs even when the caller goes away, and runs
+    /// `after` on the worker with the result before answering (a completion: once
+    /// sent, it is never overtaken by a release queued after it).
+    pub(crate) fn call_to_end<T: Send + 'static>(
+        &self,
+        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        after: impl FnOnce(&Result<T, Failure>) + Send + 'static,
+    ) -> Reply<T> {
+        self.call_with(IfAbandoned::Run, f, after)
+    }
+
+    /// Like [`call`](Self::call), but a value nobody will read is undone: when the
+    /// caller stopped waiting (dropped the future) before the answer came, `undo` runs
+    /// on the worker with `f`'s value; when the answer came but was never read,
+    /// `undo_later` gets it when the future is dropped. A claim nobody will use is
+    /// released at once instead of blocking the key for a lease.
     pub(crate) fn call_or_undo<T: Send + 'static>(
         &self,
         f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
         undo: impl FnOnce(&mut redis::Connection, T) -> redis::RedisResult<()> + Send + 'static,
-    ) -> impl Future<Output = Result<T, Error>> {
+        undo_later: impl FnOnce(T) + Send + 'static,
+    ) -> Reply<T> {
+        let deadline = Instant::now() + self.io_timeout;
         let (tx, rx) = futures_channel::oneshot::channel();
         let job: Job = Box::new(move |conn: &mut Conn| {
-            if let Err(Ok(v)) = tx.send(conn.run(f)) {
+            if tx.is_canceled() {
+                return;
+            }
+            if let Err(Ok(v)) = tx.send(conn.run(deadline, f)) {
+                // Within the same deadline, so the jobs behind this one keep theirs;
+                // past it the claim lapses with its lease.
                 let mut undo = Some((undo, v));
-                let _ = conn.run(|c| match undo.take() {
+                let _ = conn.run(deadline, |c| match undo.take() {
                     Some((undo, v)) => undo(c, v),
                     None => Ok(()),
                 });
             }
         });
-        let sent = lock(&self.tx).as_ref().is_some_and(|s| s.send(job).is_ok());
-        async move {
-            if !sent {
-                return Err(Error::Unavailable("the Redis store was shut down".into()));
-            }
-            match rx.await {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) => Err(unavailable(&e)),
-                Err(_) => Err(Error::Unavailable(
-                    "a Redis worker thread stopped before answering".into(),
-                )),
-            }
-        }
+        let sent = self.submit(job);
+        self.reply(sent, rx, Some(Box::new(undo_later)))
     }
 
     /// Runs `f` on a worker without waiting for it (release after a panic or drop).
@@ -188,15 +346,13 @@ impl Pool {
         &self,
         f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<()> + Send + 'static,
     ) {
+        let deadline = Instant::now() + self.io_timeout;
         let job: Job = Box::new(move |conn: &mut Conn| {
-            let _ = conn.run(f);
+            let _ = conn.run(deadline, f);
         });
-        if let Some(s) = lock(&self.tx).as_ref() {
-            let _ = s.send(job);
-        }
+        self.submit(job);
     }
 }
-
 /// One lease being renewed.
 struct Renewal {
     key: String,
@@ -324,25 +480,40 @@ impl Renewer {
                     st.sleeping_until = None;
                 }
             };
-            for (id, key, token) in due {
-                let r: redis::RedisResult<i64> =
-                    conn.run(|c| scripts.renew.key(&key).arg(&token).arg(lease_ms).invoke(c));
-                let mut st = lock(&self.state);
-                match r {
-                    Ok(1) => {
-                        if let Some(l) = st.leases.get_mut(&id) {
-                            l.due = Instant::now() + self.period();
-                        }
+            // One round trip for every due lease: a slow reply delays them all by one
+            // I/O timeout at most, never one after the other.
+            let deadline = conn.deadline();
+            let r: Result<Vec<i64>, Failure> = conn.run(deadline, |c| {
+                let mut p = redis::pipe();
+                for (_, key, token) in &due {
+                    p.invoke_script(scripts.renew.key(key).arg(token).arg(lease_ms));
+                }
+                match p.query::<Vec<i64>>(c) {
+                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                        scripts.renew.prepare_invoke().load(c)?;
+                        p.query(c)
                     }
-                    Ok(_) => {
-                        if let Some(l) = st.leases.remove(&id) {
+                    r => r,
+                }
+            });
+            let mut st = lock(&self.state);
+            match r {
+                Ok(renewed) if renewed.len() == due.len() => {
+                    for ((id, _, _), ok) in due.iter().zip(renewed) {
+                        if ok == 1 {
+                            if let Some(l) = st.leases.get_mut(id) {
+                                l.due = Instant::now() + self.period();
+                            }
+                        } else if let Some(l) = st.leases.remove(id) {
                             l.lost.store(true, Ordering::Release);
                         }
                     }
-                    // Redis unreachable: keep trying; when it returns in time the
-                    // lease is kept, otherwise the complete script reports it lost.
-                    Err(_) => {
-                        if let Some(l) = st.leases.get_mut(&id) {
+                }
+                // Redis unreachable: keep trying; when it returns in time the lease is
+                // kept, otherwise the complete script reports it lost.
+                _ => {
+                    for (id, _, _) in &due {
+                        if let Some(l) = st.leases.get_mut(id) {
                             l.due =
                                 Instant::now() + (self.period() / 4).max(Duration::from_millis(5));
                         }
@@ -369,6 +540,8 @@ struct NotifyState {
 /// subscribes at once instead of at its next tick.
 pub(crate) struct Notifier {
     state: Mutex<NotifyState>,
+    /// Signalled on shutdown, to cut a back-off pause short.
+    stopped: Condvar,
     wake_channel: String,
 }
 
@@ -397,11 +570,17 @@ impl Drop for Subscription {
 /// How long the listener blocks in one read when nobody pokes it (it then checks for
 /// shutdown and new subscriptions).
 const LISTEN_TICK: Duration = Duration::from_millis(100);
+/// The listener's pause after a failed connection or subscription, doubled on each
+/// failure in a row up to [`LISTEN_BACKOFF_MAX`] (waiters poll meanwhile).
+const LISTEN_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The longest pause of the listener between attempts.
+const LISTEN_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 impl Notifier {
     pub(crate) fn new(wake_channel: String) -> Arc<Self> {
         Arc::new(Notifier {
             state: Mutex::new(NotifyState::default()),
+            stopped: Condvar::new(),
             wake_channel,
         })
     }
@@ -440,6 +619,19 @@ impl Notifier {
 
     pub(crate) fn shutdown(&self) {
         lock(&self.state).shutdown = true;
+        self.stopped.notify_all();
+    }
+
+    /// Sleeps `pause` (or until shutdown) and doubles it, up to the bound; false once
+    /// shut down.
+    fn back_off(&self, pause: &mut Duration) -> bool {
+        let st = lock(&self.state);
+        let (st, _) = self
+            .stopped
+            .wait_timeout_while(st, *pause, |st| !st.shutdown)
+            .unwrap_or_else(|e| e.into_inner());
+        *pause = (*pause * 2).min(LISTEN_BACKOFF_MAX);
+        !st.shutdown
     }
 
     fn wake_all(&self) {
@@ -449,67 +641,87 @@ impl Notifier {
     }
 
     fn run(&self, link: Link) {
+        // Reset only once a session has subscribed to everything wanted: a server
+        // that accepts connections but refuses subscriptions (no channel rights in
+        // its ACL) must not be hammered with reconnects.
+        let mut pause = LISTEN_BACKOFF_MIN;
         loop {
             if lock(&self.state).shutdown {
                 return;
             }
-            let Ok(mut con) = link
-                .client
-                .get_connection_with_timeout(link.connect_timeout)
-            else {
-                // Waiters fall back to polling meanwhile.
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
-            };
-            let mut ps = con.as_pubsub();
-            if ps.set_read_timeout(Some(LISTEN_TICK)).is_err()
-                || ps.subscribe(&self.wake_channel).is_err()
-            {
-                continue;
-            }
-            // Messages may have been missed while disconnected: let waiters look.
-            self.wake_all();
-            let mut subscribed: HashSet<String> = HashSet::new();
-            loop {
-                let (wanted, shutdown) = {
-                    let st = lock(&self.state);
-                    (
-                        st.channels.keys().cloned().collect::<HashSet<_>>(),
-                        st.shutdown,
-                    )
-                };
-                if shutdown {
-                    return;
-                }
-                let add: Vec<&String> = wanted.difference(&subscribed).collect();
-                let remove: Vec<&String> = subscribed.difference(&wanted).collect();
-                if (!add.is_empty() && ps.subscribe(&add).is_err())
-                    || (!remove.is_empty() && ps.unsubscribe(&remove).is_err())
-                {
-                    break;
-                }
-                if !add.is_empty() {
-                    // A publish between a waiter's look and this subscription is not
-                    // seen: let the new waiters look once more.
-                    let st = lock(&self.state);
-                    for ch in &add {
-                        if let Some((_, e)) = st.channels.get(*ch) {
-                            e.notify(usize::MAX);
-                        }
-                    }
-                }
-                subscribed = wanted;
-                match ps.get_message() {
-                    Ok(msg) => {
-                        let st = lock(&self.state);
-                        if let Some((_, e)) = st.channels.get(msg.get_channel_name()) {
-                            e.notify(usize::MAX);
-                        }
-                    }
-                    Err(e) if e.is_timeout() => {}
-                    Err(_) => break,
-                }
+            if self.session(&link, &mut pause) == Session::Stop || !self.back_off(&mut pause) {
+                return;
             }
         }
     }
+
+    /// One pub/sub connection, until it fails (or shutdown).
+    fn session(&self, link: &Link, pause: &mut Duration) -> Session {
+        // Waiters fall back to polling while there is no session.
+        let Ok(mut con) = link
+            .client
+            .get_connection_with_timeout(link.connect_timeout)
+        else {
+            return Session::Failed;
+        };
+        let mut ps = con.as_pubsub();
+        if ps.set_read_timeout(Some(LISTEN_TICK)).is_err()
+            || ps.subscribe(&self.wake_channel).is_err()
+        {
+            return Session::Failed;
+        }
+        // Messages may have been missed while disconnected: let waiters look.
+        self.wake_all();
+        let mut subscribed: HashSet<String> = HashSet::new();
+        loop {
+            let (wanted, shutdown) = {
+                let st = lock(&self.state);
+                (
+                    st.channels.keys().cloned().collect::<HashSet<_>>(),
+                    st.shutdown,
+                )
+            };
+            if shutdown {
+                return Session::Stop;
+            }
+            let add: Vec<&String> = wanted.difference(&subscribed).collect();
+            let remove: Vec<&String> = subscribed.difference(&wanted).collect();
+            if (!add.is_empty() && ps.subscribe(&add).is_err())
+                || (!remove.is_empty() && ps.unsubscribe(&remove).is_err())
+            {
+                return Session::Failed;
+            }
+            if !add.is_empty() {
+                // A publish between a waiter's look and this subscription is not
+                // seen: let the new waiters look once more.
+                let st = lock(&self.state);
+                for ch in &add {
+                    if let Some((_, e)) = st.channels.get(*ch) {
+                        e.notify(usize::MAX);
+                    }
+                }
+            }
+            subscribed = wanted;
+            *pause = LISTEN_BACKOFF_MIN;
+            match ps.get_message() {
+                Ok(msg) => {
+                    let st = lock(&self.state);
+                    if let Some((_, e)) = st.channels.get(msg.get_channel_name()) {
+                        e.notify(usize::MAX);
+                    }
+                }
+                Err(e) if e.is_timeout() => {}
+                Err(_) => return Session::Failed,
+            }
+        }
+    }
+}
+
+/// How a listener session ended.
+#[derive(PartialEq, Eq)]
+enum Session {
+    /// The store is shut down.
+    Stop,
+    /// The connection or a subscription failed: back off, then reconnect.
+    Failed,
 }
