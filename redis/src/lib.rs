@@ -535,8 +535,7 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             let ttl_ms = millis(inner.config.ttl).max(lease_ms.saturating_mul(2));
             let (undo_scripts, undo_record, undo_token) =
                 (scripts.clone(), record.clone(), token.clone());
-            let (later, later_record, later_token) =
-                (self.clone(), record.clone(), token.clone());
+            let (later, later_record, later_token) = (self.clone(), record.clone(), token.clone());
             inner.pool.call_or_undo(
                 move |c| {
                     scripts

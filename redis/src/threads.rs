@@ -58,8 +58,9 @@ impl Failure {
     fn into_error(self, io_timeout: Duration) -> Error {
         match self {
             Failure::NotSent => Error::Unavailable(format!(
-                "Redis timed out: no reply to the calls ahead of this one within the I/O \
-                 timeout ({io_timeout:?}); this call was not sent"
+                "Redis timed out: the call could not start within its I/O timeout \
+                 ({io_timeout:?}), taken by the calls ahead of it or by connecting; it \
+                 was not sent"
             )),
             Failure::Redis(e) => unavailable(&e),
         }
@@ -81,11 +82,13 @@ impl Link {
     }
 }
 
-/// Time left before `deadline`, if any.
-fn left(deadline: Instant) -> Option<Duration> {
+/// Time left before `deadline`, if it is enough to start a command: a tenth of the
+/// I/O timeout at least. A command sent with less would likely time out after Redis
+/// ran it (a claim then blocks its key for a lease); it is better not sent.
+fn left(deadline: Instant, io_timeout: Duration) -> Option<Duration> {
     deadline
         .checked_duration_since(Instant::now())
-        .filter(|d| !d.is_zero())
+        .filter(|d| !d.is_zero() && *d >= io_timeout / 10)
 }
 
 /// One lazily (re)opened connection. Any I/O error drops it; the next use reconnects.
@@ -122,7 +125,10 @@ impl Conn {
         let reused = self.con.is_some();
         match self.run_once(deadline, &mut f) {
             Err(Failure::Redis(e))
-                if reused && e.is_io_error() && !e.is_timeout() && left(deadline).is_some() =>
+                if reused
+                    && e.is_io_error()
+                    && !e.is_timeout()
+                    && left(deadline, self.link.io_timeout).is_some() =>
             {
                 self.run_once(deadline, &mut f)
             }
@@ -136,7 +142,7 @@ impl Conn {
         f: &mut impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, Failure> {
         if self.con.is_none() {
-            let time = left(deadline).ok_or(Failure::NotSent)?;
+            let time = left(deadline, self.link.io_timeout).ok_or(Failure::NotSent)?;
             let con = self
                 .link
                 .client
@@ -146,7 +152,7 @@ impl Conn {
         let Some(con) = self.con.as_mut() else {
             unreachable!("connected above")
         };
-        let r = match left(deadline) {
+        let r = match left(deadline, self.link.io_timeout) {
             None => return Err(Failure::NotSent),
             Some(time) => con
                 .set_read_timeout(Some(time))

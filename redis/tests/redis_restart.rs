@@ -144,7 +144,7 @@ fn key() -> ScopedKey {
 fn store(url: &str, prefix: &str) -> RedisStore<std::io::Error> {
     RedisStore::builder(url)
         .prefix(prefix)
-        .lease(Duration::from_millis(500))
+        .lease(Duration::from_millis(900))
         .connect_timeout(Duration::from_millis(300))
         .io_timeout(Duration::from_millis(300))
         .poll_interval(Duration::from_millis(5), Duration::from_millis(50))

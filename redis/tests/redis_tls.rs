@@ -234,7 +234,7 @@ fn key() -> ScopedKey {
 fn builder(url: &str) -> oncely_redis::RedisStoreBuilder<std::io::Error> {
     RedisStore::builder(url)
         .prefix(format!("t{}", IdempotencyKey::random().as_str()))
-        .lease(Duration::from_millis(500))
+        .lease(Duration::from_millis(1500))
         .connect_timeout(Duration::from_millis(500))
         .io_timeout(Duration::from_millis(500))
         .poll_interval(Duration::from_millis(5), Duration::from_millis(50))
