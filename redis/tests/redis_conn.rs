@@ -92,6 +92,9 @@ struct Faults {
     /// Client writes longer than this many bytes are held this long before they are
     /// forwarded.
     slow_big_writes: Option<(usize, Duration)>,
+    /// Connections that send SUBSCRIBE are closed at once (counted in
+    /// [`Proxy::refused`]), as by a server or proxy that does not allow pub/sub.
+    refuse_subscribe: bool,
 }
 
 /// A TCP proxy in front of the test's Redis (or, with no upstream, a black hole that
@@ -101,6 +104,8 @@ struct Proxy {
     faults: Arc<Mutex<Faults>>,
     /// Replies dropped so far.
     dropped: Arc<AtomicUsize>,
+    /// Connections closed for sending SUBSCRIBE so far.
+    refused: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
 }
 
@@ -110,9 +115,15 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let faults = Arc::new(Mutex::new(Faults::default()));
         let dropped = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         {
-            let (faults, dropped, stop) = (faults.clone(), dropped.clone(), stop.clone());
+            let (faults, dropped, refused, stop) = (
+                faults.clone(),
+                dropped.clone(),
+                refused.clone(),
+                stop.clone(),
+            );
             std::thread::spawn(move || {
                 for client in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
@@ -132,7 +143,13 @@ impl Proxy {
                             let Ok(server) = TcpStream::connect(addr) else {
                                 continue;
                             };
-                            pipe(client, server, faults.clone(), dropped.clone());
+                            pipe(
+                                client,
+                                server,
+                                faults.clone(),
+                                dropped.clone(),
+                                refused.clone(),
+                            );
                         }
                     }
                 }
@@ -142,6 +159,7 @@ impl Proxy {
             port,
             faults,
             dropped,
+            refused,
             stop,
         }
     }
@@ -163,6 +181,7 @@ fn pipe(
     server: TcpStream,
     faults: Arc<Mutex<Faults>>,
     dropped: Arc<AtomicUsize>,
+    refused: Arc<AtomicUsize>,
 ) {
     let drop_next_reply = Arc::new(AtomicBool::new(false));
     {
@@ -177,6 +196,10 @@ fn pipe(
                 };
                 let hold = {
                     let mut f = faults.lock().unwrap();
+                    if f.refuse_subscribe && buf[..n].windows(9).any(|w| w == b"SUBSCRIBE") {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                        break;
+                    }
                     if let Some(needle) = &f.drop_reply_to {
                         if buf[..n].windows(needle.len()).any(|w| w == &needle[..]) {
                             f.drop_reply_to = None;
@@ -663,6 +686,50 @@ fn user_without_channel_rights_completes() {
             .arg(&["DELUSER", user.as_str()])
             .query(&mut raw())
             .unwrap();
+    });
+}
+
+/// A listener whose subscriptions are refused (the connection closed) backs off
+/// instead of reconnecting in a tight loop; waiters still get the value by polling.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn refused_subscriptions_back_off() {
+    bounded(Duration::from_secs(60), || {
+        let proxy = Proxy::new(Some(redis_addr()));
+        proxy.faults.lock().unwrap().refuse_subscribe = true;
+        let a: RedisStore<Boom> = RedisStore::builder(url())
+            .prefix(fresh_prefix())
+            .lease(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let b: RedisStore<Boom> = RedisStore::builder(proxy.url())
+            .prefix(a.prefix())
+            .lease(Duration::from_secs(5))
+            .poll_interval(Duration::from_millis(10), Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let k = key();
+        let lease = lead(block_on(a.begin(&k, "f", ExecuteOptions::default())).unwrap());
+        let waiter = {
+            let (b, k) = (b.clone(), k.clone());
+            std::thread::spawn(move || {
+                block_on(b.execute(&k, "f", || async { Ok(b"no".to_vec()) }))
+            })
+        };
+        std::thread::sleep(Duration::from_millis(2000));
+        let refused = proxy.refused.load(Ordering::SeqCst);
+        block_on(lease.complete(b"yes".to_vec())).unwrap();
+        let r = waiter.join().unwrap().unwrap();
+        assert_eq!(
+            (r.value.as_slice(), r.source),
+            (&b"yes"[..], Source::Joined)
+        );
+        eprintln!("listener connections refused in 2 s: {refused}");
+        assert!(refused >= 1, "the listener never tried to subscribe");
+        assert!(
+            refused <= 10,
+            "{refused} refused connections in 2 s: no back-off"
+        );
     });
 }
 
