@@ -470,6 +470,69 @@ fn cancelled_begin_leaves_no_claim() {
     });
 }
 
+/// Many threads cancel `begin` at random points on one store while its workers are
+/// busy: afterwards every key is free for another instance at once.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn cancelled_begins_under_load_leave_no_claim() {
+    bounded(Duration::from_secs(120), || {
+        let lease = Duration::from_secs(10);
+        let s: RedisStore<Boom> = RedisStore::builder(url())
+            .prefix(fresh_prefix())
+            .lease(lease)
+            .workers(2)
+            .build()
+            .unwrap();
+        let peer: RedisStore<Boom> = RedisStore::builder(url())
+            .prefix(s.prefix())
+            .lease(lease)
+            .build()
+            .unwrap();
+        let threads = 8;
+        let per_thread = 40;
+        let keys: Vec<Vec<ScopedKey>> = (0..threads)
+            .map(|_| (0..per_thread).map(|_| key()).collect())
+            .collect();
+        let hs: Vec<_> = keys
+            .iter()
+            .enumerate()
+            .map(|(t, ks)| {
+                let (s, ks) = (s.clone(), ks.clone());
+                std::thread::spawn(move || {
+                    for (i, k) in ks.iter().enumerate() {
+                        let mut begin = Box::pin(s.begin(k, "f", ExecuteOptions::default()));
+                        // 0 to 3 polls, some with a pause that lets the answer arrive.
+                        for p in 0..(t + i) % 4 {
+                            if let Poll::Ready(b) = poll_once(&mut begin) {
+                                drop(lead(b.unwrap()));
+                                break;
+                            }
+                            if (p + i) % 2 == 0 {
+                                std::thread::sleep(Duration::from_millis(2));
+                            }
+                        }
+                        drop(begin);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let t = Instant::now();
+        for k in keys.iter().flatten() {
+            let r = block_on(peer.execute(k, "f", || async { Ok(b"peer".to_vec()) })).unwrap();
+            assert_eq!(r.source, Source::Led);
+        }
+        assert!(
+            t.elapsed() < lease / 2,
+            "{} keys took {:?}: some waited for an orphaned claim",
+            threads * per_thread,
+            t.elapsed()
+        );
+    });
+}
+
 /// A black-holed Redis (connections accepted, never answered) with many concurrent
 /// callers: each ends with UNAVAILABLE within about one I/O timeout, whatever its place
 /// in the queue, and no action runs.
