@@ -14,7 +14,9 @@
 //!   lost its lease gets [`Error::LeaseLost`] and writes nothing;
 //! - waiters on other instances are woken by pub/sub, with polling under backoff as
 //!   the fallback;
-//! - Redis unreachable or slow → [`Error::Unavailable`] and the action does not run;
+//! - Redis unreachable or slow → [`Error::Unavailable`] within about one I/O timeout
+//!   (each call's deadline, waiting for a free connection included) and the action does
+//!   not run;
 //! - two tiers: an in-process single-flight sits in front, so N same-key callers in
 //!   one process make one claim.
 //!
@@ -450,7 +452,8 @@ impl<E> Inner<E> {
 impl<E> RedisStore<E> {
     /// A builder for `url` (`redis://[user:password@]host:port/db`, or `rediss://...`
     /// for TLS, see [`RedisStoreBuilder::tls_ca_file`]), with the defaults: prefix
-    /// `"oncely"`, lease 30 s, TTL 24 h, 1 s timeouts, 4 workers.
+    /// `"oncely"`, lease 30 s, TTL 24 h, 1 s timeouts (the I/O timeout is a third of a
+    /// lease shorter than 3 s), 4 workers.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder<E> {
         RedisStoreBuilder {
             error: std::marker::PhantomData,
