@@ -1,0 +1,116 @@
+"""How both stores run a leader's action (SPEC §6, "Python actions").
+
+- ``execute`` calls ``fn()`` and awaits what it returns when that is awaitable, so an
+  async function, a lambda returning a coroutine and a plain function all run once.
+- The action runs in a task of its own, shielded from its caller: a cancelled caller
+  stops waiting at once, while the action keeps the key until it has finished and
+  settles it (its outcome reaches the waiters as usual). Python cannot tell a coroutine
+  that stops when cancelled from one that waits on a thread (``asyncio.to_thread``,
+  ``run_in_executor``), whose work would go on after the cancellation; so oncely never
+  cancels an action, and never hands its key on while the action may still run.
+- While an action runs, a context variable names the key it leads; a call on that key
+  from the action (or from anything started in its context: tasks, ``to_thread``)
+  would wait for itself, and fails at once with ``ReentrantCallError`` instead.
+- ``execute_sync`` refuses an async function before it touches the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import warnings
+from contextvars import ContextVar
+from typing import Any, Callable, Coroutine, Hashable, Optional, TypeVar
+
+from . import _oncely
+from ._oncely import ScopedKey
+
+T = TypeVar("T")
+
+
+class Leading:
+    """The mark of one running action: the key it leads, in the store it leads it in.
+    ``active`` turns false when the action ends, so that tasks it started and that
+    outlive it are not taken for it."""
+
+    __slots__ = ("ident", "parent", "active")
+
+    def __init__(self, ident: Hashable, parent: Optional[Leading]) -> None:
+        self.ident = ident
+        self.parent = parent
+        self.active = True
+
+
+_LEADING: ContextVar[Optional[Leading]] = ContextVar("oncely_leading", default=None)
+
+
+def check_reentrant(ident: Hashable, scoped: ScopedKey) -> None:
+    """Raises ``ReentrantCallError`` if this context runs the action leading ``ident``."""
+    frame = _LEADING.get()
+    while frame is not None:
+        if frame.active and frame.ident == ident:
+            raise _oncely.reentrant_error(scoped)
+        frame = frame.parent
+
+
+def check_sync_action(fn: Callable[[], Any], method: str) -> None:
+    """``execute_sync`` runs ``fn()`` on the caller's thread and cannot await: an async
+    function would store an un-run coroutine. Refused before anything runs."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (an object with `async def __call__`)
+    ):
+        name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+        raise TypeError(
+            f"{method}.execute_sync got an async function ({name}); it would not be awaited. "
+            f"Use `await {method}.execute(...)` for async actions"
+        )
+
+
+def run_sync(ident: Hashable, fn: Callable[[], T], method: str) -> T:
+    """Runs a blocking action marked as leading ``ident``. A plain function that
+    returns a coroutine anyway has run: the coroutine is its result (stored as is, with
+    a warning), never a reason to run it again."""
+    frame = Leading(ident, _LEADING.get())
+    token = _LEADING.set(frame)
+    try:
+        value = fn()
+    finally:
+        frame.active = False
+        _LEADING.reset(token)
+    if inspect.iscoroutine(value):
+        warnings.warn(
+            f"the action given to {method}.execute_sync returned a coroutine, which is its "
+            f"result and is not awaited; use `await {method}.execute(...)` for async actions",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return value
+
+
+async def call(fn: Callable[[], Any]) -> Any:
+    """``fn()``, awaited when it returns an awaitable (inside the action's task)."""
+    value = fn()
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+_RUNNING: set[asyncio.Task[Any]] = set()
+
+
+async def lead(ident: Hashable, run: Callable[[Leading], Coroutine[Any, Any, T]]) -> T:
+    """Runs ``run(frame)`` (the action and the settling of its lease) in a task of its
+    own, marked as leading ``ident``, and waits for it. Cancelling the caller stops
+    the wait only: the task runs on and settles the lease. ``run`` turns
+    ``frame.active`` off when the action ends."""
+    frame = Leading(ident, _LEADING.get())
+    token = _LEADING.set(frame)
+    try:
+        task = asyncio.ensure_future(run(frame))  # copies the context, with the mark
+    finally:
+        _LEADING.reset(token)
+    if task.done():  # an eager task factory ran it to the end already
+        return task.result()
+    _RUNNING.add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(_RUNNING.discard)
+    return await asyncio.shield(task)
