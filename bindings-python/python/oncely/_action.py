@@ -20,7 +20,7 @@ import asyncio
 import inspect
 import warnings
 from contextvars import ContextVar
-from typing import Any, Callable, Coroutine, Hashable, Optional, TypeVar
+from typing import Any, Callable, Coroutine, Hashable, Optional, TypeVar, Union
 
 from . import _oncely
 from ._oncely import ScopedKey
@@ -98,6 +98,24 @@ async def call(fn: Callable[[], Any]) -> Any:
 _RUNNING: set[asyncio.Task[Any]] = set()
 
 
+class _Escaped:
+    """A ``KeyboardInterrupt`` or ``SystemExit`` raised by an action. asyncio lets
+    those out of a task straight through the event loop; carried back instead, it is
+    raised in the caller's task, as it was when the action ran there."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+async def _guarded(run: Coroutine[Any, Any, T]) -> Union[T, _Escaped]:
+    try:
+        return await run
+    except (KeyboardInterrupt, SystemExit) as exc:
+        return _Escaped(exc)
+
+
 async def lead(ident: Hashable, run: Callable[[Leading], Coroutine[Any, Any, T]]) -> T:
     """Runs ``run(frame)`` (the action and the settling of its lease) in a task of its
     own, marked as leading ``ident``, and waits for it. Cancelling the caller stops
@@ -106,11 +124,15 @@ async def lead(ident: Hashable, run: Callable[[Leading], Coroutine[Any, Any, T]]
     frame = Leading(ident, _LEADING.get())
     token = _LEADING.set(frame)
     try:
-        task = asyncio.ensure_future(run(frame))  # copies the context, with the mark
+        task = asyncio.ensure_future(_guarded(run(frame)))  # copies the context, marked
     finally:
         _LEADING.reset(token)
     if task.done():  # an eager task factory ran it to the end already
-        return task.result()
-    _RUNNING.add(task)  # the loop keeps only weak references to tasks
-    task.add_done_callback(_RUNNING.discard)
-    return await asyncio.shield(task)
+        out = task.result()
+    else:
+        _RUNNING.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(_RUNNING.discard)
+        out = await asyncio.shield(task)
+    if out.__class__ is _Escaped:
+        raise out.exc  # type: ignore[union-attr]
+    return out  # type: ignore[return-value]

@@ -112,7 +112,8 @@ class IdempotencyStore(_Store):
 
     def _code(self, exc: BaseException) -> Optional[Code]:
         """The code to cache a failure under, if failures are cached. Reading a foreign
-        exception never stops the lease from being settled: unreadable → not cached."""
+        exception never stops the lease from being settled (``failure_of`` reads an
+        unreadable one as UNKNOWN; anything else going wrong: not cached)."""
         if not self.caches_failures:
             return None
         try:
