@@ -448,6 +448,29 @@ async def _unreadable_failure_reaches_every_waiter(stores: list[Any], cached: bo
         assert (await asyncio.wait_for(stores[0].execute(k, FP, ok), 10)).value == "ok"
 
 
+class NoTraceback(Exception):
+    __traceback__ = property(_raise, lambda self, tb: None)  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("store_kind", ["memory", pytest.param("redis", marks=needs_redis)])
+async def test_a_failure_whose_traceback_cannot_be_read_reaches_every_waiter(store_kind: str) -> None:
+    s: Store = IdempotencyStore() if store_kind == "memory" else redis_store("pytest-" + oncely.new_key())
+    k = key()
+    boom = NoTraceback()
+
+    async def fail() -> str:
+        await asyncio.sleep(0.05)
+        raise boom
+
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(s.execute(k, FP, fail) for _ in range(20)), return_exceptions=True), 10
+    )
+    same = [o is boom for o in outcomes]
+    assert all(same), same
+    again = await asyncio.wait_for(s.execute(k, FP, lambda: "ok"), 10)
+    assert again.source == "led"
+
+
 def test_an_unreadable_failure_reaches_sync_waiters() -> None:
     store = IdempotencyStore(cache_permanent_failures=True)
     k = key()
