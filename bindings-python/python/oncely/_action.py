@@ -133,6 +133,6 @@ async def lead(ident: Hashable, run: Callable[[Leading], Coroutine[Any, Any, T]]
         _RUNNING.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(_RUNNING.discard)
         out = await asyncio.shield(task)
-    if out.__class__ is _Escaped:
-        raise out.exc  # type: ignore[union-attr]
-    return out  # type: ignore[return-value]
+    if isinstance(out, _Escaped):
+        raise out.exc
+    return out

@@ -28,8 +28,9 @@ exception itself, callers in other processes run their own ``fn``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from typing import Any, Awaitable, Callable, NoReturn, TypeVar, Union
+from typing import Any, Awaitable, Callable, NoReturn, TypeVar, overload
 
 from ._action import Leading, call, check_reentrant, check_sync_action, lead, run_sync
 from ._oncely import Executed, RedisLease, RedisPending, ScopedKey, _RedisStore
@@ -99,15 +100,37 @@ class RedisStore(_RedisStore):
     does not run.
     """
 
+    @overload
     async def execute(
         self,
         scoped: ScopedKey,
         fingerprint: str,
-        fn: Callable[[], Union[Awaitable[T], T]],
+        fn: Callable[[], Awaitable[T]],
         /,
         *,
         wait: bool = True,
-    ) -> Executed[T]:
+    ) -> Executed[T]: ...
+
+    @overload
+    async def execute(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], T],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[T]: ...
+
+    async def execute(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], Any],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[Any]:
         """Runs ``fn()`` (awaiting it if it returns an awaitable) at most once per
         ``scoped`` key across every instance sharing this Redis, within the TTL (the
         rules of :meth:`IdempotencyStore.execute`). Waiting never blocks the event loop.
@@ -125,8 +148,7 @@ class RedisStore(_RedisStore):
                 continue  # the leader went away: claim again
             if cls is not RedisLease:
                 _raise(out)
-            lease: RedisLease = out
-            return await lead(ident, lambda frame: self._lead(lease, fn, frame))
+            return await lead(ident, functools.partial(self._lead, out, fn))
 
     async def _lead(
         self, lease: RedisLease, fn: Callable[[], Any], frame: Leading
@@ -145,7 +167,7 @@ class RedisStore(_RedisStore):
             raise
         done = await _wait(lease.complete(data, value))
         if done.__class__ is Executed:
-            return done  # type: ignore[no-any-return]
+            return done
         _raise(done)
 
     def execute_sync(
@@ -184,5 +206,5 @@ class RedisStore(_RedisStore):
                 raise
             done = lease.complete(data, value).wait()
             if done.__class__ is Executed:
-                return done  # type: ignore[no-any-return]
+                return done
             _raise(done)

@@ -24,7 +24,8 @@ leads gets ``ReentrantCallError`` at once.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Optional, TypeVar, Union
+import functools
+from typing import Any, Awaitable, Callable, Optional, TypeVar, overload
 
 from ._action import Leading, call, check_reentrant, check_sync_action, lead, run_sync
 from ._codes import Code
@@ -46,15 +47,37 @@ class IdempotencyStore(_Store):
     (e.g. INVALID_ARGUMENT) like results, until cleared with :meth:`remove`.
     """
 
+    @overload
     async def execute(
         self,
         scoped: ScopedKey,
         fingerprint: str,
-        fn: Callable[[], Union[Awaitable[T], T]],
+        fn: Callable[[], Awaitable[T]],
         /,
         *,
         wait: bool = True,
-    ) -> Executed[T]:
+    ) -> Executed[T]: ...
+
+    @overload
+    async def execute(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], T],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[T]: ...
+
+    async def execute(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], Any],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[Any]:
         """Runs ``fn()`` (awaiting it if it returns an awaitable) at most once per
         ``scoped`` key within the TTL.
 
@@ -76,8 +99,7 @@ class IdempotencyStore(_Store):
             if cls is Executed:
                 return begun  # type: ignore[no-any-return]
             if cls is Lease:
-                lease: Lease = begun
-                return await lead(ident, lambda frame: self._lead(lease, fn, frame))
+                return await lead(ident, functools.partial(self._lead, begun, fn))
             if cls is Join:
                 loop = asyncio.get_running_loop()
                 fut = loop.create_future()
