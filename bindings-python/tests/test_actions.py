@@ -56,7 +56,7 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]:
         yield lambda: shared
     else:
         prefix = "pytest-" + oncely.new_key()
-        yield lambda: redis_store(prefix, lease=0.6)
+        yield lambda: redis_store(prefix, lease=0.9, io_timeout=0.25)
 
 
 class Copies:
@@ -210,6 +210,45 @@ async def test_cancelled_callers_leave_to_thread_work_the_key(make_store: Callab
     assert sum(isinstance(d, asyncio.CancelledError) for d in done) == 10
     again = await stores[0].execute(k, FP, action)
     assert again.replayed and copies.calls == 1
+
+
+async def test_many_keys_callers_cancelled_at_random_never_two_copies(
+    make_store: Callable[[], Store],
+) -> None:
+    rng = random.Random(88)
+    stores = [make_store() for _ in range(2)]
+    keys = [key() for _ in range(8)]
+    copies = {k.value: Copies() for k in keys}
+
+    def action_for(k: oncely.ScopedKey) -> Callable[[], Any]:
+        async def action() -> dict[str, int]:
+            await asyncio.sleep(rng.uniform(0, 0.02))
+            out = await asyncio.to_thread(copies[k.value].work, rng.uniform(0.05, 0.3))
+            await asyncio.sleep(rng.uniform(0, 0.02))
+            return out
+
+        return action
+
+    async def caller(i: int) -> Any:
+        k = keys[i % len(keys)]
+        while True:
+            try:
+                return await asyncio.wait_for(
+                    stores[i % 2].execute(k, FP, action_for(k)), rng.uniform(0.001, 0.2)
+                )
+            except asyncio.TimeoutError:
+                pass
+
+    tasks = [asyncio.ensure_future(caller(i)) for i in range(200)]
+    for t in rng.sample(tasks, 60):
+        await asyncio.sleep(rng.uniform(0, 0.005))
+        t.cancel()
+    done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+    assert all(c.max == 1 and c.calls == 1 for c in copies.values())
+    for d in done:
+        assert isinstance(d, (oncely.Executed, asyncio.CancelledError)), d
+        if isinstance(d, oncely.Executed):
+            assert d.value == {"run": 1}
 
 
 async def test_the_action_of_a_cancelled_caller_is_delivered_to_waiters() -> None:
