@@ -1,4 +1,5 @@
-"""How both stores run the leader's action (SPEC §6, "Python actions"), under the rule
+"""How both stores run the leader's action (SPEC §6, "Python: work that cannot be
+cancelled"), under the rule
 that decides them all: a key goes to another leader only when the action that holds it
 has finished (or its lease expired); an action never runs again because of anything
 that happened after it ran; every waiter ends.

@@ -1,4 +1,5 @@
-"""How both stores run a leader's action (SPEC §6, "Python actions").
+"""How both stores run a leader's action (SPEC §6, "Python: work that cannot be
+cancelled").
 
 - ``execute`` calls ``fn()`` and awaits what it returns when that is awaitable, so an
   async function, a lambda returning a coroutine and a plain function all run once.
@@ -7,7 +8,8 @@
   settles it (its outcome reaches the waiters as usual). Python cannot tell a coroutine
   that stops when cancelled from one that waits on a thread (``asyncio.to_thread``,
   ``run_in_executor``), whose work would go on after the cancellation; so oncely never
-  cancels an action, and never hands its key on while the action may still run.
+  cancels an action. Its key goes on when it has ended: returned, raised, or its own
+  task was cancelled (by its code or at loop shutdown), which counts as stopped.
 - While an action runs, a context variable names the key it leads; a call on that key
   from the action (or from anything started in its context: tasks, ``to_thread``)
   would wait for itself, and fails at once with ``ReentrantCallError`` instead.
