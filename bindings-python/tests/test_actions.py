@@ -1,8 +1,7 @@
 """How both stores run the leader's action (SPEC §6, "Python: work that cannot be
-cancelled"), under the rule
-that decides them all: a key goes to another leader only when the action that holds it
-has finished (or its lease expired); an action never runs again because of anything
-that happened after it ran; every waiter ends.
+cancelled"), under the rule that decides them all: a key goes to another leader only
+when the action that holds it has finished (or its lease expired); an action never runs
+again because of anything that happened after it ran; every waiter ends.
 
 - the kind of callable: ``execute`` runs a plain function once; ``execute_sync``
   refuses an async function before anything runs;
