@@ -56,7 +56,7 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[[], Store]]:
         yield lambda: shared
     else:
         prefix = "pytest-" + oncely.new_key()
-        yield lambda: redis_store(prefix, lease=0.9, io_timeout=0.25)
+        yield lambda: redis_store(prefix, lease=1.2, io_timeout=0.35)
 
 
 class Copies:
@@ -193,7 +193,7 @@ async def test_cancelled_callers_leave_to_thread_work_the_key(make_store: Callab
 
     async def action() -> dict[str, int]:
         await asyncio.sleep(0)
-        return await asyncio.to_thread(copies.work, 1.5)  # cannot be cancelled
+        return await asyncio.to_thread(copies.work, 2.0)  # cannot be cancelled
 
     stores = [make_store() for _ in range(3)]
     callers = [
@@ -313,7 +313,7 @@ async def test_execute_sync_in_threads_with_cancelled_callers(make_store: Callab
 
     async def caller(i: int) -> oncely.Executed[Any]:
         while True:
-            call = asyncio.to_thread(stores[i % 3].execute_sync, k, FP, lambda: copies.work(1.5))
+            call = asyncio.to_thread(stores[i % 3].execute_sync, k, FP, lambda: copies.work(2.0))
             try:
                 return await asyncio.wait_for(call, rng.uniform(0.001, 0.08))
             except asyncio.TimeoutError:

@@ -314,7 +314,7 @@ async def test_two_instances_share_one_run() -> None:
 @needs_redis
 async def test_cancelled_caller_leaves_the_action_its_claim() -> None:
     pfx = prefix()
-    a, b = (store(pfx, lease=0.9, io_timeout=0.25) for _ in range(2))
+    a, b = (store(pfx, lease=1.2, io_timeout=0.35) for _ in range(2))
     k = key()
     started = asyncio.Event()
     release = asyncio.Event()
@@ -333,7 +333,7 @@ async def test_cancelled_caller_leaves_the_action_its_claim() -> None:
     leader.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(leader, 5)  # the caller stops waiting at once
-    await asyncio.sleep(2.0)  # two leases: renewed while the action runs
+    await asyncio.sleep(2.5)  # two leases: renewed while the action runs
     assert not waiter.done()
     release.set()
     got = await asyncio.wait_for(waiter, 10)
