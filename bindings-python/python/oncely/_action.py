@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 import warnings
 from contextvars import ContextVar
-from typing import Any, Callable, Coroutine, Hashable, Optional, TypeVar, Union
+from typing import Any, Callable, Coroutine, Hashable, Optional, TypeVar
 
 from . import _oncely
 from ._oncely import ScopedKey
@@ -98,6 +99,9 @@ async def call(fn: Callable[[], Any]) -> Any:
 
 
 _RUNNING: set[asyncio.Task[Any]] = set()
+# From Python 3.12 the action's task starts at once, on the caller's turn of the loop: an
+# action that finishes without waiting costs no turn of the loop.
+_EAGER: dict[str, Any] = {"eager_start": True} if sys.version_info >= (3, 12) else {}
 
 
 class _Escaped:
@@ -111,11 +115,22 @@ class _Escaped:
         self.exc = exc
 
 
-async def _guarded(run: Coroutine[Any, Any, T]) -> Union[T, _Escaped]:
+async def _drive(run: Coroutine[Any, Any, Any], outcome: asyncio.Future[Any]) -> None:
+    """The action's task: runs ``run`` and hands its outcome to the caller's future,
+    unless the caller has gone (its future is then cancelled)."""
     try:
-        return await run
+        out = await run
     except (KeyboardInterrupt, SystemExit) as exc:
-        return _Escaped(exc)
+        out = _Escaped(exc)
+    except asyncio.CancelledError:
+        outcome.cancel()  # the action's own task was cancelled: so is its caller
+        raise
+    except BaseException as exc:
+        if not outcome.done():
+            outcome.set_exception(exc)
+        return
+    if not outcome.done():
+        outcome.set_result(out)
 
 
 async def lead(ident: Hashable, run: Callable[[Leading], Coroutine[Any, Any, T]]) -> T:
@@ -123,18 +138,19 @@ async def lead(ident: Hashable, run: Callable[[Leading], Coroutine[Any, Any, T]]
     own, marked as leading ``ident``, and waits for it. Cancelling the caller stops
     the wait only: the task runs on and settles the lease. ``run`` turns
     ``frame.active`` off when the action ends."""
+    loop = asyncio.get_running_loop()
+    outcome: asyncio.Future[Any] = loop.create_future()
     frame = Leading(ident, _LEADING.get())
     token = _LEADING.set(frame)
     try:
-        task = asyncio.ensure_future(_guarded(run(frame)))  # copies the context, marked
+        # The task copies the context, with the mark.
+        task = asyncio.Task(_drive(run(frame), outcome), loop=loop, **_EAGER)
     finally:
         _LEADING.reset(token)
-    if task.done():  # an eager task factory ran it to the end already
-        out = task.result()
-    else:
+    if not task.done():
         _RUNNING.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(_RUNNING.discard)
-        out = await asyncio.shield(task)
+    out = await outcome
     if isinstance(out, _Escaped):
         raise out.exc
-    return out
+    return out  # type: ignore[no-any-return]
