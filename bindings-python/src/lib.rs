@@ -42,6 +42,7 @@ fn _oncely(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<keys::ScopedKey>()?;
     keys::add_constants(m)?;
 
+    m.add_function(wrap_pyfunction!(store::reentrant_error, m)?)?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<store::Executed>()?;
     m.add_class::<store::Counters>()?;

@@ -25,7 +25,8 @@ use oncely_redis::RedisStore;
 use crate::convert::{int_in, opt_seconds};
 use crate::errors::{to_py_value, IntoPyResult};
 use crate::store::{
-    bury, executed, register_native, scoped_key, unregister, Deliver, Held, NativeFuture,
+    bury, executed, register_native, scoped_key, traceback_of, unregister, Deliver, Held,
+    NativeFuture,
 };
 
 /// A failed Python action, shared with this process's joiners (never stored in Redis).
@@ -304,9 +305,9 @@ impl RedisLease {
 
     /// The action raised `exc`: releases the claim in Redis (nothing is stored), then
     /// wakes this process's waiters with `exc`. The pending's outcome is None.
-    fn fail(&self, py: Python<'_>, exc: Bound<'_, PyAny>) -> PyResult<RedisPending> {
-        let tb = exc.getattr(pyo3::intern!(py, "__traceback__"))?;
+    fn fail(&self, exc: Bound<'_, PyAny>) -> PyResult<RedisPending> {
         let lease = self.take()?;
+        let tb = traceback_of(&exc);
         let failure = RedisFailure {
             exc: Held::new(exc.unbind()),
             tb: Held::new(tb.unbind()),

@@ -370,12 +370,13 @@ impl Lease {
         exc: Bound<'_, PyAny>,
         code: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let code = match code.filter(|c| !c.is_none()) {
-            Some(c) => Some(code_of(py, c)?),
-            None => None,
-        };
-        let tb = exc.getattr(pyo3::intern!(py, "__traceback__"))?;
         let lease = self.take()?;
+        // The lease is settled whatever the exception holds: an unreadable code is not
+        // cached, an unreadable traceback is None.
+        let code = code
+            .filter(|c| !c.is_none())
+            .and_then(|c| code_of(py, c).ok());
+        let tb = traceback_of(&exc);
         let failure = PyFailure {
             exc: Held::new(exc.unbind()),
             tb: Held::new(tb.unbind()),
@@ -406,6 +407,22 @@ impl Lease {
     fn key(&self) -> Option<String> {
         lock(&self.inner).as_ref().map(|l| l.key().to_owned())
     }
+}
+
+/// `exc.__traceback__`, or None when reading it fails (a foreign exception type may
+/// override it): settling a failed action never depends on it.
+pub(crate) fn traceback_of<'py>(exc: &Bound<'py, PyAny>) -> Bound<'py, PyAny> {
+    let py = exc.py();
+    exc.getattr(pyo3::intern!(py, "__traceback__"))
+        .unwrap_or_else(|_| py.None().into_bound(py))
+}
+
+/// The error of an action that calls `execute` on the key it is leading, raised by the
+/// Python layer before the inner call reaches the store (it would wait for itself).
+#[pyfunction]
+pub fn reentrant_error(py: Python<'_>, scoped: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    let key = scoped_key(scoped)?.inner.to_string();
+    Ok(to_py_value(py, Error::Reentrant { key }))
 }
 
 /// A wait on a running call with the same key.

@@ -312,14 +312,44 @@ async def test_two_instances_share_one_run() -> None:
 
 
 @needs_redis
-async def test_cancelled_leader_lets_a_waiter_take_over() -> None:
+async def test_cancelled_caller_leaves_the_action_its_claim() -> None:
+    pfx = prefix()
+    a, b = (store(pfx, lease=1.2, io_timeout=0.35) for _ in range(2))
+    k = key()
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await release.wait()
+        return "first"
+
+    async def other() -> str:
+        raise AssertionError("the claim went on while its action was running")
+
+    leader = asyncio.ensure_future(a.execute(k, FP, slow))
+    await started.wait()
+    waiter = asyncio.ensure_future(b.execute(k, FP, other))
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(leader, 5)  # the caller stops waiting at once
+    await asyncio.sleep(2.5)  # two leases: renewed while the action runs
+    assert not waiter.done()
+    release.set()
+    got = await asyncio.wait_for(waiter, 10)
+    assert (got.value, got.source) == ("first", "joined")
+    assert b.counters()["takeovers"] == 0
+
+
+@needs_redis
+async def test_an_action_whose_task_is_cancelled_lets_a_waiter_take_over() -> None:
     pfx = prefix()
     a, b = store(pfx), store(pfx)
     k = key()
-    started = asyncio.Event()
+    tasks: list[asyncio.Task[Any]] = []
 
     async def hang() -> str:
-        started.set()
+        tasks.append(asyncio.current_task())  # type: ignore[arg-type]
         await asyncio.sleep(60)
         return "never"
 
@@ -327,10 +357,11 @@ async def test_cancelled_leader_lets_a_waiter_take_over() -> None:
         return "took over"
 
     leader = asyncio.ensure_future(a.execute(k, FP, hang))
-    await started.wait()
+    while not tasks:
+        await asyncio.sleep(0.01)
     waiter = asyncio.ensure_future(b.execute(k, FP, quick))
     await asyncio.sleep(0.05)
-    leader.cancel()
+    tasks[0].cancel()
     with pytest.raises(asyncio.CancelledError):
         await leader
     got = await asyncio.wait_for(waiter, 10)

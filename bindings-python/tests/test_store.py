@@ -167,34 +167,6 @@ async def test_permanent_failures_cached_when_asked_and_cleared_by_hand() -> Non
     assert len(store) == 1  # only the cached INVALID_ARGUMENT entry
 
 
-async def test_leader_cancelled_a_waiter_takes_over() -> None:
-    store = IdempotencyStore()
-    k = key()
-    ran: list[str] = []
-
-    async def leader_fn() -> str:
-        ran.append("leader")
-        await asyncio.sleep(10)
-        return "leader"
-
-    async def waiter_fn() -> str:
-        ran.append("waiter")
-        return "waiter"
-
-    leader = asyncio.ensure_future(store.execute(k, FP, leader_fn))
-    await asyncio.sleep(0.01)
-    waiters = [asyncio.ensure_future(store.execute(k, FP, waiter_fn)) for _ in range(5)]
-    await asyncio.sleep(0.01)
-    leader.cancel()
-    results = await asyncio.wait_for(asyncio.gather(*waiters), timeout=10)
-    assert ran == ["leader", "waiter"]  # exactly one waiter ran its own action
-    sources = [r.source for r in results]
-    assert sources.count("led") == 1 and set(sources) <= {"led", "joined", "replayed"}
-    assert all(r.value == "waiter" for r in results)
-    with pytest.raises(asyncio.CancelledError):
-        await leader
-
-
 async def test_waiter_cancelled_others_unaffected() -> None:
     store = IdempotencyStore()
     k = key()

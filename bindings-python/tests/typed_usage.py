@@ -52,6 +52,8 @@ async def main() -> None:
     assert_type(done.replayed, bool)
     again = store.execute_sync(scoped, fp, lambda: {"id": 2})
     assert_type(again.value, dict[str, int])
+    plain = await store.execute(scoped, fp, lambda: {"id": 3})  # a plain function
+    assert_type(plain.value, dict[str, int])
 
     c = oncely.classify(Code.UNAVAILABLE, safe=True)
     assert_type(c.retryable, bool)

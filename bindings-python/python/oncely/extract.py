@@ -59,7 +59,16 @@ _TRANSPORT: tuple[tuple[str, str, int], ...] = (
 
 def failure_of(exc: BaseException) -> Union[int, Failure]:
     """The failure ``exc`` stands for: a code (int) or a :class:`Failure` with the
-    server's delay."""
+    server's delay. Never raises: an exception whose attributes cannot be read (a
+    property or ``__getattr__`` that raises) is UNKNOWN, so that a failure path that
+    classifies it still settles."""
+    try:
+        return _failure_of(exc)
+    except Exception:
+        return _UNKNOWN
+
+
+def _failure_of(exc: BaseException) -> Union[int, Failure]:
     if isinstance(exc, OncelyError):
         if isinstance(exc, InProgressError):
             return Failure(exc.code, delay=exc.retry_after)

@@ -5,7 +5,9 @@ process (and every language) that shares one Redis (SPEC §6).
 :class:`~oncely.IdempotencyStore`; the state lives in Redis (record format v1 of
 ``redis/README.md``), with an in-process tier in front, so N same-key callers in one
 process make one claim. The Rust crate ``oncely-redis`` does the work; this module
-runs your function when it says this caller leads, and waits when it says wait.
+runs your function when it says this caller leads (as ``oncely.IdempotencyStore``
+does: in a task of its own, keeping the claim until the function has finished), and
+waits when it says wait.
 
 Results are stored as bytes, with a one-byte tag (``redis/README.md``, "Result
 encoding"), so that a Node or Python instance can read what another one stored:
@@ -26,9 +28,11 @@ exception itself, callers in other processes run their own ``fn``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from typing import Any, Awaitable, Callable, NoReturn, TypeVar
+from typing import Any, Awaitable, Callable, NoReturn, TypeVar, overload
 
+from ._action import Leading, call, check_reentrant, check_sync_action, lead, run_sync
 from ._oncely import Executed, RedisLease, RedisPending, ScopedKey, _RedisStore
 from .errors import StoreUnavailableError
 
@@ -96,6 +100,7 @@ class RedisStore(_RedisStore):
     does not run.
     """
 
+    @overload
     async def execute(
         self,
         scoped: ScopedKey,
@@ -104,12 +109,36 @@ class RedisStore(_RedisStore):
         /,
         *,
         wait: bool = True,
-    ) -> Executed[T]:
-        """Runs ``await fn()`` at most once per ``scoped`` key across every instance
-        sharing this Redis, within the TTL (the rules of
-        :meth:`IdempotencyStore.execute`). Waiting never blocks the event loop; ``fn``
-        runs in the caller's task. If the task is cancelled while ``fn`` runs, the
-        claim is released and a waiter takes over."""
+    ) -> Executed[T]: ...
+
+    @overload
+    async def execute(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], T],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[T]: ...
+
+    async def execute(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], Any],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[Any]:
+        """Runs ``fn()`` (awaiting it if it returns an awaitable) at most once per
+        ``scoped`` key across every instance sharing this Redis, within the TTL (the
+        rules of :meth:`IdempotencyStore.execute`). Waiting never blocks the event loop.
+        ``fn`` runs in a task of its own: if the caller is cancelled, it stops waiting
+        at once, while the action runs on with its claim renewed, and its outcome is
+        stored and given to the waiters as usual."""
+        ident = self.record_key(scoped)
+        check_reentrant(ident, scoped)
         while True:
             out = await _wait(self.begin(scoped, fingerprint, wait))
             cls = out.__class__
@@ -119,20 +148,27 @@ class RedisStore(_RedisStore):
                 continue  # the leader went away: claim again
             if cls is not RedisLease:
                 _raise(out)
-            lease: RedisLease = out
+            return await lead(ident, functools.partial(self._lead, out, fn))
+
+    async def _lead(
+        self, lease: RedisLease, fn: Callable[[], Any], frame: Leading
+    ) -> Executed[Any]:
+        try:
             try:
-                value = await fn()
-                data = encode_result(value)
-            except Exception as exc:
-                await _wait(lease.fail(exc))
-                raise
-            except BaseException:
-                lease.abandon()  # cancelled: a waiter takes over
-                raise
-            done = await _wait(lease.complete(data, value))
-            if done.__class__ is Executed:
-                return done
-            _raise(done)
+                value = await call(fn)
+            finally:
+                frame.active = False
+            data = encode_result(value)
+        except Exception as exc:
+            await _wait(lease.fail(exc))
+            raise
+        except BaseException:
+            lease.abandon()  # the action stopped (its task was cancelled): a waiter leads
+            raise
+        done = await _wait(lease.complete(data, value))
+        if done.__class__ is Executed:
+            return done
+        _raise(done)
 
     def execute_sync(
         self,
@@ -144,7 +180,11 @@ class RedisStore(_RedisStore):
         wait: bool = True,
     ) -> Executed[T]:
         """The blocking variant of :meth:`execute`: runs ``fn()`` on this thread if
-        this call leads; every wait on Redis releases the GIL."""
+        this call leads; every wait on Redis releases the GIL. An async function
+        raises ``TypeError`` (use :meth:`execute`) before anything runs."""
+        check_sync_action(fn, "RedisStore")
+        ident = self.record_key(scoped)
+        check_reentrant(ident, scoped)
         while True:
             out = self.begin(scoped, fingerprint, wait).wait()
             cls = out.__class__
@@ -156,7 +196,7 @@ class RedisStore(_RedisStore):
                 _raise(out)
             lease: RedisLease = out
             try:
-                value = fn()
+                value = run_sync(ident, fn, "RedisStore")
                 data = encode_result(value)
             except Exception as exc:
                 lease.fail(exc).wait()

@@ -106,23 +106,25 @@ def _attempt(state: Optional[RetryState]) -> Attempt:
 
 def _give_up(exc: BaseException, attempts: int, reason: str) -> None:
     """Attaches the attempt count and the stop reason (attributes and a PEP 678 note)."""
+    # Best effort: the user's exception is re-raised unchanged even when it refuses
+    # attributes (__slots__, or a __getattr__ / __setattr__ that raises).
     try:
         exc.attempts = attempts  # type: ignore[attr-defined,unused-ignore]
         exc.stop_reason = reason  # type: ignore[attr-defined,unused-ignore]
-    except AttributeError:  # an exception type with __slots__: the note still says it
+    except Exception:  # the note still says it
         pass
     note = f"oncely: gave up after {attempts} attempt{'s' if attempts != 1 else ''} ({reason})"
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    else:  # pragma: no cover - Python < 3.11
-        notes = getattr(exc, "__notes__", None)
-        if notes is None:
-            notes = []
-            try:
+    try:
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # pragma: no cover - Python < 3.11
+            notes = getattr(exc, "__notes__", None)
+            if notes is None:
+                notes = []
                 exc.__notes__ = notes  # type: ignore[attr-defined,unused-ignore]
-            except AttributeError:
-                return
-        notes.append(note)
+            notes.append(note)
+    except Exception:
+        pass
 
 
 def _decide(

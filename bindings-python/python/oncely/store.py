@@ -4,20 +4,31 @@ The state (who leads, who waits, what is stored until when) is the Rust core's
 ``MemoryStore``; this module only runs your function when the core says this caller
 leads, and waits when it says join:
 
-- ``await store.execute(scoped, fingerprint, fn)``: ``fn`` is an async callable;
-  waiting is an ``asyncio`` future woken from the core (any thread, any loop);
+- ``await store.execute(scoped, fingerprint, fn)``: ``fn()`` is awaited when it returns
+  an awaitable (an async function), and taken as is otherwise (a plain function runs
+  once, on the event loop's thread); waiting is an ``asyncio`` future woken from the
+  core (any thread, any loop);
 - ``store.execute_sync(scoped, fingerprint, fn)``: for threads; waiting releases the GIL.
+  An async function is refused with ``TypeError`` before anything runs.
 
 Both return an :class:`Executed` (``.value``, ``.source``, ``.replayed``). Every caller
 gets the very object the leader returned. An exception raised by ``fn`` reaches the
 leader and every waiter unchanged, and is not stored: a later call runs again.
+
+The action keeps its key until it has finished: it runs in a task of its own, so a
+cancelled caller stops waiting at once while the action runs on and settles the key for
+the waiters (see ``oncely._action``). An action that calls ``execute`` on the key it
+leads gets ``ReentrantCallError`` at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, TypeVar
+import functools
+from typing import Any, Awaitable, Callable, Optional, TypeVar, overload
 
+from ._action import Leading, call, check_reentrant, check_sync_action, lead, run_sync
+from ._codes import Code
 from ._oncely import Executed, Join, Lease, ScopedKey, _Store
 from .extract import code_of
 
@@ -36,6 +47,7 @@ class IdempotencyStore(_Store):
     (e.g. INVALID_ARGUMENT) like results, until cleared with :meth:`remove`.
     """
 
+    @overload
     async def execute(
         self,
         scoped: ScopedKey,
@@ -44,31 +56,50 @@ class IdempotencyStore(_Store):
         /,
         *,
         wait: bool = True,
-    ) -> Executed[T]:
-        """Runs ``await fn()`` at most once per ``scoped`` key within the TTL.
+    ) -> Executed[T]: ...
+
+    @overload
+    async def execute(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], T],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[T]: ...
+
+    async def execute(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], Any],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[Any]:
+        """Runs ``fn()`` (awaiting it if it returns an awaitable) at most once per
+        ``scoped`` key within the TTL.
 
         - a stored result with the same fingerprint is replayed;
         - a running call with the same fingerprint is waited for and shared (with
           ``wait=False``: ``InProgressError`` at once, with ``retry_after``);
         - a different fingerprint raises ``FingerprintMismatchError``;
-        - otherwise this call runs ``fn``. If its task is cancelled, one waiter takes
-          over and runs its own ``fn``.
+        - otherwise this call runs ``fn``, in a task of its own. If the caller is
+          cancelled, it stops waiting at once; the action runs on, keeps the key until
+          it ends, and its outcome is stored and given to the waiters as usual;
+        - a call from inside the action on the key it leads raises
+          ``ReentrantCallError`` (it would wait for itself).
         """
+        ident = (self, scoped)
+        check_reentrant(ident, scoped)
         while True:
             begun = self.begin(scoped, fingerprint, wait)
             cls = begun.__class__
             if cls is Executed:
                 return begun  # type: ignore[no-any-return]
             if cls is Lease:
-                try:
-                    value = await fn()
-                except Exception as exc:
-                    begun.fail(exc, code_of(exc) if self.caches_failures else None)
-                    raise
-                except BaseException:
-                    begun.abandon()  # cancelled: a waiter takes over
-                    raise
-                return begun.complete(value)  # type: ignore[no-any-return]
+                return await lead(ident, functools.partial(self._lead, begun, fn))
             if cls is Join:
                 loop = asyncio.get_running_loop()
                 fut = loop.create_future()
@@ -87,6 +118,31 @@ class IdempotencyStore(_Store):
             error, tb = begun
             raise error.with_traceback(tb)
 
+    async def _lead(self, lease: Lease, fn: Callable[[], Any], frame: Leading) -> Executed[Any]:
+        try:
+            try:
+                value = await call(fn)
+            finally:
+                frame.active = False
+        except Exception as exc:
+            lease.fail(exc, self._code(exc))
+            raise
+        except BaseException:
+            lease.abandon()  # the action stopped (its task was cancelled): a waiter leads
+            raise
+        return lease.complete(value)
+
+    def _code(self, exc: BaseException) -> Optional[Code]:
+        """The code to cache a failure under, if failures are cached. Reading a foreign
+        exception never stops the lease from being settled (``failure_of`` reads an
+        unreadable one as UNKNOWN; anything else going wrong: not cached)."""
+        if not self.caches_failures:
+            return None
+        try:
+            return code_of(exc)
+        except Exception:
+            return None
+
     def execute_sync(
         self,
         scoped: ScopedKey,
@@ -97,7 +153,11 @@ class IdempotencyStore(_Store):
         wait: bool = True,
     ) -> Executed[T]:
         """The blocking variant of :meth:`execute`: runs ``fn()`` if this call leads;
-        otherwise blocks the thread (GIL released) until the leader finishes."""
+        otherwise blocks the thread (GIL released) until the leader finishes. An async
+        function raises ``TypeError`` (use :meth:`execute`) before anything runs."""
+        check_sync_action(fn, "IdempotencyStore")
+        ident = (self, scoped)
+        check_reentrant(ident, scoped)
         while True:
             begun = self.begin(scoped, fingerprint, wait)
             cls = begun.__class__
@@ -105,9 +165,9 @@ class IdempotencyStore(_Store):
                 return begun  # type: ignore[no-any-return]
             if cls is Lease:
                 try:
-                    value = fn()
+                    value = run_sync(ident, fn, "IdempotencyStore")
                 except Exception as exc:
-                    begun.fail(exc, code_of(exc) if self.caches_failures else None)
+                    begun.fail(exc, self._code(exc))
                     raise
                 except BaseException:
                     begun.abandon()
