@@ -73,9 +73,10 @@ impl StoredResult<'_> {
             StoredResult::Json(text) => (TAG_JSON, text.as_bytes()),
             StoredResult::Bytes(b) => (TAG_BYTES, b),
             StoredResult::NoValue => (TAG_NO_VALUE, b""),
-            StoredResult::NotStorable { type_name } => {
-                (TAG_NOT_STORABLE, shorten(type_name, MAX_TYPE_NAME).as_bytes())
-            }
+            StoredResult::NotStorable { type_name } => (
+                TAG_NOT_STORABLE,
+                shorten(type_name, MAX_TYPE_NAME).as_bytes(),
+            ),
             StoredResult::UserBytes(b) => (TAG_USER_BYTES, b),
             StoredResult::UserText(text) => (TAG_USER_TEXT, text.as_bytes()),
         };
@@ -183,13 +184,18 @@ mod tests {
 
     #[test]
     fn not_stored_names_key_and_type() {
-        let key =
-            ScopedKey::new("acme", "Pay", &oncely::IdempotencyKey::parse("key-0001").unwrap())
-                .unwrap();
+        let key = ScopedKey::new(
+            "acme",
+            "Pay",
+            &oncely::IdempotencyKey::parse("key-0001").unwrap(),
+        )
+        .unwrap();
         let e = StoredResult::NotStorable { type_name: "Map" }
             .not_stored(&key)
             .unwrap();
-        assert!(matches!(&e, Error::ResultNotStored { key: k, type_name } if *k == key.to_string() && type_name == "Map"));
+        assert!(
+            matches!(&e, Error::ResultNotStored { key: k, type_name } if *k == key.to_string() && type_name == "Map")
+        );
         assert_eq!(e.code(), oncely::Code::DataLoss);
         assert!(StoredResult::NoValue.not_stored(&key).is_none());
     }
