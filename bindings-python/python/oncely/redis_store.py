@@ -105,6 +105,13 @@ def encode_result(value: Any, dumps: Optional[Callable[[Any], Any]] = None) -> b
     for None, the user codec's output when ``dumps`` is given, bytes for bytes-like
     values, compact UTF-8 JSON for JSON data, else a "not storable" record naming the
     type. Never raises for a value that cannot be stored."""
+    try:
+        return _encode(value, dumps)
+    except Exception:
+        return _encode_record("not_storable", _type_name(value))
+
+
+def _encode(value: Any, dumps: Optional[Callable[[Any], Any]]) -> bytes:
     if value is None:
         return _encode_record("no_value")
     if dumps is not None:
