@@ -82,16 +82,15 @@ fn value_of(
             .unbind(),
         StoredResult::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
         StoredResult::NoValue => py.None(),
-        r @ StoredResult::NotStorable { .. } => match joined.and_then(|g| g.value(py)) {
+        r @ StoredResult::NotStorable { type_name } => match joined.and_then(|g| g.value(py)) {
             Some(v) => v,
             None => {
-                let e = match (key, r) {
-                    (Some(key), r) => r.not_stored(key).expect("not storable"),
-                    (None, StoredResult::NotStorable { type_name }) => Error::ResultNotStored {
+                let e = match key {
+                    Some(key) => r.not_stored(key).expect("not storable"),
+                    None => Error::ResultNotStored {
                         key: String::new(),
                         type_name: type_name.to_owned(),
                     },
-                    _ => unreachable!(),
                 };
                 return Err(to_py(py, e));
             }
