@@ -416,6 +416,39 @@ test('a result that cannot be stored runs once: joiners get it, later callers re
   }
 })
 
+test('a result that cannot be stored: many callers, aborted joiners, another instance: one run', needsRedis, async () => {
+  const s = store()
+  const other = new RedisStore({ url: URL, prefix: s.prefix })
+  for (let round = 0; round < 5; round++) {
+    const k = key()
+    const value = new Map([['round', round]])
+    const gate = deferred()
+    let runs = 0
+    const action = async () => {
+      runs++
+      await gate.promise
+      return value
+    }
+    const aborts = Array.from({ length: 10 }, () => new AbortController())
+    const calls = Array.from({ length: 30 }, () => s.execute(k, fp, action))
+    const outcome = (p) => p.then((d) => d, (e) => e)
+    const aborted = aborts.map((c) => outcome(s.execute(k, fp, action, { signal: c.signal })))
+    const remote = Array.from({ length: 5 }, () => outcome(other.execute(k, fp, action)))
+    await new Promise((r) => setTimeout(r, 50))
+    for (const c of aborts) c.abort()
+    gate.resolve()
+    const done = await Promise.all(calls)
+    assert.ok(done.every((d) => d.value === value))
+    for (const e of await Promise.all(aborted)) assert.equal(e.name, 'AbortError')
+    for (const e of await Promise.all(remote)) {
+      assert.equal(e.kind, 'result_not_stored')
+      assert.equal(e.typeName, 'Map')
+    }
+    await assert.rejects(s.execute(k, fp, action), { kind: 'result_not_stored' })
+    assert.equal(runs, 1)
+  }
+})
+
 test('user codec: round trip across instances; a throwing decode is a clear error and no re-run', needsRedis, async () => {
   const encode = (v) => JSON.stringify(v, (k, x) => (x instanceof Map ? { $map: [...x] } : typeof x === 'bigint' ? { $big: String(x) } : x))
   const decode = (t) => JSON.parse(t, (k, x) => (x && x.$map ? new Map(x.$map) : x && x.$big ? BigInt(x.$big) : x))

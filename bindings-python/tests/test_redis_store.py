@@ -568,6 +568,40 @@ async def test_a_result_that_cannot_be_stored_runs_once(value: Any, type_name: s
 
 
 @needs_redis
+async def test_a_result_that_cannot_be_stored_with_many_callers_and_cancelled_joiners() -> None:
+    s = store(prefix())
+    other = store(s.prefix)
+    for _ in range(5):
+        k = key()
+        runs = Counter()
+        value = {"at": datetime.datetime(2024, 5, 1)}
+        release = asyncio.Event()
+
+        async def action() -> Any:
+            runs.bump()
+            await release.wait()
+            return value
+
+        tasks = [asyncio.ensure_future(s.execute(k, FP, action)) for _ in range(40)]
+        remote = [asyncio.ensure_future(other.execute(k, FP, action)) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        for t in tasks[30:]:
+            t.cancel()
+        release.set()
+        done = await asyncio.gather(*tasks[:30])
+        assert all(d.value is value for d in done)
+        for r in remote:  # another instance: the value is not there
+            with pytest.raises(oncely.ResultNotStoredError):
+                await r
+        for t in tasks[30:]:
+            with pytest.raises(asyncio.CancelledError):
+                await t
+        with pytest.raises(oncely.ResultNotStoredError):
+            await s.execute(k, FP, action)
+        assert runs.calls == 1
+
+
+@needs_redis
 def test_a_result_that_cannot_be_stored_runs_once_across_threads() -> None:
     s = store(prefix())
     k = key()
