@@ -433,6 +433,7 @@ test('a result that cannot be stored: many callers, aborted joiners, another ins
     const calls = Array.from({ length: 30 }, () => s.execute(k, fp, action))
     const outcome = (p) => p.then((d) => d, (e) => e)
     const aborted = aborts.map((c) => outcome(s.execute(k, fp, action, { signal: c.signal })))
+    await until(() => runs === 1, 'the leader of this instance') // before the other instance claims
     const remote = Array.from({ length: 5 }, () => outcome(other.execute(k, fp, action)))
     await new Promise((r) => setTimeout(r, 50))
     for (const c of aborts) c.abort()
