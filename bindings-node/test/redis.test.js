@@ -65,6 +65,11 @@ test('encoding: j + compact JSON, b + raw bytes, unknown tags refused', () => {
   assert.throws(() => decodeResult(Buffer.alloc(0)), { code: 'UNAVAILABLE' })
 })
 
+test('encoding: shared parts are not cycles', () => {
+  const part = [1, { a: 'b' }]
+  assert.deepEqual(encodeResult({ x: part, y: [part, part] }), Buffer.from('j{"x":[1,{"a":"b"}],"y":[[1,{"a":"b"}],[1,{"a":"b"}]]}'))
+})
+
 test('encoding: undefined is no value', () => {
   assert.deepEqual(encodeResult(undefined), Buffer.from('n'))
   assert.equal(decodeResult(Buffer.from('n')), undefined)

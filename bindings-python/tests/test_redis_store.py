@@ -85,6 +85,13 @@ def test_encoding_tags_json_and_bytes() -> None:
         decode_result(b"")
 
 
+def test_shared_parts_are_not_cycles() -> None:
+    part = [1, {"a": "b"}]
+    assert encode_result({"x": part, "y": [part, part]}) == (
+        b'j{"x":[1,{"a":"b"}],"y":[[1,{"a":"b"}],[1,{"a":"b"}]]}'
+    )
+
+
 def test_none_is_no_value() -> None:
     assert encode_result(None) == b"n"
     assert decode_result(b"n") is None

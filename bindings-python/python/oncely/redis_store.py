@@ -66,10 +66,13 @@ def _type_name(value: Any) -> str:
 def _not_json(value: Any) -> Optional[str]:
     """The type name of the first part of ``value`` that JSON would drop or change, or
     None when ``json.loads(json.dumps(value))`` gives it back (tuples as lists)."""
-    stack = [value]
-    seen: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    path: set[int] = set()  # the containers being walked: a cycle, not a shared part
     while stack:
-        v = stack.pop()
+        v, leaving = stack.pop()
+        if leaving:
+            path.discard(id(v))
+            continue
         t = type(v)
         if t in _JSON_SCALARS:
             if t is float and (v != v or v in (float("inf"), float("-inf"))):
@@ -81,9 +84,10 @@ def _not_json(value: Any) -> Optional[str]:
                     return "str (lone surrogate)"
             continue
         if t is dict or t is list or t is tuple:
-            if id(v) in seen:
+            if id(v) in path:
                 return f"{t.__qualname__} (cyclic)"
-            seen.add(id(v))
+            path.add(id(v))
+            stack.append((v, True))
             if t is dict:
                 for k in v:
                     if type(k) is not str:
@@ -92,9 +96,9 @@ def _not_json(value: Any) -> Optional[str]:
                         k.encode("utf-8")
                     except UnicodeEncodeError:
                         return "str (lone surrogate)"
-                stack.extend(v.values())
+                stack.extend((x, False) for x in v.values())
             else:
-                stack.extend(v)
+                stack.extend((x, False) for x in v)
             continue
         return _type_name(v)
     return None
