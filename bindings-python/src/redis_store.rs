@@ -146,20 +146,21 @@ pub fn _encode_record<'py>(
             .ok_or_else(|| pyo3::exceptions::PyTypeError::new_err(format!("{kind} needs a str")))?
             .extract::<String>()
     };
-    let bytes = || -> PyResult<Vec<u8>> {
-        payload
-            .ok_or_else(|| pyo3::exceptions::PyTypeError::new_err(format!("{kind} needs bytes")))?
-            .extract::<Vec<u8>>()
+    let bytes = || -> PyResult<&[u8]> {
+        let b = payload
+            .and_then(|p| p.cast::<PyBytes>().ok())
+            .ok_or_else(|| pyo3::exceptions::PyTypeError::new_err(format!("{kind} needs bytes")))?;
+        Ok(b.as_bytes())
     };
     let record = match kind {
         "json" => StoredResult::Json(&text()?).encode(),
-        "bytes" => StoredResult::Bytes(&bytes()?).encode(),
+        "bytes" => StoredResult::Bytes(bytes()?).encode(),
         "no_value" => StoredResult::NoValue.encode(),
         "not_storable" => StoredResult::NotStorable {
             type_name: &text()?,
         }
         .encode(),
-        "user_bytes" => StoredResult::UserBytes(&bytes()?).encode(),
+        "user_bytes" => StoredResult::UserBytes(bytes()?).encode(),
         "user_text" => StoredResult::UserText(&text()?).encode(),
         other => {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
