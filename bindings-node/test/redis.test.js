@@ -587,13 +587,20 @@ test('a killed leader process is taken over after its lease', needsRedis, async 
 // ---------------------------------------------------------------------------------------
 
 const PY = `
-import json, sys
+import decimal, json, sys
 import oncely
 url, pfx, tenant, method, k, fp, kind = sys.argv[1:8]
 store = oncely.RedisStore(url, prefix=pfx)
-value = b"\\x00py\\xff" if kind == "bytes" else {"from": "python", "n": [1, 2.5], "s": "\\u00fcn\\u00efcode"}
-done = store.execute_sync(oncely.scope(tenant, method, k), fp, lambda: value)
+values = {"bytes": b"\\x00py\\xff", "none": None, "decimal": decimal.Decimal("1.10")}
+value = values.get(kind, {"from": "python", "n": [1, 2.5], "s": "\\u00fcn\\u00efcode"})
+try:
+    done = store.execute_sync(oncely.scope(tenant, method, k), fp, lambda: value)
+except oncely.ResultNotStoredError as e:
+    print(json.dumps({"error": "result_not_stored", "key": e.key, "type_name": e.type_name}))
+    sys.exit(0)
 v = done.value
+if isinstance(v, decimal.Decimal):
+    v = str(v)
 print(json.dumps({"value": v.hex() if isinstance(v, bytes) else v, "bytes": isinstance(v, bytes), "source": done.source}))
 `
 
@@ -636,4 +643,31 @@ test('cross-language: a value stored by Node is replayed by Python, and back', n
   const backBytes = await s.execute(scope('acme', 'CreateOrder', k4), fp, () => assert.fail('must not run'))
   assert.ok(Buffer.isBuffer(backBytes.value))
   assert.deepEqual([...backBytes.value], [0, 0x70, 0x79, 0xff])
+})
+
+test('cross-language: no value and not-storable records read the same in Node and Python', needsRedis, async () => {
+  const s = store()
+  const pfx = s.prefix
+  const never = () => assert.fail('must not run')
+
+  // Node's undefined → Python's None, and back.
+  const k1 = newKey()
+  await s.execute(scope('acme', 'Notify', k1), fp, () => undefined)
+  assert.deepEqual(await runPython([URL, pfx, 'acme', 'Notify', k1, fp, 'json']), { value: null, bytes: false, source: 'replayed' })
+  const k2 = newKey()
+  assert.equal((await runPython([URL, pfx, 'acme', 'Notify', k2, fp, 'none'])).source, 'led')
+  const none = await s.execute(scope('acme', 'Notify', k2), fp, never)
+  assert.deepEqual([none.value, none.source], [undefined, 'replayed'])
+
+  // A Node Map is not stored: Python gets ResultNotStoredError, not a second run.
+  const k3 = newKey()
+  const map = new Map([['a', 1]])
+  assert.equal((await s.execute(scope('acme', 'Pay', k3), fp, () => map)).value, map)
+  const py = await runPython([URL, pfx, 'acme', 'Pay', k3, fp, 'json'])
+  assert.deepEqual(py, { error: 'result_not_stored', key: scope('acme', 'Pay', k3), type_name: 'Map' })
+
+  // A Python Decimal is not stored: Node gets result_not_stored.
+  const k4 = newKey()
+  assert.deepEqual(await runPython([URL, pfx, 'acme', 'Pay', k4, fp, 'decimal']), { value: '1.10', bytes: false, source: 'led' })
+  await assert.rejects(s.execute(scope('acme', 'Pay', k4), fp, never), { kind: 'result_not_stored', typeName: 'decimal.Decimal', code: 'DATA_LOSS' })
 })
