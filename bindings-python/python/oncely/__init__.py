@@ -45,11 +45,11 @@ from .errors import (
     InvalidArgumentError,
     InvalidKeyError,
     LeaderPanickedError,
-    ReentrantCallError,
-    ResultNotStoredError,
     LeaseLostError,
     MissingKeyError,
     OncelyError,
+    ReentrantCallError,
+    ResultNotStoredError,
     StoreUnavailableError,
 )
 from .extract import code_of, failure_of
