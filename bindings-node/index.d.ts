@@ -309,14 +309,27 @@ export interface RedisStoreOptions {
   workers?: number
   /** The `retryAfterMs` given to a caller that does not wait (default 1000). */
   inProgressRetryAfterMs?: number
+  /**
+   * Stores your own types: `encode(value)` returns a `Buffer`/`Uint8Array` or a string,
+   * and `decode` gets back the same kind (give both or neither). `undefined` is still
+   * "no value". An `encode` that throws makes the result "not storable"; a `decode` that
+   * throws fails the replay with UNAVAILABLE (its error as `cause`), never a re-run.
+   */
+  encode?: (value: any) => Buffer | Uint8Array | string
+  /** Reads what `encode` wrote. */
+  decode?: (data: any) => unknown
 }
 
 /**
  * The dedup store shared by every process (Node, Python, Rust) on one Redis: runs an
  * action at most once per scoped key within the TTL (SPEC §6), with the same `execute`
  * as `IdempotencyStore`. Values are stored as tagged bytes (redis/README.md, "Result
- * encoding"): a `Buffer`/`Uint8Array` as bytes (replayed as a `Buffer`), anything else as
- * JSON (replayed as a fresh value). `fn`'s errors are never stored.
+ * encoding"): `undefined` as "no value", a `Buffer`/`Uint8Array` as bytes (replayed as a
+ * `Buffer`), JSON data as JSON (replayed as a fresh value), or through the `encode` /
+ * `decode` options. A value JSON would change (Map, Set, Date, class instances, BigInt,
+ * NaN, cycles) is not stored: the leader and this process's joiners get it, later
+ * callers `result_not_stored` (DATA_LOSS), and `fn` is not run again. `fn`'s errors are
+ * never stored.
  */
 export declare class RedisStore {
   constructor(options: RedisStoreOptions)
@@ -340,7 +353,16 @@ export declare class RedisStore {
   recordKey(scoped: ScopedKey): string
 }
 
-/** The stored form of a result: `b` + bytes for a `Buffer`/`Uint8Array`, `j` + JSON text otherwise. */
-export declare function encodeResult(value: unknown): Buffer
-/** Reads a stored result back: JSON → a fresh value, bytes → a `Buffer`; an unknown tag throws UNAVAILABLE. */
-export declare function decodeResult(data: Buffer): unknown
+/**
+ * The stored form of a result (redis/README.md, "Result encoding"): `n` for `undefined`,
+ * `b` + bytes for a `Buffer`/`Uint8Array`, `j` + JSON text for JSON data, `u`/`t` + the
+ * output of `encode` when given, and `x` + the type name for a value JSON would change
+ * (Map, Set, Date, class instances, BigInt, NaN, cycles, ...). Never throws.
+ */
+export declare function encodeResult(value: unknown, encode?: (value: any) => Buffer | Uint8Array | string): Buffer
+/**
+ * Reads a stored result back: JSON → a fresh value, bytes → a `Buffer`, no value →
+ * `undefined`, a user codec's record → `decode(...)`. A "not storable" record throws
+ * `kind: 'result_not_stored'` (DATA_LOSS); an unknown tag throws UNAVAILABLE.
+ */
+export declare function decodeResult(data: Buffer, decode?: (data: any) => unknown): unknown

@@ -58,11 +58,12 @@ export declare class NativeRedisStore {
    */
   cancel(id: number): void
   /**
-   * Stores `data` (the tagged bytes) for every instance and gives it to this
-   * process's waiters. Rejects with ABORTED (`lease_lost`) when the lease was taken
-   * over, UNAVAILABLE when Redis could not be reached (nothing is stored then).
+   * Stores `data` (the result record) for every instance and gives it to this
+   * process's waiters (for a "not storable" record, `value` itself). Rejects with
+   * ABORTED (`lease_lost`) when the lease was taken over, UNAVAILABLE when Redis
+   * could not be reached (nothing is stored then).
    */
-  complete(lease: unknown, data: Buffer): Promise<void>
+  complete(lease: unknown, data: Buffer, value: unknown): Promise<void>
   /** Releases the claim and gives `error` to this process's waiters (never stored). */
   fail(lease: unknown, error: unknown): Promise<void>
   /**
@@ -251,8 +252,22 @@ export declare function codeFromHttp(status: number): Code
 /** The gRPC code names, in numeric order (0 = `OK` … 16 = `UNAUTHENTICATED`). */
 export declare function codeNames(): Array<string>
 
+/**
+ * Reads record bytes: `[tag, payload]` with index.js's tags (0 JSON text, 1 Buffer,
+ * 2 no value, 4 user bytes, 5 user text). A "not storable" record throws
+ * `result_not_stored` (no key), an unreadable one UNAVAILABLE.
+ */
+export declare function decodeRecord(data: Buffer): [number, unknown?]
+
 /** A stable key for one business intent, the same in Rust, Python and Node. */
 export declare function deriveKey(businessId: string, operation: string): string
+
+/**
+ * The record bytes of a result (redis/README.md, "Result encoding"): `kind` is
+ * `'json'` (payload: the JSON text), `'bytes'` (a Buffer), `'no_value'`,
+ * `'not_storable'` (the type name), `'user_bytes'` (a Buffer) or `'user_text'`.
+ */
+export declare function encodeRecord(kind: string, payload?: string | Buffer): Buffer
 
 /**
  * SHA-256 (hex) of raw bytes (a string is taken as its UTF-8 bytes), for callers

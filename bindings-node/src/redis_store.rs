@@ -3,9 +3,15 @@
 //! The JavaScript `RedisStore.execute` (index.js) calls `begin` → a Promise of
 //! `[kind, payload]`: `0` replayed (the stored bytes), `1` joined (the bytes), `2` lead
 //! (a lease handle), `3` abandoned (begin again). The leader settles its lease with
-//! `complete` (the tagged bytes; a Promise), `fail` (its error; a Promise) or `abandon`.
-//! Results cross as tagged bytes (redis/README.md, "Result encoding"): index.js encodes
-//! and decodes them.
+//! `complete` (the result record; a Promise), `fail` (its error; a Promise) or `abandon`.
+//!
+//! **Results** are records of the one result encoding, `oncely_redis::codec`
+//! (redis/README.md, "Result encoding"): index.js picks the kind (`encodeRecord`) and
+//! this module lays it out; a stored record comes back to index.js as `[tag, payload]`
+//! (`T_*`: JSON text, a Buffer, no value, the leader's own value, a user codec's bytes or
+//! text), which it turns into a value. A result that could not be stored is still
+//! handed to this process's joiners of its leader: the leader parks its value by record
+//! key until they have taken it; later callers get `result_not_stored`.
 //!
 //! **Waiting.** The store's futures (claims, waits, completions) are polled on the JS
 //! thread only. Their wakers — called from the store's own threads — queue the task's
@@ -35,7 +41,8 @@ use napi::sys;
 use napi_derive::napi;
 
 use oncely::{Begin, Code, ExecuteOptions, Joined, LeaderLease};
-use oncely_redis::RedisLease;
+use oncely_redis::codec::{self, StoredResult};
+use oncely_redis::{RedisJoin, RedisLease};
 
 use crate::convert::{self, Options, SHORT_STRING_MAX};
 use crate::errors::{self, core_error, Ctor, OrThrow, Prop};
@@ -62,10 +69,118 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 type Store = oncely_redis::RedisStore<JsFailure>;
 type Lease = RedisLease<JsFailure>;
 
+/// `[tag, payload]` tags of a stored result handed to index.js.
+const T_JSON: u32 = 0;
+const T_BYTES: u32 = 1;
+const T_NO_VALUE: u32 = 2;
+const T_VALUE: u32 = 3;
+const T_USER_BYTES: u32 = 4;
+const T_USER_TEXT: u32 = 5;
+
+/// The values of this process's leaders whose results could not be stored, by record
+/// key: kept while the leader completes and until its local joiners have taken them.
+#[derive(Default)]
+struct Slot {
+    joiners: usize,
+    leader: bool,
+    value: Option<Held>,
+}
+
+type Parked = Rc<RefCell<HashMap<String, Slot>>>;
+
+/// A caller joined to a leader of this process, counted in its key's slot.
+struct JoinGuard {
+    parked: Parked,
+    key: String,
+}
+
+impl JoinGuard {
+    fn new(parked: &Parked, key: String) -> Self {
+        parked.borrow_mut().entry(key.clone()).or_default().joiners += 1;
+        JoinGuard {
+            parked: parked.clone(),
+            key,
+        }
+    }
+    fn value(&self, env: sys::napi_env) -> Option<sys::napi_value> {
+        let parked = self.parked.borrow();
+        Some(parked.get(&self.key)?.value.as_ref()?.value(env))
+    }
+}
+
+impl Drop for JoinGuard {
+    fn drop(&mut self) {
+        let removed = {
+            let mut parked = self.parked.borrow_mut();
+            match parked.get_mut(&self.key) {
+                Some(slot) => {
+                    slot.joiners -= 1;
+                    if slot.joiners == 0 && !slot.leader {
+                        parked.remove(&self.key)
+                    } else {
+                        None
+                    }
+                }
+                None => None,
+            }
+        };
+        drop(removed);
+    }
+}
+
+/// A leader's parked value, from before its completion is sent until it is done (or
+/// dropped); then it stays only while joiners are counted.
+struct LeaderPark {
+    parked: Parked,
+    key: String,
+}
+
+impl LeaderPark {
+    fn new(parked: &Parked, key: String, value: Held) -> Self {
+        let old = {
+            let mut map = parked.borrow_mut();
+            let slot = map.entry(key.clone()).or_default();
+            slot.leader = true;
+            slot.value.replace(value)
+        };
+        drop(old);
+        LeaderPark {
+            parked: parked.clone(),
+            key,
+        }
+    }
+}
+
+impl Drop for LeaderPark {
+    fn drop(&mut self) {
+        let removed = {
+            let mut parked = self.parked.borrow_mut();
+            match parked.get_mut(&self.key) {
+                Some(slot) => {
+                    slot.leader = false;
+                    if slot.joiners == 0 {
+                        parked.remove(&self.key)
+                    } else {
+                        None
+                    }
+                }
+                None => None,
+            }
+        };
+        drop(removed);
+    }
+}
+
 /// What a task ends with.
 enum Out {
-    /// The stored bytes: kind 0 (replayed) or 1 (joined).
-    Value(Vec<u8>, u32),
+    /// A stored record: kind 0 (replayed) or 1 (joined); `joined` when the leader is in
+    /// this process.
+    Value {
+        data: Vec<u8>,
+        kind: u32,
+        key: oncely::ScopedKey,
+        joined: Option<JoinGuard>,
+    },
     Lead(Lease),
     Abandoned,
     Failed(Arc<JsFailure>),
@@ -93,6 +208,8 @@ struct Inner {
     dead: Arc<Mutex<Vec<u32>>>,
     /// The live lease cells of this store (addresses).
     leases: RefCell<HashSet<usize>>,
+    /// Values of leaders of this process that could not be stored.
+    parked: Parked,
     /// This store (lease cells hold it).
     me: Weak<Inner>,
 }
@@ -189,7 +306,33 @@ impl Inner {
         // SAFETY: `deferred` is unsettled and belongs to `env`; on the JS thread.
         unsafe {
             let (ok, v) = match out {
-                Out::Value(bytes, kind) => (true, pair(env, kind, buffer(env, &bytes))),
+                Out::Value {
+                    data,
+                    kind,
+                    key,
+                    joined,
+                } => match codec::decode(&data) {
+                    Err(e) => (false, thrown(env, &e)),
+                    Ok(r) => {
+                        let tagged = |tag, payload| (true, triple(env, kind, tag, payload));
+                        match r {
+                            StoredResult::Json(text) => tagged(T_JSON, string(env, text)),
+                            StoredResult::Bytes(b) => tagged(T_BYTES, buffer(env, b)),
+                            StoredResult::NoValue => tagged(T_NO_VALUE, ptr::null_mut()),
+                            StoredResult::NotStorable { .. } => {
+                                match joined.as_ref().and_then(|g| g.value(env)) {
+                                    Some(v) => tagged(T_VALUE, v),
+                                    None => (
+                                        false,
+                                        thrown(env, &r.not_stored(&key).expect("not storable")),
+                                    ),
+                                }
+                            }
+                            StoredResult::UserBytes(b) => tagged(T_USER_BYTES, buffer(env, b)),
+                            StoredResult::UserText(t) => tagged(T_USER_TEXT, string(env, t)),
+                        }
+                    }
+                },
                 Out::Lead(lease) => match self.hand_out(env, lease) {
                     Some(ext) => (true, pair(env, 2, ext)),
                     None => (
@@ -323,6 +466,28 @@ fn pair(env: sys::napi_env, kind: u32, payload: sys::napi_value) -> sys::napi_va
     }
 }
 
+/// `[kind, tag, payload]` (`payload` omitted when null).
+fn triple(env: sys::napi_env, kind: u32, tag: u32, payload: sys::napi_value) -> sys::napi_value {
+    // SAFETY: on the JS thread.
+    unsafe {
+        let arr = pair(env, kind, ptr::null_mut());
+        let mut t = ptr::null_mut();
+        sys::napi_create_uint32(env, tag, &mut t);
+        sys::napi_set_element(env, arr, 1, t);
+        if !payload.is_null() {
+            sys::napi_set_element(env, arr, 2, payload);
+        }
+        arr
+    }
+}
+
+fn string(env: sys::napi_env, text: &str) -> sys::napi_value {
+    let mut v = ptr::null_mut();
+    // SAFETY: on the JS thread; `text` is valid UTF-8 for its length.
+    unsafe { sys::napi_create_string_utf8(env, text.as_ptr().cast(), text.len() as isize, &mut v) };
+    v
+}
+
 fn buffer(env: sys::napi_env, bytes: &[u8]) -> sys::napi_value {
     let mut v = ptr::null_mut();
     let mut data = ptr::null_mut();
@@ -413,6 +578,9 @@ impl NativeRedisStore {
                 "ioTimeoutMs",
                 "workers",
                 "inProgressRetryAfterMs",
+                // The user codec: used by index.js.
+                "encode",
+                "decode",
             ],
         )?;
         let url = match o.get(c"url")? {
@@ -459,6 +627,7 @@ impl NativeRedisStore {
             next_error: Cell::new(0),
             dead: Arc::new(Mutex::new(Vec::new())),
             leases: RefCell::new(HashSet::new()),
+            parked: Parked::default(),
             me: me.clone(),
         });
         hub::attach(raw, "oncely.RedisStore", Rc::downgrade(&inner), &hub)?;
@@ -491,18 +660,33 @@ impl NativeRedisStore {
         .or_throw(raw)?;
         let fp = convert::string(raw, fingerprint.raw(), "fingerprint", SHORT_STRING_MAX)?;
         let store = self.inner.store.clone();
+        let parked = self.inner.parked.clone();
         let fut: Task = Box::pin(async move {
             match store.begin(&key, &fp, ExecuteOptions { wait }).await {
                 Err(e) => Out::Error(e),
-                Ok(Begin::Replay(Ok(v))) => Out::Value(v, 0),
+                Ok(Begin::Replay(Ok(data))) => Out::Value {
+                    data,
+                    kind: 0,
+                    key,
+                    joined: None,
+                },
                 Ok(Begin::Replay(Err(e))) => Out::Failed(e),
                 Ok(Begin::Lead(lease)) => Out::Lead(lease),
-                Ok(Begin::Join(join)) => match join.await {
-                    Joined::Value(v) => Out::Value(v, 1),
-                    Joined::Failed(e) => Out::Failed(e),
-                    Joined::Panicked(m) => Out::Panicked(m.to_string()),
-                    Joined::Abandoned => Out::Abandoned,
-                },
+                Ok(Begin::Join(join)) => {
+                    let joined = matches!(join, RedisJoin::Local(_))
+                        .then(|| JoinGuard::new(&parked, store.record_key(&key)));
+                    match join.await {
+                        Joined::Value(data) => Out::Value {
+                            data,
+                            kind: 1,
+                            key,
+                            joined,
+                        },
+                        Joined::Failed(e) => Out::Failed(e),
+                        Joined::Panicked(m) => Out::Panicked(m.to_string()),
+                        Joined::Abandoned => Out::Abandoned,
+                    }
+                }
             }
         });
         let (promise, id) = self.inner.spawn(raw, fut)?;
@@ -532,11 +716,12 @@ impl NativeRedisStore {
         }
     }
 
-    /// Stores `data` (the tagged bytes) for every instance and gives it to this
-    /// process's waiters. Rejects with ABORTED (`lease_lost`) when the lease was taken
-    /// over, UNAVAILABLE when Redis could not be reached (nothing is stored then).
+    /// Stores `data` (the result record) for every instance and gives it to this
+    /// process's waiters (for a "not storable" record, `value` itself). Rejects with
+    /// ABORTED (`lease_lost`) when the lease was taken over, UNAVAILABLE when Redis
+    /// could not be reached (nothing is stored then).
     #[napi(
-        ts_args_type = "lease: unknown, data: Buffer",
+        ts_args_type = "lease: unknown, data: Buffer, value: unknown",
         ts_return_type = "Promise<void>"
     )]
     pub fn complete<'env>(
@@ -544,30 +729,23 @@ impl NativeRedisStore {
         env: &'env Env,
         lease: Unknown<'_>,
         data: Unknown<'_>,
+        value: Unknown<'_>,
     ) -> Result<Unknown<'env>> {
         let raw = env.raw();
-        let mut is_buffer = false;
-        // SAFETY: on the JS thread.
-        unsafe { sys::napi_is_buffer(raw, data.raw(), &mut is_buffer) };
-        if !is_buffer {
-            return Err(errors::type_error(raw, "data", "data must be a Buffer"));
-        }
-        let bytes = {
-            let mut p = ptr::null_mut();
-            let mut len = 0usize;
-            // SAFETY: `data` is a Buffer of this call; copied before returning.
-            unsafe {
-                sys::napi_get_buffer_info(raw, data.raw(), &mut p, &mut len);
-                if len == 0 {
-                    Vec::new()
-                } else {
-                    std::slice::from_raw_parts(p as *const u8, len).to_vec()
-                }
-            }
-        };
+        let bytes = buffer_bytes(raw, data.raw(), "data")?;
         let lease = self.inner.take_lease(raw, lease.raw())?;
+        let park = match codec::decode(&bytes) {
+            Ok(StoredResult::NotStorable { .. }) => Some(LeaderPark::new(
+                &self.inner.parked,
+                lease.record_key().to_owned(),
+                Held::new(raw, value.raw())?,
+            )),
+            _ => None,
+        };
         let fut: Task = Box::pin(async move {
-            match LeaderLease::complete(lease, bytes).await {
+            let stored = LeaderLease::complete(lease, bytes).await;
+            drop(park);
+            match stored {
                 Ok(()) => Out::Done,
                 Err(e) => Out::Error(e),
             }
@@ -673,4 +851,93 @@ impl NativeRedisStore {
     pub fn pending(&self) -> u32 {
         u32::try_from(self.inner.tasks.borrow().len()).unwrap_or(u32::MAX)
     }
+}
+
+fn buffer_bytes(env: sys::napi_env, v: sys::napi_value, field: &str) -> Result<Vec<u8>> {
+    let mut is_buffer = false;
+    // SAFETY: on the JS thread.
+    unsafe { sys::napi_is_buffer(env, v, &mut is_buffer) };
+    if !is_buffer {
+        return Err(errors::type_error(
+            env,
+            field,
+            &format!("{field} must be a Buffer"),
+        ));
+    }
+    let mut p = ptr::null_mut();
+    let mut len = 0usize;
+    // SAFETY: `v` is a Buffer of this call; copied before returning.
+    unsafe {
+        sys::napi_get_buffer_info(env, v, &mut p, &mut len);
+        Ok(if len == 0 {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(p as *const u8, len).to_vec()
+        })
+    }
+}
+
+/// The record bytes of a result (redis/README.md, "Result encoding"): `kind` is
+/// `'json'` (payload: the JSON text), `'bytes'` (a Buffer), `'no_value'`,
+/// `'not_storable'` (the type name), `'user_bytes'` (a Buffer) or `'user_text'`.
+#[napi(
+    ts_args_type = "kind: string, payload?: string | Buffer",
+    ts_return_type = "Buffer"
+)]
+pub fn encode_record<'env>(
+    env: &'env Env,
+    kind: String,
+    payload: Option<Unknown<'_>>,
+) -> Result<Unknown<'env>> {
+    let raw = env.raw();
+    let payload = payload.map(|p| p.raw()).unwrap_or(ptr::null_mut());
+    let text = || convert::string(raw, payload, "payload", usize::MAX);
+    let bytes = || buffer_bytes(raw, payload, "payload");
+    let record = match kind.as_str() {
+        "json" => StoredResult::Json(&text()?).encode(),
+        "bytes" => StoredResult::Bytes(&bytes()?).encode(),
+        "no_value" => StoredResult::NoValue.encode(),
+        "not_storable" => StoredResult::NotStorable {
+            type_name: &text()?,
+        }
+        .encode(),
+        "user_bytes" => StoredResult::UserBytes(&bytes()?).encode(),
+        "user_text" => StoredResult::UserText(&text()?).encode(),
+        _ => {
+            return Err(errors::type_error(
+                raw,
+                "kind",
+                &format!("unknown record kind {kind:?}"),
+            ))
+        }
+    };
+    // SAFETY: a live value of this call.
+    Ok(unsafe { Unknown::from_raw_unchecked(raw, buffer(raw, &record)) })
+}
+
+/// Reads record bytes: `[tag, payload]` with index.js's tags (0 JSON text, 1 Buffer,
+/// 2 no value, 4 user bytes, 5 user text). A "not storable" record throws
+/// `result_not_stored` (no key), an unreadable one UNAVAILABLE.
+#[napi(ts_args_type = "data: Buffer", ts_return_type = "[number, unknown?]")]
+pub fn decode_record<'env>(env: &'env Env, data: Unknown<'_>) -> Result<Unknown<'env>> {
+    let raw = env.raw();
+    let data = buffer_bytes(raw, data.raw(), "data")?;
+    let (tag, payload) = match codec::decode(&data).or_throw(raw)? {
+        StoredResult::Json(text) => (T_JSON, string(raw, text)),
+        StoredResult::Bytes(b) => (T_BYTES, buffer(raw, b)),
+        StoredResult::NoValue => (T_NO_VALUE, ptr::null_mut()),
+        StoredResult::NotStorable { type_name } => {
+            return Err(core_error(
+                raw,
+                &oncely::Error::ResultNotStored {
+                    key: String::new(),
+                    type_name: type_name.to_owned(),
+                },
+            ))
+        }
+        StoredResult::UserBytes(b) => (T_USER_BYTES, buffer(raw, b)),
+        StoredResult::UserText(t) => (T_USER_TEXT, string(raw, t)),
+    };
+    // SAFETY: a live value of this call.
+    Ok(unsafe { Unknown::from_raw_unchecked(raw, pair(raw, tag, payload)) })
 }

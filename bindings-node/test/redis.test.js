@@ -55,15 +55,79 @@ test('encoding: j + compact JSON, b + raw bytes, unknown tags refused', () => {
   assert.deepEqual(encodeResult(new Uint8Array([1, 2])), Buffer.from([0x62, 1, 2]))
   assert.deepEqual(encodeResult('text'), Buffer.from('j"text"'))
   assert.deepEqual(encodeResult(null), Buffer.from('jnull'))
+  assert.deepEqual(encodeResult({ a: 1, gone: undefined }), Buffer.from('j{"a":1}'))
   assert.deepEqual(decodeResult(Buffer.from('j{"a":[1,"é"]}', 'utf8')), { a: [1, 'é'] })
   const bytes = decodeResult(Buffer.from([0x62, 0, 255]))
   assert.ok(Buffer.isBuffer(bytes))
   assert.deepEqual([...bytes], [0, 255])
   assert.equal(decodeResult(Buffer.from('b')).length, 0)
-  assert.throws(() => decodeResult(Buffer.from('x123')), { code: 'UNAVAILABLE', message: /unknown encoding tag/ })
+  assert.throws(() => decodeResult(Buffer.from('Q123')), { code: 'UNAVAILABLE', message: /unknown encoding tag/ })
   assert.throws(() => decodeResult(Buffer.alloc(0)), { code: 'UNAVAILABLE' })
-  assert.throws(() => encodeResult(Number.NaN), { code: 'INVALID_ARGUMENT' })
-  assert.throws(() => encodeResult(undefined), { code: 'INVALID_ARGUMENT' })
+})
+
+test('encoding: shared parts are not cycles', () => {
+  const part = [1, { a: 'b' }]
+  assert.deepEqual(encodeResult({ x: part, y: [part, part] }), Buffer.from('j{"x":[1,{"a":"b"}],"y":[[1,{"a":"b"}],[1,{"a":"b"}]]}'))
+})
+
+test('encoding: undefined is no value', () => {
+  assert.deepEqual(encodeResult(undefined), Buffer.from('n'))
+  assert.equal(decodeResult(Buffer.from('n')), undefined)
+  assert.equal(decodeResult(Buffer.from('jnull')), null)
+})
+
+class Order {
+  constructor(id) {
+    this.id = id
+  }
+}
+
+function cyclic() {
+  const o = { a: 1 }
+  o.self = o
+  return o
+}
+
+// A value JSON would drop or change, and the type name its record keeps.
+const UNSTORABLE = [
+  [() => new Map([['a', 1]]), 'Map'],
+  [() => new Set([1]), 'Set'],
+  [() => 10n, 'bigint'],
+  [() => cyclic(), 'Object (cyclic)'],
+  [() => new Order(7), 'Order'],
+  [() => new Date(0), 'Date'],
+  [() => Number.NaN, 'number (NaN)'],
+  [() => ({ total: Number.POSITIVE_INFINITY }), 'number (Infinity)'],
+  [() => ({ items: [new Map()] }), 'Map'],
+  [() => [1, undefined], 'undefined (in an array)'],
+  [() => [1, , 3], 'Array (sparse)'], // eslint-disable-line no-sparse-arrays
+  [() => ({ f: () => 1 }), 'function'],
+  [() => ({ toJSON: () => 'x' }), 'Object (toJSON)'],
+  [() => ({ nested: Buffer.from('a') }), 'Buffer'],
+]
+
+test('encoding: a value JSON would change is not storable, named by its type', () => {
+  for (const [make, typeName] of UNSTORABLE) {
+    const record = encodeResult(make())
+    assert.deepEqual(record, Buffer.from(`x${typeName}`), typeName)
+    assert.throws(() => decodeResult(record), { code: 'DATA_LOSS', kind: 'result_not_stored', typeName })
+  }
+})
+
+test('encoding: user codec records', () => {
+  const encode = (v) => JSON.stringify(v, (k, x) => (x instanceof Map ? { map: [...x] } : x))
+  const record = encodeResult(new Map([['a', 1]]), encode)
+  assert.deepEqual(record, Buffer.from('t{"map":[["a",1]]}'))
+  assert.deepEqual(decodeResult(record, (t) => new Map(JSON.parse(t).map)), new Map([['a', 1]]))
+  const b = encodeResult(10n, (v) => Buffer.from(v.toString()))
+  assert.deepEqual(b, Buffer.from('u10'))
+  assert.equal(decodeResult(b, (buf) => BigInt(buf.toString())), 10n)
+  assert.deepEqual(encodeResult(undefined, encode), Buffer.from('n'))
+  assert.deepEqual(encodeResult(10n, () => { throw new Error('no') }), Buffer.from('xbigint'))
+  assert.deepEqual(encodeResult(10n, () => 42), Buffer.from('xbigint'))
+  assert.throws(() => decodeResult(Buffer.from('u10')), { code: 'UNAVAILABLE', message: /user codec/ })
+  const e = assert.throws(() => decodeResult(Buffer.from('tnot json'), JSON.parse), { code: 'UNAVAILABLE', message: /decode could not read/ })
+  void e
 })
 
 test('options are checked', () => {
@@ -76,6 +140,9 @@ test('options are checked', () => {
   assert.equal(s.prefix, 'p')
   const k = key()
   assert.equal(s.recordKey(k), `{p:${k}}`)
+  assert.throws(() => new RedisStore({ url: 'redis://127.0.0.1:1/0', encode: JSON.stringify }), { code: 'INVALID_ARGUMENT', field: 'decode' })
+  assert.throws(() => new RedisStore({ url: 'redis://127.0.0.1:1/0', encode: 1, decode: JSON.parse }), { code: 'INVALID_ARGUMENT', field: 'encode' })
+  assert.ok(new RedisStore({ url: 'redis://127.0.0.1:1/0', encode: JSON.stringify, decode: JSON.parse }))
 })
 
 // ---------------------------------------------------------------------------------------
@@ -282,6 +349,139 @@ test('a leader whose record was taken gets ABORTED (lease_lost); nothing is writ
   assert.equal(s.counters().leasesLost, 1)
 })
 
+/** The raw `result` field of a record. */
+function hgetResult(record) {
+  const [host, port] = URL.replace(/^redis:\/\//, '').split('/')[0].split(':')
+  const parts = ['HGET', record, 'result'].map((a) => Buffer.from(a))
+  const msg = Buffer.concat([Buffer.from(`*${parts.length}\r\n`), ...parts.flatMap((p) => [Buffer.from(`$${p.length}\r\n`), p, Buffer.from('\r\n')])])
+  return new Promise((resolve, reject) => {
+    const sock = net.createConnection({ host, port: Number(port) }, () => sock.write(msg))
+    let got = Buffer.alloc(0)
+    sock.on('data', (d) => {
+      got = Buffer.concat([got, d])
+      const i = got.indexOf('\r\n')
+      if (i < 0) return
+      const n = Number(got.subarray(1, i).toString())
+      if (got.length >= i + 2 + n) {
+        sock.destroy()
+        resolve(got.subarray(i + 2, i + 2 + n))
+      }
+    })
+    sock.on('error', reject)
+  })
+}
+
+test('undefined is stored as no value: one run, replayed as undefined everywhere', needsRedis, async () => {
+  const s = store()
+  const k = key()
+  let runs = 0
+  const action = async () => {
+    runs++
+    await new Promise((r) => setTimeout(r, 50))
+  }
+  const done = await Promise.all([1, 2, 3, 4].map(() => s.execute(k, fp, action)))
+  assert.deepEqual(done.map((d) => d.value), [undefined, undefined, undefined, undefined])
+  assert.deepEqual(done.map((d) => d.source).sort(), ['joined', 'joined', 'joined', 'led'])
+  const again = await s.execute(k, fp, action)
+  assert.equal(again.source, 'replayed')
+  assert.equal(again.value, undefined)
+  assert.ok('value' in again)
+  const other = new RedisStore({ url: URL, prefix: s.prefix })
+  assert.equal((await other.execute(k, fp, action)).value, undefined)
+  assert.equal(runs, 1)
+  assert.deepEqual(await hgetResult(s.recordKey(k)), Buffer.from('n'))
+})
+
+test('a result that cannot be stored runs once: joiners get it, later callers result_not_stored', needsRedis, async () => {
+  for (const [make, typeName] of UNSTORABLE.slice(0, 7)) {
+    const s = store()
+    const other = new RedisStore({ url: URL, prefix: s.prefix })
+    const k = key()
+    const value = make()
+    let runs = 0
+    const action = async () => {
+      runs++
+      await new Promise((r) => setTimeout(r, 30))
+      return value
+    }
+    const done = await Promise.all([1, 2, 3, 4].map(() => s.execute(k, fp, action)))
+    assert.ok(done.every((d) => d.value === value || (Number.isNaN(d.value) && Number.isNaN(value))), typeName)
+    assert.deepEqual(done.map((d) => d.source).sort(), ['joined', 'joined', 'joined', 'led'])
+    for (const later of [s, other]) {
+      await assert.rejects(later.execute(k, fp, action), (e) => {
+        assert.equal(e.code, 'DATA_LOSS')
+        assert.equal(e.kind, 'result_not_stored')
+        assert.equal(e.key, k)
+        assert.equal(e.typeName, typeName)
+        return true
+      })
+    }
+    assert.equal(runs, 1, typeName)
+    assert.deepEqual(await hgetResult(s.recordKey(k)), Buffer.from(`x${typeName}`))
+  }
+})
+
+test('a result that cannot be stored: many callers, aborted joiners, another instance: one run', needsRedis, async () => {
+  const s = store()
+  const other = new RedisStore({ url: URL, prefix: s.prefix })
+  for (let round = 0; round < 5; round++) {
+    const k = key()
+    const value = new Map([['round', round]])
+    const gate = deferred()
+    let runs = 0
+    const action = async () => {
+      runs++
+      await gate.promise
+      return value
+    }
+    const aborts = Array.from({ length: 10 }, () => new AbortController())
+    const calls = Array.from({ length: 30 }, () => s.execute(k, fp, action))
+    const outcome = (p) => p.then((d) => d, (e) => e)
+    const aborted = aborts.map((c) => outcome(s.execute(k, fp, action, { signal: c.signal })))
+    await until(() => runs === 1, 'the leader of this instance') // before the other instance claims
+    const remote = Array.from({ length: 5 }, () => outcome(other.execute(k, fp, action)))
+    await new Promise((r) => setTimeout(r, 50))
+    for (const c of aborts) c.abort()
+    gate.resolve()
+    const done = await Promise.all(calls)
+    assert.ok(done.every((d) => d.value === value))
+    for (const e of await Promise.all(aborted)) assert.equal(e.name, 'AbortError')
+    for (const e of await Promise.all(remote)) {
+      assert.equal(e.kind, 'result_not_stored')
+      assert.equal(e.typeName, 'Map')
+    }
+    await assert.rejects(s.execute(k, fp, action), { kind: 'result_not_stored' })
+    assert.equal(runs, 1)
+  }
+})
+
+test('user codec: round trip across instances; a throwing decode is a clear error and no re-run', needsRedis, async () => {
+  const encode = (v) => JSON.stringify(v, (k, x) => (x instanceof Map ? { $map: [...x] } : typeof x === 'bigint' ? { $big: String(x) } : x))
+  const decode = (t) => JSON.parse(t, (k, x) => (x && x.$map ? new Map(x.$map) : x && x.$big ? BigInt(x.$big) : x))
+  const s = store({ encode, decode })
+  const k = key()
+  const value = { m: new Map([['a', 1]]), n: 12345678901234567890n }
+  let runs = 0
+  const action = () => {
+    runs++
+    return value
+  }
+  assert.equal((await s.execute(k, fp, action)).value, value)
+  const back = await new RedisStore({ url: URL, prefix: s.prefix, encode, decode }).execute(k, fp, action)
+  assert.equal(back.source, 'replayed')
+  assert.deepEqual(back.value, value)
+  const broken = new RedisStore({ url: URL, prefix: s.prefix, encode, decode: () => { throw new Error('corrupt') } })
+  await assert.rejects(broken.execute(k, fp, action), (e) => e.code === 'UNAVAILABLE' && e.key === k && e.cause.message === 'corrupt')
+  await assert.rejects(new RedisStore({ url: URL, prefix: s.prefix }).execute(k, fp, action), { code: 'UNAVAILABLE', message: /user codec/ })
+  assert.equal(runs, 1)
+
+  const refusing = store({ encode: () => { throw new Error('not mine') }, decode })
+  const k2 = key()
+  assert.equal((await refusing.execute(k2, fp, action)).value, value)
+  await assert.rejects(refusing.execute(k2, fp, action), { kind: 'result_not_stored', typeName: 'Object' })
+  assert.equal(runs, 2)
+})
+
 test('a result with an unknown encoding tag is refused (UNAVAILABLE), fn does not run', needsRedis, async () => {
   const s = store()
   const k = key()
@@ -387,13 +587,20 @@ test('a killed leader process is taken over after its lease', needsRedis, async 
 // ---------------------------------------------------------------------------------------
 
 const PY = `
-import json, sys
+import decimal, json, sys
 import oncely
 url, pfx, tenant, method, k, fp, kind = sys.argv[1:8]
 store = oncely.RedisStore(url, prefix=pfx)
-value = b"\\x00py\\xff" if kind == "bytes" else {"from": "python", "n": [1, 2.5], "s": "\\u00fcn\\u00efcode"}
-done = store.execute_sync(oncely.scope(tenant, method, k), fp, lambda: value)
+values = {"bytes": b"\\x00py\\xff", "none": None, "decimal": decimal.Decimal("1.10")}
+value = values.get(kind, {"from": "python", "n": [1, 2.5], "s": "\\u00fcn\\u00efcode"})
+try:
+    done = store.execute_sync(oncely.scope(tenant, method, k), fp, lambda: value)
+except oncely.ResultNotStoredError as e:
+    print(json.dumps({"error": "result_not_stored", "key": e.key, "type_name": e.type_name}))
+    sys.exit(0)
 v = done.value
+if isinstance(v, decimal.Decimal):
+    v = str(v)
 print(json.dumps({"value": v.hex() if isinstance(v, bytes) else v, "bytes": isinstance(v, bytes), "source": done.source}))
 `
 
@@ -436,4 +643,31 @@ test('cross-language: a value stored by Node is replayed by Python, and back', n
   const backBytes = await s.execute(scope('acme', 'CreateOrder', k4), fp, () => assert.fail('must not run'))
   assert.ok(Buffer.isBuffer(backBytes.value))
   assert.deepEqual([...backBytes.value], [0, 0x70, 0x79, 0xff])
+})
+
+test('cross-language: no value and not-storable records read the same in Node and Python', needsRedis, async () => {
+  const s = store()
+  const pfx = s.prefix
+  const never = () => assert.fail('must not run')
+
+  // Node's undefined → Python's None, and back.
+  const k1 = newKey()
+  await s.execute(scope('acme', 'Notify', k1), fp, () => undefined)
+  assert.deepEqual(await runPython([URL, pfx, 'acme', 'Notify', k1, fp, 'json']), { value: null, bytes: false, source: 'replayed' })
+  const k2 = newKey()
+  assert.equal((await runPython([URL, pfx, 'acme', 'Notify', k2, fp, 'none'])).source, 'led')
+  const none = await s.execute(scope('acme', 'Notify', k2), fp, never)
+  assert.deepEqual([none.value, none.source], [undefined, 'replayed'])
+
+  // A Node Map is not stored: Python gets ResultNotStoredError, not a second run.
+  const k3 = newKey()
+  const map = new Map([['a', 1]])
+  assert.equal((await s.execute(scope('acme', 'Pay', k3), fp, () => map)).value, map)
+  const py = await runPython([URL, pfx, 'acme', 'Pay', k3, fp, 'json'])
+  assert.deepEqual(py, { error: 'result_not_stored', key: scope('acme', 'Pay', k3), type_name: 'Map' })
+
+  // A Python Decimal is not stored: Node gets result_not_stored.
+  const k4 = newKey()
+  assert.deepEqual(await runPython([URL, pfx, 'acme', 'Pay', k4, fp, 'decimal']), { value: '1.10', bytes: false, source: 'led' })
+  await assert.rejects(s.execute(scope('acme', 'Pay', k4), fp, never), { kind: 'result_not_stored', typeName: 'decimal.Decimal', code: 'DATA_LOSS' })
 })

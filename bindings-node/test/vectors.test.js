@@ -8,6 +8,7 @@ const fs = require('node:fs')
 const path = require('node:path')
 
 const oncely = require('oncely')
+const native = require('../native.js')
 const { Code, RetryPolicy, ManualClock } = oncely
 
 const dir = path.join(__dirname, '..', '..', 'tests', 'vectors')
@@ -185,5 +186,30 @@ test('retry_decisions.json: the JavaScript retry loop on a manual clock', async 
       what,
     )
     assert.deepEqual(numbers, Array.from({ length: calls }, (_, k) => k + 1), `${what}: attempt numbers`)
+  }
+})
+
+test('result_codec.json: the stored form of a RedisStore result', () => {
+  const cases = load('result_codec.json')
+  const T = { json: 0, bytes: 1, no_value: 2, user_bytes: 4, user_text: 5 }
+  for (const c of cases) {
+    const record = Buffer.from(c.record_hex, 'hex')
+    if (c.error) {
+      assert.deepEqual(c.error, { kind: 'unavailable' })
+      assert.throws(() => oncely.decodeResult(record), { code: 'UNAVAILABLE' }, c.comment)
+      continue
+    }
+    const payload = c.kind === 'json' || c.kind === 'user_text' ? c.text : c.kind === 'not_storable' ? c.type_name : c.hex === undefined ? undefined : Buffer.from(c.hex, 'hex')
+    assert.deepEqual(native.encodeRecord(c.kind, payload), record, c.comment)
+    if (c.kind === 'not_storable') {
+      assert.throws(() => oncely.decodeResult(record), { kind: 'result_not_stored', typeName: c.type_name }, c.comment)
+      continue
+    }
+    const [tag, got] = native.decodeRecord(record)
+    assert.equal(tag, T[c.kind], c.comment)
+    if (c.kind === 'json') assert.deepEqual(oncely.decodeResult(record), c.value, c.comment)
+    else if (c.kind === 'no_value') assert.equal(oncely.decodeResult(record), undefined)
+    else if (c.kind === 'bytes') assert.deepEqual(oncely.decodeResult(record), payload, c.comment)
+    else assert.deepEqual(oncely.decodeResult(record, (body) => ['decoded', body]), ['decoded', payload], c.comment)
   }
 })

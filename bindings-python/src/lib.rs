@@ -52,5 +52,7 @@ fn _oncely(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<redis_store::PyRedisStore>()?;
     m.add_class::<redis_store::RedisPending>()?;
     m.add_class::<redis_store::RedisLease>()?;
+    m.add_function(wrap_pyfunction!(redis_store::_encode_record, m)?)?;
+    m.add_function(wrap_pyfunction!(redis_store::_decode_record, m)?)?;
     Ok(())
 }

@@ -7,9 +7,17 @@
 //! through the same pump as the memory store's joins (`subscribe`: the future is
 //! polled without the GIL; its waker only queues an id; the outcome reaches the event
 //! loop with `call_soon_threadsafe`) or blocks on with the GIL released (`wait`).
-//! Results cross as bytes: `oncely.redis_store` encodes and decodes them (the "Result
-//! encoding" of `redis/README.md`).
+//! Results cross as bytes in the one result encoding of `oncely_redis::codec`
+//! (`redis/README.md`, "Result encoding"): `oncely.redis_store` picks the kind of
+//! record (JSON text, bytes, no value, not storable, the user codec's output) and this
+//! module lays it out and reads it back; only JSON text and bytes become Python values
+//! here (`json.loads`, or the store's `loads`).
+//!
+//! A result that could not be stored is still handed to this process's joiners of its
+//! leader: the leader parks its value by key (`Parked`) until they have taken it; every
+//! later caller reads the "not storable" record and gets `ResultNotStoredError`.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
@@ -17,13 +25,14 @@ use std::task::{Context, Poll, Wake, Waker};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 
-use oncely::{Begin, Error, ExecuteOptions, Joined, LeaderLease};
-use oncely_redis::RedisStore;
+use oncely::{Begin, Error, ExecuteOptions, Joined, LeaderLease, ScopedKey};
+use oncely_redis::codec::{self, StoredResult};
+use oncely_redis::{RedisJoin, RedisStore};
 
 use crate::convert::{int_in, opt_seconds};
-use crate::errors::{to_py_value, IntoPyResult};
+use crate::errors::{to_py, to_py_value, IntoPyResult};
 use crate::store::{
     bury, executed, register_native, scoped_key, traceback_of, unregister, Deliver, Held,
     NativeFuture,
@@ -43,15 +52,221 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// `Executed(decode(data), source)`, or the decoding error as an exception object.
-fn decoded(py: Python<'_>, data: Vec<u8>, source: &'static str) -> Py<PyAny> {
-    static DECODE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let value = DECODE
-        .import(py, "oncely.redis_store", "decode_result")
-        .and_then(|decode| decode.call1((PyBytes::new(py, &data),)))
-        .and_then(|v| executed(py, v.unbind(), source));
-    match value {
+fn decoded(
+    py: Python<'_>,
+    data: &[u8],
+    source: &'static str,
+    key: &ScopedKey,
+    loads: Option<&Py<PyAny>>,
+    joined: Option<&JoinGuard>,
+) -> Py<PyAny> {
+    match value_of(py, data, Some(key), loads, joined).and_then(|v| executed(py, v, source)) {
         Ok(v) => v,
         Err(e) => e.into_value(py).into_any(),
+    }
+}
+
+/// The Python value of a stored result. `joined`: this caller joined a leader of this
+/// process, whose value is parked if it could not be stored.
+fn value_of(
+    py: Python<'_>,
+    data: &[u8],
+    key: Option<&ScopedKey>,
+    loads: Option<&Py<PyAny>>,
+    joined: Option<&JoinGuard>,
+) -> PyResult<Py<PyAny>> {
+    static JSON_LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    Ok(match codec::decode(data).py(py)? {
+        StoredResult::Json(text) => JSON_LOADS
+            .import(py, "json", "loads")?
+            .call1((text,))?
+            .unbind(),
+        StoredResult::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
+        StoredResult::NoValue => py.None(),
+        r @ StoredResult::NotStorable { type_name } => match joined.and_then(|g| g.value(py)) {
+            Some(v) => v,
+            None => {
+                let e = match key {
+                    Some(key) => r.not_stored(key).expect("not storable"),
+                    None => Error::ResultNotStored {
+                        key: String::new(),
+                        type_name: type_name.to_owned(),
+                    },
+                };
+                return Err(to_py(py, e));
+            }
+        },
+        StoredResult::UserBytes(b) => user_loads(py, key, loads, PyBytes::new(py, b).into_any())?,
+        StoredResult::UserText(t) => user_loads(py, key, loads, PyString::new(py, t).into_any())?,
+    })
+}
+
+/// Reads a user codec's record with the store's `loads`. Without one, or when it
+/// raises, the call fails (UNAVAILABLE, with `loads`'s exception as the cause): the
+/// record stays, and the action is not run again.
+fn user_loads(
+    py: Python<'_>,
+    key: Option<&ScopedKey>,
+    loads: Option<&Py<PyAny>>,
+    body: Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let key = key.map_or_else(|| "this record".to_owned(), |k| k.to_string());
+    let Some(loads) = loads else {
+        return Err(to_py(
+            py,
+            Error::Unavailable(format!(
+                "the stored result of {key} was written by a user codec (dumps=); give this \
+                 store the matching loads= to read it"
+            )),
+        ));
+    };
+    loads.call1(py, (body,)).map_err(|cause| {
+        let e = to_py(
+            py,
+            Error::Unavailable(format!(
+                "loads= could not decode the stored result of {key} ({cause}); the action is \
+                 not run again"
+            )),
+        );
+        e.set_cause(py, Some(cause));
+        e
+    })
+}
+
+/// The record bytes for `kind` (`"json"`, `"bytes"`, `"no_value"`, `"not_storable"`,
+/// `"user_bytes"`, `"user_text"`) and its payload (text, bytes, a type name, or None).
+#[pyfunction]
+#[pyo3(signature = (kind, payload=None))]
+pub fn _encode_record<'py>(
+    py: Python<'py>,
+    kind: &str,
+    payload: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let text = || -> PyResult<String> {
+        payload
+            .ok_or_else(|| pyo3::exceptions::PyTypeError::new_err(format!("{kind} needs a str")))?
+            .extract::<String>()
+    };
+    let bytes = || -> PyResult<&[u8]> {
+        let b = payload
+            .and_then(|p| p.cast::<PyBytes>().ok())
+            .ok_or_else(|| pyo3::exceptions::PyTypeError::new_err(format!("{kind} needs bytes")))?;
+        Ok(b.as_bytes())
+    };
+    let record = match kind {
+        "json" => StoredResult::Json(&text()?).encode(),
+        "bytes" => StoredResult::Bytes(bytes()?).encode(),
+        "no_value" => StoredResult::NoValue.encode(),
+        "not_storable" => StoredResult::NotStorable {
+            type_name: &text()?,
+        }
+        .encode(),
+        "user_bytes" => StoredResult::UserBytes(bytes()?).encode(),
+        "user_text" => StoredResult::UserText(&text()?).encode(),
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "unknown record kind {other:?}"
+            )))
+        }
+    };
+    Ok(PyBytes::new(py, &record))
+}
+
+/// Reads record bytes back: the value (JSON parsed, bytes as `bytes`, no value as
+/// None, a user codec's record through `loads`); a "not storable" record raises
+/// `ResultNotStoredError` naming `key`; an unreadable one `StoreUnavailableError`.
+#[pyfunction]
+#[pyo3(signature = (data, loads=None, key=None))]
+pub fn _decode_record(
+    py: Python<'_>,
+    data: &[u8],
+    loads: Option<Py<PyAny>>,
+    key: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    let key = key.map(scoped_key).transpose()?;
+    value_of(
+        py,
+        data,
+        key.as_ref().map(|k| &k.inner),
+        loads.as_ref(),
+        None,
+    )
+}
+
+/// The values of this process's leaders whose results could not be stored, by scoped
+/// key, kept while the leader completes and until its local joiners have taken them.
+#[derive(Default)]
+struct Slot {
+    joiners: usize,
+    leader: bool,
+    value: Option<Held>,
+}
+
+type Parked = Arc<Mutex<HashMap<String, Slot>>>;
+
+/// A caller joined to a leader of this process, counted in its key's slot.
+struct JoinGuard {
+    parked: Parked,
+    key: String,
+}
+
+impl JoinGuard {
+    fn new(parked: &Parked, key: &ScopedKey) -> Self {
+        let key = key.as_str().to_owned();
+        lock(parked).entry(key.clone()).or_default().joiners += 1;
+        JoinGuard {
+            parked: parked.clone(),
+            key,
+        }
+    }
+    fn value(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        let parked = lock(&self.parked);
+        let held = parked.get(&self.key)?.value.as_ref()?;
+        Some(held.bind(py).unbind())
+    }
+}
+
+impl Drop for JoinGuard {
+    fn drop(&mut self) {
+        let mut parked = lock(&self.parked);
+        if let Some(slot) = parked.get_mut(&self.key) {
+            slot.joiners -= 1;
+            if slot.joiners == 0 && !slot.leader {
+                parked.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// A leader's parked value, from before its completion is sent until it is done
+/// (or dropped); then it stays only while joiners are counted.
+struct LeaderPark {
+    parked: Parked,
+    key: String,
+}
+
+impl LeaderPark {
+    fn new(parked: &Parked, key: &str, value: Held) -> Self {
+        let mut map = lock(parked);
+        let slot = map.entry(key.to_owned()).or_default();
+        slot.leader = true;
+        slot.value = Some(value);
+        LeaderPark {
+            parked: parked.clone(),
+            key: key.to_owned(),
+        }
+    }
+}
+
+impl Drop for LeaderPark {
+    fn drop(&mut self) {
+        let mut parked = lock(&self.parked);
+        if let Some(slot) = parked.get_mut(&self.key) {
+            slot.leader = false;
+            if slot.joiners == 0 {
+                parked.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -70,12 +285,15 @@ fn error_value(e: Error) -> Deliver {
 #[pyclass(subclass, frozen, module = "oncely", name = "_RedisStore")]
 pub struct PyRedisStore {
     inner: Store,
+    dumps: Option<Py<PyAny>>,
+    loads: Option<Arc<Py<PyAny>>>,
+    parked: Parked,
 }
 
 #[pymethods]
 impl PyRedisStore {
     #[new]
-    #[pyo3(signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None))]
+    #[pyo3(signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -87,7 +305,25 @@ impl PyRedisStore {
         io_timeout: Option<&Bound<'_, PyAny>>,
         workers: Option<&Bound<'_, PyAny>>,
         in_progress_retry_after: Option<&Bound<'_, PyAny>>,
+        dumps: Option<Bound<'_, PyAny>>,
+        loads: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let callable = |field: &'static str, f: Option<Bound<'_, PyAny>>| -> PyResult<_> {
+            match f.filter(|f| !f.is_none()) {
+                Some(f) if f.is_callable() => Ok(Some(f.unbind())),
+                Some(f) => Err(crate::errors::wrong_type(field, "a callable", &f)),
+                None => Ok(None),
+            }
+        };
+        let dumps = callable("dumps", dumps)?;
+        let loads = callable("loads", loads)?;
+        if dumps.is_some() != loads.is_some() {
+            return Err(crate::errors::invalid(
+                py,
+                if dumps.is_some() { "loads" } else { "dumps" },
+                "dumps and loads go together: give both or neither",
+            ));
+        }
         let mut b = Store::builder(url);
         if let Some(d) = opt_seconds(py, "lease", lease)? {
             b = b.lease(d);
@@ -112,6 +348,9 @@ impl PyRedisStore {
         }
         Ok(PyRedisStore {
             inner: b.build().py(py)?,
+            dumps,
+            loads: loads.map(Arc::new),
+            parked: Parked::default(),
         })
     }
 
@@ -135,28 +374,39 @@ impl PyRedisStore {
         };
         let store = self.inner.clone();
         let fingerprint = fingerprint.to_owned();
+        let (loads, parked) = (self.loads.clone(), self.parked.clone());
         let future = async move {
             let deliver: Deliver = match store.begin(&key, &fingerprint, options).await {
                 Err(e) => error_value(e),
-                Ok(Begin::Replay(Ok(data))) => Box::new(move |py| decoded(py, data, "replayed")),
+                Ok(Begin::Replay(Ok(data))) => {
+                    Box::new(move |py| decoded(py, &data, "replayed", &key, loads.as_deref(), None))
+                }
                 Ok(Begin::Replay(Err(f))) => Box::new(move |py| failure_tuple(py, &f)),
                 Ok(Begin::Lead(lease)) => Box::new(move |py| {
                     match Py::new(
                         py,
                         RedisLease {
                             inner: Mutex::new(Some(lease)),
+                            parked,
+                            key: key.as_str().to_owned(),
                         },
                     ) {
                         Ok(l) => l.into_any(),
                         Err(e) => e.into_value(py).into_any(),
                     }
                 }),
-                Ok(Begin::Join(join)) => match join.await {
-                    Joined::Value(data) => Box::new(move |py| decoded(py, data, "joined")),
-                    Joined::Failed(f) => Box::new(move |py| failure_tuple(py, &f)),
-                    Joined::Panicked(m) => error_value(Error::LeaderPanicked(m.to_string())),
-                    Joined::Abandoned => Box::new(|py| py.None()),
-                },
+                Ok(Begin::Join(join)) => {
+                    let local =
+                        matches!(join, RedisJoin::Local(_)).then(|| JoinGuard::new(&parked, &key));
+                    match join.await {
+                        Joined::Value(data) => Box::new(move |py| {
+                            decoded(py, &data, "joined", &key, loads.as_deref(), local.as_ref())
+                        }),
+                        Joined::Failed(f) => Box::new(move |py| failure_tuple(py, &f)),
+                        Joined::Panicked(m) => error_value(Error::LeaderPanicked(m.to_string())),
+                        Joined::Abandoned => Box::new(|py| py.None()),
+                    }
+                }
             };
             deliver
         };
@@ -167,6 +417,18 @@ impl PyRedisStore {
     #[getter]
     fn lease(&self) -> f64 {
         self.inner.lease().as_secs_f64()
+    }
+
+    /// The user codec's encoder (`dumps=`), or None for the built-in JSON / bytes one.
+    #[getter]
+    fn dumps(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.dumps.as_ref().map(|f| f.clone_ref(py))
+    }
+
+    /// The user codec's decoder (`loads=`), or None.
+    #[getter]
+    fn loads(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.loads.as_ref().map(|f| f.clone_ref(py))
     }
 
     /// How long completed results are kept, in seconds.
@@ -271,6 +533,8 @@ impl RedisPending {
 #[pyclass(frozen, module = "oncely")]
 pub struct RedisLease {
     inner: Mutex<Option<CoreLease>>,
+    parked: Parked,
+    key: String,
 }
 
 impl RedisLease {
@@ -283,13 +547,18 @@ impl RedisLease {
 
 #[pymethods]
 impl RedisLease {
-    /// Stores `data` (the encoded result) in Redis; the pending's outcome is the
-    /// leader's `Executed` of `value`, or the store error (e.g. `LeaseLostError`).
+    /// Stores `data` (the result record) in Redis; the pending's outcome is the
+    /// leader's `Executed` of `value`, or the store error (e.g. `LeaseLostError`). For a
+    /// "not storable" record, this process's joiners get `value` itself.
     fn complete(&self, data: Vec<u8>, value: Bound<'_, PyAny>) -> PyResult<RedisPending> {
         let lease = self.take()?;
+        let parked = matches!(codec::decode(&data), Ok(StoredResult::NotStorable { .. }))
+            .then(|| LeaderPark::new(&self.parked, &self.key, Held::new(value.clone().unbind())));
         let value = Held::new(value.unbind());
         let future = async move {
-            let deliver: Deliver = match lease.complete(data).await {
+            let stored = lease.complete(data).await;
+            drop(parked);
+            let deliver: Deliver = match stored {
                 Ok(()) => Box::new(
                     move |py| match executed(py, value.bind(py).unbind(), "led") {
                         Ok(v) => v,

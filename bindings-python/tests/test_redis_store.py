@@ -7,8 +7,13 @@ encoding tests need no Redis."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import decimal
+import enum
 import json
+import math
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -70,18 +75,97 @@ def test_encoding_tags_json_and_bytes() -> None:
     assert encode_result(bytearray(b"xy")) == b"bxy"
     assert encode_result(memoryview(b"z")) == b"bz"
     assert encode_result("text") == b'j"text"'
-    assert encode_result(None) == b"jnull"
+    assert encode_result((1, "a")) == b'j[1,"a"]'
     assert decode_result(b'j{"a":[1,"\xc3\xa9"]}') == {"a": [1, "é"]}
     assert decode_result(b"b\x00\xff") == b"\x00\xff"
     assert decode_result(b"b") == b""
     with pytest.raises(StoreUnavailableError, match="unknown encoding tag"):
-        decode_result(b"x123")
+        decode_result(b"Q123")
     with pytest.raises(StoreUnavailableError):
         decode_result(b"")
-    with pytest.raises(ValueError):
-        encode_result(float("nan"))  # not JSON: a Node reader could not parse it
+
+
+def test_shared_parts_are_not_cycles() -> None:
+    part = [1, {"a": "b"}]
+    assert encode_result({"x": part, "y": [part, part]}) == (
+        b'j{"x":[1,{"a":"b"}],"y":[[1,{"a":"b"}],[1,{"a":"b"}]]}'
+    )
+
+
+def test_none_is_no_value() -> None:
+    assert encode_result(None) == b"n"
+    assert decode_result(b"n") is None
+    assert decode_result(b"jnull") is None
+
+
+class Money(decimal.Decimal):
+    pass
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+def _cyclic() -> list[Any]:
+    v: list[Any] = []
+    v.append(v)
+    return v
+
+
+UNSTORABLE = [
+    (decimal.Decimal("10.10"), "decimal.Decimal"),
+    (datetime.datetime(2024, 5, 1, 12, 0), "datetime.datetime"),
+    ({1, 2}, "set"),
+    (float("nan"), "float (nan)"),
+    (float("inf"), "float (inf)"),
+    ("a\ud800b", "str (lone surrogate)"),
+    ({"total": decimal.Decimal("1")}, "decimal.Decimal"),
+    ([1, [2, {"at": datetime.date(2024, 1, 1)}]], "datetime.date"),
+    ({1: "one"}, "dict with int keys"),
+    (Color.RED, f"{__name__}.Color"),
+    (Money("1"), f"{__name__}.Money"),
+    (_cyclic(), "list (cyclic)"),
+    (object(), "object"),
+]
+
+
+@pytest.mark.parametrize("value,type_name", UNSTORABLE, ids=lambda v: repr(v)[:30])
+def test_values_json_would_change_are_not_storable(value: Any, type_name: str) -> None:
+    assert encode_result(value) == b"x" + type_name.encode()
+    with pytest.raises(oncely.ResultNotStoredError) as info:
+        decode_result(encode_result(value))
+    assert info.value.type_name == type_name
+    assert info.value.code == oncely.Code.DATA_LOSS
+
+
+def test_user_codec_records() -> None:
+    assert encode_result(decimal.Decimal("1.5"), pickle.dumps)[:1] == b"u"
+    assert decode_result(encode_result(decimal.Decimal("1.5"), pickle.dumps), pickle.loads) == (
+        decimal.Decimal("1.5")
+    )
+    text = encode_result({"at": datetime.date(2024, 1, 2)}, lambda v: json.dumps(v, default=str))
+    assert text == b't{"at": "2024-01-02"}'
+    assert decode_result(text, json.loads) == {"at": "2024-01-02"}
+    assert encode_result(None, pickle.dumps) == b"n"
+
+    def refuses(v: Any) -> bytes:
+        raise TypeError("no")
+
+    assert encode_result(decimal.Decimal(1), refuses) == b"xdecimal.Decimal"
+    with pytest.raises(StoreUnavailableError, match="user codec"):
+        decode_result(b"u\x80")  # no loads given
+    with pytest.raises(StoreUnavailableError, match="could not decode") as info:
+        decode_result(b"tnot json", json.loads)
+    assert isinstance(info.value.__cause__, json.JSONDecodeError)
+
+
+def test_dumps_and_loads_go_together() -> None:
+    with pytest.raises(oncely.InvalidArgumentError):
+        RedisStore("redis://127.0.0.1:1", dumps=pickle.dumps)
     with pytest.raises(TypeError):
-        encode_result(object())
+        RedisStore("redis://127.0.0.1:1", dumps=1, loads=pickle.loads)  # type: ignore[arg-type]
+    s = RedisStore("redis://127.0.0.1:1", dumps=pickle.dumps, loads=pickle.loads)
+    assert s.dumps is pickle.dumps and s.loads is pickle.loads
 
 
 def test_settings_and_bad_settings() -> None:
@@ -252,11 +336,12 @@ async def test_failure_is_not_cached_and_local_waiters_share_it() -> None:
     with pytest.raises(Boom):
         store(prefix()).execute_sync(key(), FP, lambda: (_ for _ in ()).throw(Boom()))
 
-    # A value that cannot be encoded fails the call and is not stored either.
+    # A value that cannot be stored is not a failure: the call succeeds, and it does not
+    # run again.
     kn = key()
-    with pytest.raises(ValueError):
-        s.execute_sync(kn, FP, lambda: float("nan"))
-    assert s.execute_sync(kn, FP, lambda: 1.5).source == "led"
+    assert math.isnan(s.execute_sync(kn, FP, lambda: float("nan")).value)
+    with pytest.raises(oncely.ResultNotStoredError):
+        s.execute_sync(kn, FP, lambda: 1.5)
 
 
 @needs_redis
@@ -456,6 +541,181 @@ async def test_a_result_with_an_unknown_encoding_tag_is_refused() -> None:
     assert ran == []
     redis_command("HSET", record, "result", b'j{"ok":true}')
     assert s.execute_sync(k, FP, lambda: 0).value == {"ok": True}
+
+
+def hget_result(record: str) -> bytes:
+    """The raw `result` field of a record."""
+    assert URL
+    host, port = URL.removeprefix("redis://").split("/")[0].rsplit(":", 1)
+    parts = [b"HGET", record.encode(), b"result"]
+    msg = b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(msg)
+        reply = b""
+        while b"\r\n" not in reply or len(reply) < int(reply[1:reply.index(b"\r\n")]) + 5:
+            reply += sock.recv(65536)
+    head, body = reply.split(b"\r\n", 1)
+    return body[: int(head[1:])]
+
+
+@needs_redis
+async def test_none_is_stored_as_no_value_and_not_run_again() -> None:
+    s = store(prefix())
+    k = key()
+    runs = Counter()
+
+    async def action() -> None:
+        runs.bump()
+        await asyncio.sleep(0.05)
+
+    done = await asyncio.gather(*(s.execute(k, FP, action) for _ in range(4)))
+    assert [d.value for d in done] == [None] * 4
+    assert sorted(d.source for d in done) == ["joined", "joined", "joined", "led"]
+    again = await s.execute(k, FP, action)
+    assert (again.value, again.source) == (None, "replayed")
+    assert s.execute_sync(k, FP, lambda: runs.bump()).value is None
+    assert store(s.prefix).execute_sync(k, FP, lambda: runs.bump()).value is None
+    assert runs.calls == 1
+    assert hget_result(s.record_key(k)) == b"n"
+
+
+@needs_redis
+@pytest.mark.parametrize("value,type_name", UNSTORABLE[:6], ids=lambda v: repr(v)[:30])
+async def test_a_result_that_cannot_be_stored_runs_once(value: Any, type_name: str) -> None:
+    s = store(prefix())
+    k = key()
+    runs = Counter()
+
+    async def action() -> Any:
+        runs.bump()
+        await asyncio.sleep(0.05)
+        return value
+
+    # The leader and the callers of this process waiting for it get the value itself.
+    done = await asyncio.gather(*(s.execute(k, FP, action) for _ in range(4)))
+    assert all(d.value is value for d in done)
+    assert sorted(d.source for d in done) == ["joined", "joined", "joined", "led"]
+    # Every later caller, in this process or another, gets ResultNotStoredError.
+    for later in (s, store(s.prefix)):
+        with pytest.raises(oncely.ResultNotStoredError) as info:
+            await later.execute(k, FP, action)
+        assert (info.value.key, info.value.type_name) == (k.value, type_name)
+        assert info.value.code == oncely.Code.DATA_LOSS
+        with pytest.raises(oncely.ResultNotStoredError):
+            later.execute_sync(k, FP, lambda: runs.bump())
+    assert runs.calls == 1
+    assert hget_result(s.record_key(k)) == b"x" + type_name.encode()
+
+
+@needs_redis
+async def test_a_result_that_cannot_be_stored_with_many_callers_and_cancelled_joiners() -> None:
+    s = store(prefix())
+    other = store(s.prefix)
+    for _ in range(5):
+        k = key()
+        runs = Counter()
+        value = {"at": datetime.datetime(2024, 5, 1)}
+        release = asyncio.Event()
+
+        async def action() -> Any:
+            runs.bump()
+            await release.wait()
+            return value
+
+        tasks = [asyncio.ensure_future(s.execute(k, FP, action)) for _ in range(40)]
+        while runs.calls == 0:  # the leader is in this instance
+            await asyncio.sleep(0.001)
+        remote = [asyncio.ensure_future(other.execute(k, FP, action)) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        for t in tasks[30:]:
+            t.cancel()
+        release.set()
+        done = await asyncio.gather(*tasks[:30])
+        assert all(d.value is value for d in done)
+        for r in remote:  # another instance: the value is not there
+            with pytest.raises(oncely.ResultNotStoredError):
+                await r
+        for t in tasks[30:]:
+            with pytest.raises(asyncio.CancelledError):
+                await t
+        with pytest.raises(oncely.ResultNotStoredError):
+            await s.execute(k, FP, action)
+        assert runs.calls == 1
+
+
+@needs_redis
+def test_a_result_that_cannot_be_stored_runs_once_across_threads() -> None:
+    s = store(prefix())
+    k = key()
+    runs = Counter()
+    value = {decimal.Decimal("9.99")}
+    start = threading.Barrier(6)
+    out: list[Any] = []
+
+    def action() -> Any:
+        runs.bump()
+        time.sleep(0.05)
+        return value
+
+    def call() -> None:
+        start.wait()
+        try:
+            out.append(s.execute_sync(k, FP, action).value)
+        except oncely.ResultNotStoredError as e:
+            out.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert runs.calls == 1 and len(out) == 6
+    # Threads that joined the leader get the value; a thread that came after it
+    # finished gets the error: never a second run.
+    assert all(v is value or isinstance(v, oncely.ResultNotStoredError) for v in out)
+    assert any(v is value for v in out)
+
+
+@needs_redis
+async def test_user_codec_round_trips_and_a_failing_decoder_does_not_rerun() -> None:
+    pfx = prefix()
+    s = store(pfx, dumps=pickle.dumps, loads=pickle.loads)
+    k = key()
+    value = {"total": decimal.Decimal("10.10"), "at": datetime.datetime(2024, 5, 1), "ids": {1, 2}}
+    runs = Counter()
+
+    def action() -> Any:
+        runs.bump()
+        return value
+
+    assert s.execute_sync(k, FP, action).value is value
+    back = await store(pfx, dumps=pickle.dumps, loads=pickle.loads).execute(k, FP, action)
+    assert back.source == "replayed" and back.value == value and back.value is not value
+    assert hget_result(s.record_key(k))[:1] == b"u"
+
+    js = store(pfx, dumps=lambda v: json.dumps(v, default=str), loads=json.loads)
+    kj = key()
+    assert js.execute_sync(kj, FP, lambda: {"at": datetime.date(2024, 1, 2)}).value
+    assert js.execute_sync(kj, FP, action).value == {"at": "2024-01-02"}
+
+    def broken(data: bytes) -> Any:
+        raise ValueError("corrupt")
+
+    for reader in (store(pfx, dumps=pickle.dumps, loads=broken), store(pfx)):
+        with pytest.raises(StoreUnavailableError) as info:
+            reader.execute_sync(k, FP, action)
+        assert k.value in str(info.value)
+    assert runs.calls == 1
+
+    def refuses(v: Any) -> bytes:
+        raise TypeError("not mine")
+
+    r = store(pfx, dumps=refuses, loads=pickle.loads)
+    kr = key()
+    assert r.execute_sync(kr, FP, action).value is value
+    with pytest.raises(oncely.ResultNotStoredError):
+        r.execute_sync(kr, FP, action)
+    assert runs.calls == 2
 
 
 CRASHING = """

@@ -210,3 +210,40 @@ def test_retry_decisions_through_the_sync_loop(case: dict[str, Any]) -> None:
         expect["result"],
         expect["elapsed_ms"],
     )
+
+
+RESULT_CODEC = load_vectors("result_codec.json")
+
+
+@pytest.mark.parametrize("case", RESULT_CODEC, ids=case_id)
+def test_result_codec(case: dict[str, Any]) -> None:
+    from oncely._oncely import _encode_record
+    from oncely.redis_store import decode_result
+
+    record = bytes.fromhex(case["record_hex"])
+    if "error" in case:
+        assert case["error"] == {"kind": "unavailable"}
+        with pytest.raises(oncely.StoreUnavailableError):
+            decode_result(record)
+        return
+    kind = case["kind"]
+    payload: Any = None
+    if kind in ("json", "user_text"):
+        payload = case["text"]
+    elif kind in ("bytes", "user_bytes"):
+        payload = bytes.fromhex(case["hex"])
+    elif kind == "not_storable":
+        payload = case["type_name"]
+    assert _encode_record(kind, payload) == record
+    if kind == "json":
+        assert decode_result(record) == case["value"]
+    elif kind == "bytes":
+        assert decode_result(record) == payload
+    elif kind == "no_value":
+        assert decode_result(record) is None
+    elif kind == "not_storable":
+        with pytest.raises(oncely.ResultNotStoredError) as info:
+            decode_result(record)
+        assert info.value.type_name == payload
+    else:
+        assert decode_result(record, lambda body: ("decoded", body)) == ("decoded", payload)

@@ -89,6 +89,8 @@ async def redis_usage() -> None:
     assert_type(raw.value, bytes)
     assert_type(shared.lease, float)
     assert_type(shared.counters(), dict[str, int])
+    own = oncely.RedisStore("redis://127.0.0.1:6379", dumps=lambda v: repr(v), loads=lambda s: s)
+    assert own.dumps is not None and own.loads is not None
 
 
 if __name__ == "__main__":

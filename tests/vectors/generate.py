@@ -863,6 +863,54 @@ def retry_decision_cases():
 
 
 # --------------------------------------------------------------------------------------
+# result_codec.json: the stored form of a Redis store result (redis/README.md,
+# "Result encoding"): one tag byte, then the body.
+
+def codec_case(comment, kind, body, **fields):
+    tag = {"json": b"j", "bytes": b"b", "no_value": b"n", "not_storable": b"x",
+           "user_bytes": b"u", "user_text": b"t"}[kind]
+    case = {"comment": comment, "record_hex": (tag + body).hex(), "kind": kind}
+    case.update(fields)
+    return case
+
+
+def codec_error(comment, record):
+    return {"comment": comment, "record_hex": record.hex(), "error": {"kind": "unavailable"}}
+
+
+def result_codec_cases():
+    d = []
+    for comment, value in [
+        ("an object", {"id": 7, "items": ["a", "b"], "ok": True}),
+        ("non-ASCII text is stored as UTF-8, not escaped", {"name": "Zoë ✓ 🐍"}),
+        ("null is a JSON value (not 'no value')", None),
+        ("a bare string", "text"),
+        ("numbers", [0, -1, 2.5, 1e21, 9007199254740991]),
+        ("an empty array", []),
+    ]:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        d.append(codec_case(comment, "json", text.encode("utf-8"), text=text, value=value))
+    text = '{"b":1,  "a" : [ ]}'
+    d.append(codec_case("any valid JSON is read (whitespace, member order)", "json",
+                        text.encode("utf-8"), text=text, value={"b": 1, "a": []}))
+    d.append(codec_case("bytes", "bytes", b"\x00\xffbin", hex=b"\x00\xffbin".hex()))
+    d.append(codec_case("empty bytes", "bytes", b"", hex=""))
+    d.append(codec_case("no value: Python None, JavaScript undefined", "no_value", b""))
+    for name in ["decimal.Decimal", "datetime.datetime", "set", "float (NaN)", "Map",
+                 "bigint", "Object (cyclic)"]:
+        d.append(codec_case(f"not storable: a {name}", "not_storable", name.encode("utf-8"),
+                            type_name=name))
+    d.append(codec_case("user codec bytes (a pickle)", "user_bytes", b"\x80\x04K\x07.",
+                        hex=b"\x80\x04K\x07.".hex()))
+    d.append(codec_case("user codec text", "user_text", '{"at":"2024-05-01T12:00:00Z"}'.encode(),
+                        text='{"at":"2024-05-01T12:00:00Z"}'))
+    d.append(codec_error("empty: no tag", b""))
+    d.append(codec_error("an unknown tag", b"x"[:0] + b"Q123"))
+    d.append(codec_error("JSON that is not UTF-8", b"j\xff"))
+    d.append(codec_error("a type name that is not UTF-8", b"x\xc3"))
+    d.append(codec_error("no value with a body", b"nx"))
+    return d
+
 
 def write(name, cases):
     path = os.path.join(HERE, name)
@@ -884,6 +932,7 @@ def main():
         "keys.json": keys_cases(),
         "fingerprints.json": fingerprint_cases(),
         "retry_decisions.json": retry_decision_cases(),
+        "result_codec.json": result_codec_cases(),
     }
     for name, cases in files.items():
         path, n = write(name, cases)

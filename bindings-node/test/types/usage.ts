@@ -124,6 +124,9 @@ async function redisUsage(scoped: ScopedKey): Promise<void> {
   const data: Buffer = encodeResult(value)
   console.log(value.id, replayed, source, bytes.value.length, counters.claims, counters.remoteWaits, decodeResult(data))
   console.log(redis.leaseMs, redis.ttlMs, redis.prefix, redis.recordKey(scoped))
+  const own = new RedisStore({ url: 'redis://127.0.0.1:6379/0', encode: (v) => JSON.stringify(v), decode: (t) => JSON.parse(t) })
+  const record: Buffer = encodeResult(new Map(), (v) => Buffer.from(String(v)))
+  console.log(own.prefix, decodeResult(record, (b: Buffer) => b.toString()))
 }
 void redisUsage
 // @ts-expect-error RedisStore needs its options (a url)

@@ -9,20 +9,32 @@ runs your function when it says this caller leads (as ``oncely.IdempotencyStore`
 does: in a task of its own, keeping the claim until the function has finished), and
 waits when it says wait.
 
-Results are stored as bytes, with a one-byte tag (``redis/README.md``, "Result
-encoding"), so that a Node or Python instance can read what another one stored:
+Results are stored as bytes in the one result encoding of ``oncely-redis``
+(``redis/README.md``, "Result encoding"), so that a Node or Python instance can read
+what another one stored:
 
-- ``bytes`` / ``bytearray`` / ``memoryview`` → ``b"b"`` + the raw bytes, read back as
-  ``bytes``;
-- anything else → ``b"j"`` + ``json.dumps(value, separators=(",", ":"),
-  ensure_ascii=False, allow_nan=False)`` in UTF-8, read back with ``json.loads`` (so a
-  tuple comes back as a list, and dict keys as strings).
+- ``None`` → "no value", replayed as ``None``;
+- ``bytes`` / ``bytearray`` / ``memoryview`` → bytes, read back as ``bytes``;
+- JSON data (``dict`` with ``str`` keys, ``list``, ``tuple``, ``str``, ``int``, finite
+  ``float``, ``bool``, ``None``, exactly these types) → compact JSON, read back with
+  ``json.loads`` (so a tuple comes back as a list);
+- anything else (``datetime``, ``Decimal``, ``set``, NaN, a lone surrogate, ``dict``
+  with non-``str`` keys, subclasses such as ``IntEnum``, ...) cannot be stored without
+  changing it: the caller that ran ``fn`` (and callers of this process waiting for it)
+  get the value itself, the record says "not storable", and every later caller gets
+  :class:`~oncely.ResultNotStoredError` (the action is not run again).
 
-The leader gets its own object back; joiners and replays get the decoded copy. A
-value that cannot be encoded fails the call (``TypeError`` / ``ValueError``) and is
-not stored. Exceptions raised by ``fn`` are never stored: the claim is released and a
-later call (in any process) runs again; callers waiting in this process get the
-exception itself, callers in other processes run their own ``fn``.
+``RedisStore(..., dumps=f, loads=g)`` stores your own types instead: ``f(value)``
+returns ``bytes`` or ``str`` and ``g`` gets back the same type (``pickle.dumps`` /
+``pickle.loads``, or ``json.dumps(v, default=str)`` / ``json.loads``); ``None`` is
+still "no value". A ``dumps`` that raises makes the result "not storable"; a
+``loads`` that raises fails the replay with :class:`~oncely.StoreUnavailableError`
+(its exception as the cause), and the action is not run again.
+
+The leader gets its own object back; joiners and replays get the decoded copy.
+Exceptions raised by ``fn`` are never stored: the claim is released and a later call
+(in any process) runs again; callers waiting in this process get the exception
+itself, callers in other processes run their own ``fn``.
 """
 
 from __future__ import annotations
@@ -30,42 +42,118 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from typing import Any, Awaitable, Callable, NoReturn, TypeVar, overload
+from typing import Any, Awaitable, Callable, NoReturn, Optional, TypeVar, overload
 
 from ._action import Leading, call, check_reentrant, check_sync_action, lead, run_sync
-from ._oncely import Executed, RedisLease, RedisPending, ScopedKey, _RedisStore
-from .errors import StoreUnavailableError
+from ._oncely import (
+    Executed,
+    RedisLease,
+    RedisPending,
+    ScopedKey,
+    _decode_record,
+    _encode_record,
+    _RedisStore,
+)
 
 __all__ = ["RedisStore", "encode_result", "decode_result"]
 
 T = TypeVar("T")
 
-TAG_JSON = b"j"
-TAG_BYTES = b"b"
+_JSON_SCALARS = (str, int, float, bool, type(None))
 
 
-def encode_result(value: Any) -> bytes:
-    """The stored form of a result: ``b"b"`` + raw bytes for bytes-like values,
-    ``b"j"`` + compact UTF-8 JSON for everything else."""
+def _type_name(value: Any) -> str:
+    t = type(value)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _not_json(value: Any) -> Optional[str]:
+    """The type name of the first part of ``value`` that JSON would drop or change, or
+    None when ``json.loads(json.dumps(value))`` gives it back (tuples as lists)."""
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    path: set[int] = set()  # the containers being walked: a cycle, not a shared part
+    while stack:
+        v, leaving = stack.pop()
+        if leaving:
+            path.discard(id(v))
+            continue
+        t = type(v)
+        if t in _JSON_SCALARS:
+            if t is float and (v != v or v in (float("inf"), float("-inf"))):
+                return f"float ({v})"
+            if t is str:
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "str (lone surrogate)"
+            continue
+        if t is dict or t is list or t is tuple:
+            if id(v) in path:
+                return f"{t.__qualname__} (cyclic)"
+            path.add(id(v))
+            stack.append((v, True))
+            if t is dict:
+                for k in v:
+                    if type(k) is not str:
+                        return f"dict with {_type_name(k)} keys"
+                    try:
+                        k.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return "str (lone surrogate)"
+                stack.extend((x, False) for x in v.values())
+            else:
+                stack.extend((x, False) for x in v)
+            continue
+        return _type_name(v)
+    return None
+
+
+def encode_result(value: Any, dumps: Optional[Callable[[Any], Any]] = None) -> bytes:
+    """The stored form of a result (``redis/README.md``, "Result encoding"): "no value"
+    for None, the user codec's output when ``dumps`` is given, bytes for bytes-like
+    values, compact UTF-8 JSON for JSON data, else a "not storable" record naming the
+    type. Never raises for a value that cannot be stored."""
+    try:
+        return _encode(value, dumps)
+    except Exception:
+        return _encode_record("not_storable", _type_name(value))
+
+
+def _encode(value: Any, dumps: Optional[Callable[[Any], Any]]) -> bytes:
+    if value is None:
+        return _encode_record("no_value")
+    if dumps is not None:
+        try:
+            out = dumps(value)
+        except Exception:
+            return _encode_record("not_storable", _type_name(value))
+        if isinstance(out, (bytes, bytearray, memoryview)):
+            return _encode_record("user_bytes", bytes(out))
+        if isinstance(out, str):
+            try:
+                out.encode("utf-8")
+            except UnicodeEncodeError:
+                return _encode_record("not_storable", _type_name(value))
+            return _encode_record("user_text", out)
+        return _encode_record("not_storable", _type_name(value))
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return TAG_BYTES + bytes(value)
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return TAG_JSON + text.encode("utf-8")
+        return _encode_record("bytes", bytes(value))
+    bad = _not_json(value)
+    if bad is not None:
+        return _encode_record("not_storable", bad)
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return _encode_record("not_storable", _type_name(value))
+    return _encode_record("json", text)
 
 
-def decode_result(data: bytes) -> Any:
-    """Reads a stored result back (see :func:`encode_result`). An unknown tag raises
+def decode_result(data: bytes, loads: Optional[Callable[[Any], Any]] = None) -> Any:
+    """Reads a stored result back (see :func:`encode_result`). A "not storable" record
+    raises ``ResultNotStoredError``; an empty record or an unknown tag raises
     ``StoreUnavailableError``: the record was written by something that does not
     follow the encoding, and it is not guessed at."""
-    tag = data[:1]
-    if tag == TAG_JSON:
-        return json.loads(data[1:].decode("utf-8"))
-    if tag == TAG_BYTES:
-        return bytes(data[1:])
-    raise StoreUnavailableError(
-        f"the stored result has an unknown encoding tag {tag!r} (expected b'j' for JSON or "
-        "b'b' for bytes; see 'Result encoding' in redis/README.md)"
-    )
+    return _decode_record(bytes(data), loads)
 
 
 async def _wait(pending: RedisPending) -> Any:
@@ -92,12 +180,14 @@ class RedisStore(_RedisStore):
     """A dedup store shared by every process using one Redis.
 
     ``RedisStore(url, lease=30.0, ttl=86400.0, *, prefix="oncely", connect_timeout=1.0,
-    io_timeout=1.0, workers=4, in_progress_retry_after=1.0)``: ``url`` is
+    io_timeout=1.0, workers=4, in_progress_retry_after=1.0, dumps=None, loads=None)``:
+    ``url`` is
     ``redis://[user:password@]host:port/db``; ``lease`` is how long a claim lasts
     without renewal (renewed every lease/3 while ``fn`` runs; a crashed leader's key is
     taken over after it); ``ttl`` keeps completed results. Durations are seconds or
     ``timedelta``. Redis unreachable or too slow → ``StoreUnavailableError`` and ``fn``
-    does not run.
+    does not run. ``dumps`` / ``loads`` (both or neither) store your own types (see the
+    module's doc).
     """
 
     @overload
@@ -158,7 +248,7 @@ class RedisStore(_RedisStore):
                 value = await call(fn)
             finally:
                 frame.active = False
-            data = encode_result(value)
+            data = encode_result(value, self.dumps)
         except Exception as exc:
             await _wait(lease.fail(exc))
             raise
@@ -197,7 +287,7 @@ class RedisStore(_RedisStore):
             lease: RedisLease = out
             try:
                 value = run_sync(ident, fn, "RedisStore")
-                data = encode_result(value)
+                data = encode_result(value, self.dumps)
             except Exception as exc:
                 lease.fail(exc).wait()
                 raise
