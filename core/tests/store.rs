@@ -388,6 +388,35 @@ fn max_entries_evicts_the_oldest_completed_and_never_a_running_one() {
 }
 
 #[test]
+fn the_store_is_bounded_by_default_and_eviction_passes_over_running_entries() {
+    let store: MemoryStore<u64, Boom> = MemoryStore::new();
+    assert_eq!(store.max_entries(), Some(oncely::DEFAULT_MAX_ENTRIES));
+    assert_eq!(oncely::DEFAULT_MAX_ENTRIES, 1_000_000);
+    let unbounded = MemoryStore::<u64, Boom>::builder().unbounded().build();
+    assert_eq!(unbounded.unwrap().max_entries(), None);
+
+    let store: MemoryStore<u64, Boom> = MemoryStore::builder().max_entries(3).build().unwrap();
+    // The oldest entry is running; two completed ones follow.
+    let Ok(Begin::Lead(running)) = store.begin(&key(200), FP, ExecuteOptions::default()) else {
+        panic!("expected to lead")
+    };
+    for i in 201..203 {
+        block_on(store.execute(&key(i), FP, || async { Ok(1) })).unwrap();
+    }
+    for i in 203..205 {
+        block_on(store.execute(&key(i), FP, || async { Ok(1) })).unwrap();
+    }
+    assert_eq!(store.counters().evictions, 2);
+    assert!(matches!(
+        store.begin(&key(200), FP, ExecuteOptions::NO_WAIT),
+        Err(Error::InProgress { .. })
+    ));
+    running.complete_now(7);
+    let r = block_on(store.execute(&key(200), FP, || async { Ok(0) })).unwrap();
+    assert_eq!((r.value, r.source), (7, Source::Replayed));
+}
+
+#[test]
 fn bad_configuration_and_fingerprints_are_refused_with_the_field_named() {
     let e = MemoryStore::<u64, Boom>::builder()
         .ttl(Duration::ZERO)
@@ -733,7 +762,10 @@ fn a_panicking_cache_predicate_ends_every_waiter() {
     for w in &mut waiters {
         assert!(poll_catching(w).unwrap().is_pending());
     }
-    assert_eq!(poll_catching(&mut leader).unwrap_err(), "predicate panicked");
+    assert_eq!(
+        poll_catching(&mut leader).unwrap_err(),
+        "predicate panicked"
+    );
     for w in &mut waiters {
         let Ok(Poll::Ready(Err(err))) = poll_catching(w) else {
             panic!("a waiter is still waiting")

@@ -288,7 +288,10 @@ impl<E> RedisStoreBuilder<E> {
             connect_timeout: config.connect_timeout,
             io_timeout: config.io_timeout,
         };
+        // Unbounded: the tier holds this process's running claims only (completed
+        // results live in Redis), and a bound there would refuse callers.
         let local = MemoryStore::builder()
+            .unbounded()
             .in_progress_retry_after(config.in_progress_retry_after)
             .build()?;
         Ok(RedisStore {

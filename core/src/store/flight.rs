@@ -207,7 +207,10 @@ mod tests {
             assert!(s.free.len() <= 10);
         }
         flight.settle(Joined::Value(7));
-        assert!(matches!(poll_once(&mut kept), Poll::Ready(Joined::Value(7))));
+        assert!(matches!(
+            poll_once(&mut kept),
+            Poll::Ready(Joined::Value(7))
+        ));
         let s = flight.lock();
         assert!(s.wakers.is_empty() && s.free.is_empty());
     }
@@ -233,6 +236,9 @@ mod tests {
         assert_eq!(waiting.slot, Some(0));
         flight.settle(Joined::Value(1));
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
-        assert!(matches!(poll_once(&mut waiting), Poll::Ready(Joined::Value(1))));
+        assert!(matches!(
+            poll_once(&mut waiting),
+            Poll::Ready(Joined::Value(1))
+        ));
     }
 }

@@ -11,7 +11,7 @@ use super::flight::{Flight, Join};
 use super::keymap::KeyMap;
 use super::{
     check_fingerprint, panic_message, Begin, DedupStore, ExecuteError, ExecuteOptions, Executed,
-    Joined, LeaderLease, Source, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_TTL,
+    Joined, LeaderLease, Source, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_MAX_ENTRIES, DEFAULT_TTL,
 };
 use crate::clock::{coarse_clock, Clock, SharedClock};
 use crate::error::Error;
@@ -228,10 +228,23 @@ impl<V, E> MemoryStoreBuilder<V, E> {
         self.ttl = ttl;
         self
     }
-    /// Bounds the number of entries; past it the oldest completed entries are
-    /// evicted; running ones never are.
+    /// Bounds the number of entries (default [`DEFAULT_MAX_ENTRIES`]); past it the
+    /// oldest completed entries are evicted (counted in [`Counters::evictions`]);
+    /// running ones never are. When every entry is running, a new key fails with
+    /// [`Error::Capacity`].
+    ///
+    /// An evicted result is no longer replayed: a retry that arrives after its
+    /// eviction runs the action again. Size the bound to hold every result for the
+    /// TTL: peak completions per second × TTL in seconds.
     pub fn max_entries(mut self, n: usize) -> Self {
         self.max_entries = Some(n);
+        self
+    }
+    /// No bound on the number of entries: memory grows with the keys completed
+    /// within one TTL. For a store that holds only running entries (whose number is
+    /// bounded by the callers), or when the keys come from trusted callers only.
+    pub fn unbounded(mut self) -> Self {
+        self.max_entries = None;
         self
     }
     /// The retry-after hint given to no-wait callers that find a call in progress
@@ -293,7 +306,8 @@ impl<V, E> MemoryStoreBuilder<V, E> {
 }
 
 impl<V, E> MemoryStore<V, E> {
-    /// A store with the defaults: TTL 24 h, unbounded, system clock, failures not cached.
+    /// A store with the defaults: TTL 24 h, at most [`DEFAULT_MAX_ENTRIES`] entries,
+    /// system clock, failures not cached.
     pub fn new() -> Self {
         Self::builder()
             .build()
@@ -306,7 +320,7 @@ impl<V, E> MemoryStore<V, E> {
             value: std::marker::PhantomData,
             clock: None,
             ttl: DEFAULT_TTL,
-            max_entries: None,
+            max_entries: Some(DEFAULT_MAX_ENTRIES),
             in_progress_retry_after: DEFAULT_IN_PROGRESS_RETRY_AFTER,
             cache_failure: None,
         }
@@ -333,6 +347,11 @@ impl<V, E> MemoryStore<V, E> {
     /// True when the store holds no entry.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The bound on the entries (`None` when built [`unbounded`](MemoryStoreBuilder::unbounded)).
+    pub fn max_entries(&self) -> Option<usize> {
+        self.shared.max_entries
     }
 
     /// The TTL of completed entries.

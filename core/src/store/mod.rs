@@ -310,5 +310,11 @@ pub(crate) fn check_fingerprint(fingerprint: &str) -> Result<(), Error> {
 
 /// Default time a completed result is kept: 24 h.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default bound on a [`MemoryStore`]'s entries: 1,000,000 (each costs its key and
+/// value and about 200 bytes more). Past it the oldest completed entries are evicted;
+/// running ones never are. A server sets
+/// [`max_entries`](MemoryStoreBuilder::max_entries) to its peak completions per
+/// second × the TTL in seconds, within its memory.
+pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
 /// Default retry-after hint given to a no-wait caller that finds a call in progress.
 pub const DEFAULT_IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
