@@ -902,6 +902,10 @@ impl<E: Send + Sync + 'static> DedupStore<Vec<u8>, E> for RedisStore<E> {
     ) -> impl Future<Output = Result<Begin<Vec<u8>, E, RedisLease<E>, RedisJoin<E>>, Error>> {
         RedisStore::begin(self, key, fingerprint, options)
     }
+
+    fn identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.inner) as *const () as usize)
+    }
 }
 
 impl<E> fmt::Debug for RedisStore<E> {

@@ -359,6 +359,11 @@ impl<V, E> MemoryStore<V, E> {
         self.shared.ttl
     }
 
+    /// The address of the state that clones share (see [`DedupStore::identity`]).
+    fn identity(&self) -> usize {
+        Arc::as_ptr(&self.shared) as *const () as usize
+    }
+
     /// Removes a completed entry (e.g. a cached permanent failure) so the next call
     /// runs again. Running entries are left alone. Returns whether one was removed.
     pub fn remove(&self, key: &ScopedKey) -> bool {
@@ -574,7 +579,8 @@ impl<V: Clone, E> MemoryStore<V, E> {
     }
 
     /// The blocking variant of [`execute_with`](Self::execute_with), for
-    /// thread-per-request code: waiting blocks this thread.
+    /// thread-per-request code: waiting blocks this thread. An action that calls
+    /// back into this store with its own key gets [`Error::Reentrant`].
     pub fn execute_blocking<F>(
         &self,
         key: &ScopedKey,
@@ -585,6 +591,12 @@ impl<V: Clone, E> MemoryStore<V, E> {
     where
         F: FnOnce() -> Result<V, E>,
     {
+        let identity = self.identity();
+        if super::reentry::is_leading(identity, key.as_str()) {
+            return Err(ExecuteError::Store(Error::Reentrant {
+                key: key.as_str().to_owned(),
+            }));
+        }
         let mut action = Some(action);
         loop {
             let lease = match self.begin(key, fingerprint, options) {
@@ -614,7 +626,11 @@ impl<V: Clone, E> MemoryStore<V, E> {
             let Some(action) = action.take() else {
                 unreachable!("a caller leads at most once")
             };
-            return match std::panic::catch_unwind(std::panic::AssertUnwindSafe(action)) {
+            let outcome = {
+                let _leading = super::reentry::Frame::enter(identity, key.as_str());
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(action))
+            };
+            return match outcome {
                 Ok(Ok(value)) => {
                     lease.complete_now(value.clone());
                     Ok(Executed {
@@ -643,6 +659,10 @@ impl<V: Clone, E> DedupStore<V, E> for MemoryStore<V, E> {
         options: ExecuteOptions,
     ) -> impl Future<Output = Result<Begin<V, E, Lease<V, E>, Join<V, E>>, Error>> {
         std::future::ready(MemoryStore::begin(self, key, fingerprint, options))
+    }
+
+    fn identity(&self) -> Option<usize> {
+        Some(MemoryStore::identity(self))
     }
 }
 
