@@ -2,6 +2,7 @@
 //! once (FAILED_PRECONDITION) instead of waiting for itself; calls that are not nested
 //! in the leader's action are never taken for re-entrant ones.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::task::Poll;
@@ -395,4 +396,102 @@ fn many_threads_nesting_other_keys_never_see_a_false_reentry() {
         }
     }
     assert_eq!(store.counters().leads, 100);
+}
+
+#[test]
+fn a_leader_cancelled_at_any_await_leaves_no_marker_behind() {
+    let store = Store::new();
+    let k = key(50);
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    for polls in 0..6 {
+        let mut leader = Box::pin(store.execute(&k, FP, || async {
+            yield_now().await;
+            let inner = describe(store.execute(&k, FP, || async { Ok("x".into()) }).await);
+            assert!(inner.starts_with("reentrant"), "{inner}");
+            for _ in 0..3 {
+                yield_now().await;
+            }
+            Ok(inner)
+        }));
+        for _ in 0..polls {
+            if leader.as_mut().poll(&mut cx).is_ready() {
+                break;
+            }
+        }
+        // Cancelled (or finished) here: the same thread is no longer inside the action.
+        drop(leader);
+        let r = block_on(store.execute(&k, FP, || async { Ok("after".into()) })).unwrap();
+        if polls < 5 {
+            assert_eq!((r.source, r.value.as_str()), (Source::Led, "after"));
+            assert!(store.remove(&k));
+        } else {
+            assert_eq!(r.source, Source::Replayed);
+        }
+    }
+}
+
+#[test]
+fn tasks_moving_between_threads_with_cancellations_never_hang_or_misfire() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_time()
+        .build()
+        .unwrap();
+    let store = Store::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let outcome = within({
+        let (store, runs) = (store.clone(), runs.clone());
+        move || {
+            rt.block_on(async {
+                let tasks: Vec<_> = (0..400)
+                    .map(|i| {
+                        let (store, runs) = (store.clone(), runs.clone());
+                        tokio::spawn(async move {
+                            let k = key(200 + i % 40);
+                            let call = store.execute(&k, FP, || async {
+                                runs.fetch_add(1, Ordering::SeqCst);
+                                tokio::task::yield_now().await;
+                                let own = store.execute(&k, FP, || async { Ok("x".into()) }).await;
+                                assert!(describe(own).starts_with("reentrant"));
+                                let other = store
+                                    .execute(&key(5_000 + i), FP, || async {
+                                        tokio::task::yield_now().await;
+                                        Ok("other".into())
+                                    })
+                                    .await;
+                                assert_eq!(describe(other), "Led other");
+                                tokio::task::yield_now().await;
+                                Ok(format!("{i}"))
+                            });
+                            // Every seventh caller gives up early.
+                            if i % 7 == 0 {
+                                tokio::time::timeout(Duration::from_micros(50), call)
+                                    .await
+                                    .map(|r| r.map(|e| e.source))
+                                    .ok()
+                            } else {
+                                Some(call.await.map(|e| e.source))
+                            }
+                        })
+                    })
+                    .collect();
+                let mut done = 0;
+                for t in tasks {
+                    if let Some(r) = t.await.unwrap() {
+                        r.map_err(|e| e.to_string()).unwrap();
+                        done += 1;
+                    }
+                }
+                done
+            })
+        }
+    });
+    assert!(outcome >= 400 - 400 / 7 - 1);
+    // Each key ran at least once, and more only where a leader was cancelled.
+    assert!(runs.load(Ordering::SeqCst) >= 40);
+    for n in 0..40 {
+        let r = block_on(store.execute(&key(200 + n), FP, || async { Ok("late".into()) })).unwrap();
+        assert_eq!(r.source, Source::Replayed);
+    }
 }
