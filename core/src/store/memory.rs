@@ -360,7 +360,7 @@ impl<V, E> MemoryStore<V, E> {
     }
 
     /// The address of the state that clones share (see [`DedupStore::identity`]).
-    fn identity(&self) -> usize {
+    fn shared_addr(&self) -> usize {
         Arc::as_ptr(&self.shared) as *const () as usize
     }
 
@@ -591,7 +591,7 @@ impl<V: Clone, E> MemoryStore<V, E> {
     where
         F: FnOnce() -> Result<V, E>,
     {
-        let identity = self.identity();
+        let identity = self.shared_addr();
         if super::reentry::is_leading(identity, key.as_str()) {
             return Err(ExecuteError::Store(Error::Reentrant {
                 key: key.as_str().to_owned(),
@@ -662,7 +662,7 @@ impl<V: Clone, E> DedupStore<V, E> for MemoryStore<V, E> {
     }
 
     fn identity(&self) -> Option<usize> {
-        Some(MemoryStore::identity(self))
+        Some(self.shared_addr())
     }
 }
 
