@@ -242,7 +242,11 @@ export declare function httpStatusOf(error: unknown): number | undefined
 export interface IdempotencyStoreOptions {
   /** How long a completed result is kept (default 86_400_000, 24 h; must exceed the longest retry window). */
   ttlMs?: number
-  /** Bounds the entries; past it the oldest completed ones are evicted (running ones never are). */
+  /**
+   * Bounds the entries (default 1_000_000); past it the oldest completed ones are evicted
+   * and counted in `counters().evictions` (running ones never are). A server sets it to its
+   * peak completions per second × the TTL in seconds.
+   */
   maxEntries?: number
   /** The `retryAfterMs` given to a caller that does not wait (default 1000). */
   inProgressRetryAfterMs?: number

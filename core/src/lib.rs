@@ -88,5 +88,5 @@ pub use retry::{
 pub use store::{
     execute, panic_message, Begin, Counters, DedupStore, ExecuteError, ExecuteOptions, Executed,
     Join, Joined, LeaderLease, Lease, MemoryBegin, MemoryStore, MemoryStoreBuilder, Source,
-    DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_TTL,
+    DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_MAX_ENTRIES, DEFAULT_TTL,
 };

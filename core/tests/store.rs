@@ -388,6 +388,35 @@ fn max_entries_evicts_the_oldest_completed_and_never_a_running_one() {
 }
 
 #[test]
+fn the_store_is_bounded_by_default_and_eviction_passes_over_running_entries() {
+    let store: MemoryStore<u64, Boom> = MemoryStore::new();
+    assert_eq!(store.max_entries(), Some(oncely::DEFAULT_MAX_ENTRIES));
+    assert_eq!(oncely::DEFAULT_MAX_ENTRIES, 1_000_000);
+    let unbounded = MemoryStore::<u64, Boom>::builder().unbounded().build();
+    assert_eq!(unbounded.unwrap().max_entries(), None);
+
+    let store: MemoryStore<u64, Boom> = MemoryStore::builder().max_entries(3).build().unwrap();
+    // The oldest entry is running; two completed ones follow.
+    let Ok(Begin::Lead(running)) = store.begin(&key(200), FP, ExecuteOptions::default()) else {
+        panic!("expected to lead")
+    };
+    for i in 201..203 {
+        block_on(store.execute(&key(i), FP, || async { Ok(1) })).unwrap();
+    }
+    for i in 203..205 {
+        block_on(store.execute(&key(i), FP, || async { Ok(1) })).unwrap();
+    }
+    assert_eq!(store.counters().evictions, 2);
+    assert!(matches!(
+        store.begin(&key(200), FP, ExecuteOptions::NO_WAIT),
+        Err(Error::InProgress { .. })
+    ));
+    running.complete_now(7);
+    let r = block_on(store.execute(&key(200), FP, || async { Ok(0) })).unwrap();
+    assert_eq!((r.value, r.source), (7, Source::Replayed));
+}
+
+#[test]
 fn bad_configuration_and_fingerprints_are_refused_with_the_field_named() {
     let e = MemoryStore::<u64, Boom>::builder()
         .ttl(Duration::ZERO)
@@ -624,4 +653,175 @@ fn tokio_tasks_on_many_keys_with_cancellation_never_hang() {
         assert!(runs.load(Ordering::SeqCst) >= 50);
         assert_eq!(store.len(), 50);
     });
+}
+
+/// A value whose `clone` panics once the clones allowed are used up.
+#[derive(Debug)]
+struct FragileClone {
+    n: u64,
+    clones_left: Arc<AtomicUsize>,
+}
+
+impl Clone for FragileClone {
+    fn clone(&self) -> Self {
+        if self
+            .clones_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_err()
+        {
+            panic!("clone refused");
+        }
+        FragileClone {
+            n: self.n,
+            clones_left: self.clones_left.clone(),
+        }
+    }
+}
+
+/// Polls `fut` once; a panic is caught and returned as `Err`.
+fn poll_catching<F: Future + Unpin>(fut: &mut F) -> Result<Poll<F::Output>, String> {
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *fut).poll(&mut cx)))
+        .map_err(|p| oncely::panic_message(&*p))
+}
+
+#[test]
+fn a_panicking_clone_of_the_result_while_settling_ends_every_waiter() {
+    let store: MemoryStore<FragileClone, Boom> = MemoryStore::new();
+    let k = key(40);
+    let clones_left = Arc::new(AtomicUsize::new(usize::MAX));
+    let value = FragileClone {
+        n: 1,
+        clones_left: clones_left.clone(),
+    };
+    let mut leader = Box::pin(store.execute(&k, FP, || async {
+        yield_now().await;
+        Ok(value)
+    }));
+    let mut waiter = Box::pin(store.execute(&k, FP, || async { unreachable!() }));
+    assert!(poll_catching(&mut leader).unwrap().is_pending());
+    assert!(poll_catching(&mut waiter).unwrap().is_pending());
+    // The leader's own copy is made; the one the store keeps panics.
+    clones_left.store(1, Ordering::SeqCst);
+    assert_eq!(poll_catching(&mut leader).unwrap_err(), "clone refused");
+    clones_left.store(usize::MAX, Ordering::SeqCst);
+    let Ok(Poll::Ready(Err(err))) = poll_catching(&mut waiter) else {
+        panic!("the waiter is still waiting")
+    };
+    assert_eq!(err.store_error().unwrap().code(), Code::Internal);
+    assert!(store.is_empty());
+    let again = block_on(store.execute(&k, FP, || async {
+        Ok(FragileClone {
+            n: 2,
+            clones_left: clones_left.clone(),
+        })
+    }))
+    .unwrap();
+    assert_eq!((again.value.n, again.source), (2, Source::Led));
+
+    // The same through the blocking path.
+    let k = key(41);
+    let Ok(Begin::Lead(lease)) = store.begin(&k, FP, ExecuteOptions::default()) else {
+        panic!("expected to lead")
+    };
+    let Ok(Begin::Join(mut join)) = store.begin(&k, FP, ExecuteOptions::default()) else {
+        panic!("expected to join")
+    };
+    assert!(poll_catching(&mut join).unwrap().is_pending());
+    clones_left.store(0, Ordering::SeqCst);
+    let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        lease.complete_now(FragileClone {
+            n: 3,
+            clones_left: clones_left.clone(),
+        })
+    }));
+    assert!(caught.is_err());
+    assert!(matches!(
+        poll_catching(&mut join),
+        Ok(Poll::Ready(Joined::Panicked(_)))
+    ));
+    assert_eq!(store.len(), 1, "only the first key's entry is left");
+}
+
+#[test]
+fn a_panicking_cache_predicate_ends_every_waiter() {
+    let store: MemoryStore<u64, Boom> = MemoryStore::builder()
+        .cache_failures_when(|e: &Boom| e.0 != "predicate bug" || panic!("predicate panicked"))
+        .build()
+        .unwrap();
+    let k = key(42);
+    let mut leader = Box::pin(store.execute(&k, FP, || async {
+        yield_now().await;
+        Err(Boom("predicate bug"))
+    }));
+    let mut waiters: Vec<_> = (0..3)
+        .map(|_| Box::pin(store.execute(&k, FP, || async { Ok(9) })))
+        .collect();
+    assert!(poll_catching(&mut leader).unwrap().is_pending());
+    for w in &mut waiters {
+        assert!(poll_catching(w).unwrap().is_pending());
+    }
+    assert_eq!(
+        poll_catching(&mut leader).unwrap_err(),
+        "predicate panicked"
+    );
+    for w in &mut waiters {
+        let Ok(Poll::Ready(Err(err))) = poll_catching(w) else {
+            panic!("a waiter is still waiting")
+        };
+        assert_eq!(err.store_error().unwrap().code(), Code::Internal);
+    }
+    assert!(store.is_empty());
+    let r = block_on(store.execute(&k, FP, || async { Ok(5) })).unwrap();
+    assert_eq!((r.value, r.source), (5, Source::Led));
+}
+
+/// A clock that panics while `broken` is set.
+struct BrokenClock {
+    broken: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl oncely::Clock for BrokenClock {
+    fn now(&self) -> Duration {
+        assert!(!self.broken.load(Ordering::SeqCst), "clock broken");
+        Duration::from_secs(1)
+    }
+}
+
+#[test]
+fn a_panicking_clock_while_settling_ends_every_waiter() {
+    let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store: MemoryStore<u64, Boom> = MemoryStore::builder()
+        .clock(BrokenClock {
+            broken: broken.clone(),
+        })
+        .cache_failures_when(|_| true)
+        .build()
+        .unwrap();
+    for (n, complete) in [(43, true), (44, false)] {
+        let k = key(n);
+        let Ok(Begin::Lead(lease)) = store.begin(&k, FP, ExecuteOptions::default()) else {
+            panic!("expected to lead")
+        };
+        let Ok(Begin::Join(mut join)) = store.begin(&k, FP, ExecuteOptions::default()) else {
+            panic!("expected to join")
+        };
+        assert!(poll_catching(&mut join).unwrap().is_pending());
+        broken.store(true, Ordering::SeqCst);
+        let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            if complete {
+                lease.complete_now(1);
+            } else {
+                lease.fail_now(Boom("x"));
+            }
+        }));
+        broken.store(false, Ordering::SeqCst);
+        assert!(caught.is_err());
+        assert!(matches!(
+            poll_catching(&mut join),
+            Ok(Poll::Ready(Joined::Panicked(_)))
+        ));
+        assert!(store.is_empty());
+    }
 }

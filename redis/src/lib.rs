@@ -315,7 +315,10 @@ impl<E> RedisStoreBuilder<E> {
             connect_timeout: config.connect_timeout,
             io_timeout,
         };
+        // Unbounded: the tier holds this process's running claims only (completed
+        // results live in Redis), and a bound there would refuse callers.
         let local = MemoryStore::builder()
+            .unbounded()
             .in_progress_retry_after(config.in_progress_retry_after)
             .build()?;
         Ok(RedisStore {
@@ -949,6 +952,10 @@ impl<E: Send + Sync + 'static> DedupStore<Vec<u8>, E> for RedisStore<E> {
         options: ExecuteOptions,
     ) -> impl Future<Output = Result<Begin<Vec<u8>, E, RedisLease<E>, RedisJoin<E>>, Error>> {
         RedisStore::begin(self, key, fingerprint, options)
+    }
+
+    fn identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.inner) as *const () as usize)
     }
 }
 

@@ -207,6 +207,7 @@ class _Store:
     def __new__(
         cls,
         ttl: Optional[_Seconds] = None,
+        # None: the default bound of 1,000,000 entries (oldest completed ones evicted first).
         max_entries: Optional[int] = None,
         *,
         in_progress_retry_after: Optional[_Seconds] = None,

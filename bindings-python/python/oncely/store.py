@@ -42,9 +42,11 @@ class IdempotencyStore(_Store):
 
     ``IdempotencyStore(ttl=86400.0, max_entries=None, *, in_progress_retry_after=1.0,
     cache_permanent_failures=False)``: ``ttl`` (seconds or timedelta) keeps completed
-    results; ``max_entries`` bounds memory (oldest completed entries go first; running
-    ones never); ``cache_permanent_failures`` stores failures whose code is permanent
-    (e.g. INVALID_ARGUMENT) like results, until cleared with :meth:`remove`.
+    results; ``max_entries`` bounds memory (``None``: the default bound, 1,000,000
+    entries; past it the oldest completed entries go first and are counted in
+    ``counters().evictions``; running ones never); ``cache_permanent_failures`` stores
+    failures whose code is permanent (e.g. INVALID_ARGUMENT) like results, until cleared
+    with :meth:`remove`.
     """
 
     @overload

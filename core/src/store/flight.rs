@@ -2,8 +2,8 @@
 //! its waiters, under one lock.
 //!
 //! Waiting costs no thread and no polling: a waiter leaves its waker in the flight
-//! (one slot per waiter, reused when it is polled again, emptied when it is dropped)
-//! and the leader wakes them all when it settles the flight.
+//! (one slot per waiter, reused when it is polled again, freed for the next waiter
+//! when it is dropped) and the leader wakes them all when it settles the flight.
 
 use std::fmt;
 use std::future::Future;
@@ -23,6 +23,9 @@ struct State<V, E> {
     result: Option<Joined<V, E>>,
     /// The waiters' wakers; a waiter keeps the index of its slot.
     wakers: Vec<Option<Waker>>,
+    /// Slots of dropped waiters, taken by new ones first: the list is as long as the
+    /// most waiters ever present at once, not the number that ever waited.
+    free: Vec<usize>,
 }
 
 impl<V, E> Flight<V, E> {
@@ -33,8 +36,12 @@ impl<V, E> Flight<V, E> {
     fn forget(&self, slot: usize) {
         let mut s = self.lock();
         // After a settle the list is gone (and a new one never forms).
+        if s.result.is_some() {
+            return;
+        }
         if let Some(w) = s.wakers.get_mut(slot) {
             *w = None;
+            s.free.push(slot);
         }
     }
 }
@@ -45,6 +52,7 @@ impl<V: Clone, E> Flight<V, E> {
             state: Mutex::new(State {
                 result: None,
                 wakers: Vec::new(),
+                free: Vec::new(),
             }),
         }
     }
@@ -57,6 +65,7 @@ impl<V: Clone, E> Flight<V, E> {
                 return;
             }
             s.result = Some(outcome);
+            s.free = Vec::new();
             std::mem::take(&mut s.wakers)
         };
         for w in wakers.into_iter().flatten() {
@@ -80,10 +89,16 @@ impl<V: Clone, E> Flight<V, E> {
                 Some(w) if w.will_wake(waker) => {}
                 w => *w = Some(waker.clone()),
             },
-            None => {
-                *slot = Some(s.wakers.len());
-                s.wakers.push(Some(waker.clone()));
-            }
+            None => match s.free.pop() {
+                Some(i) => {
+                    s.wakers[i] = Some(waker.clone());
+                    *slot = Some(i);
+                }
+                None => {
+                    *slot = Some(s.wakers.len());
+                    s.wakers.push(Some(waker.clone()));
+                }
+            },
         }
         None
     }
@@ -158,5 +173,72 @@ impl<V, E> fmt::Debug for Join<V, E> {
         f.debug_struct("Join")
             .field("settled", &self.flight.lock().result.is_some())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Waker;
+
+    fn poll_once(join: &mut Join<u64, ()>) -> Poll<Joined<u64, ()>> {
+        Pin::new(join).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    #[test]
+    fn cancelled_waiters_leave_no_slot_behind() {
+        let flight = Arc::new(Flight::<u64, ()>::new());
+        let mut kept = Join::new(flight.clone());
+        assert!(poll_once(&mut kept).is_pending());
+        for _ in 0..1_000_000 {
+            let mut cancelled = Join::new(flight.clone());
+            assert!(poll_once(&mut cancelled).is_pending());
+        }
+        // Ten at a time, to check that slots freed together are all reused.
+        for _ in 0..1_000 {
+            let mut batch: Vec<_> = (0..10).map(|_| Join::new(flight.clone())).collect();
+            for j in &mut batch {
+                assert!(poll_once(j).is_pending());
+            }
+        }
+        {
+            let s = flight.lock();
+            assert!(s.wakers.len() <= 11, "{} waker slots", s.wakers.len());
+            assert!(s.free.len() <= 10);
+        }
+        flight.settle(Joined::Value(7));
+        assert!(matches!(
+            poll_once(&mut kept),
+            Poll::Ready(Joined::Value(7))
+        ));
+        let s = flight.lock();
+        assert!(s.wakers.is_empty() && s.free.is_empty());
+    }
+
+    #[test]
+    fn a_reused_slot_wakes_its_new_waiter() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let flight = Arc::new(Flight::<u64, ()>::new());
+        let mut gone = Join::new(flight.clone());
+        assert!(poll_once(&mut gone).is_pending());
+        drop(gone);
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut waiting = Join::new(flight.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut waiting).poll(&mut cx).is_pending());
+        assert_eq!(waiting.slot, Some(0));
+        flight.settle(Joined::Value(1));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert!(matches!(
+            poll_once(&mut waiting),
+            Poll::Ready(Joined::Value(1))
+        ));
     }
 }

@@ -11,7 +11,7 @@ use super::flight::{Flight, Join};
 use super::keymap::KeyMap;
 use super::{
     check_fingerprint, panic_message, Begin, DedupStore, ExecuteError, ExecuteOptions, Executed,
-    Joined, LeaderLease, Source, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_TTL,
+    Joined, LeaderLease, Source, DEFAULT_IN_PROGRESS_RETRY_AFTER, DEFAULT_MAX_ENTRIES, DEFAULT_TTL,
 };
 use crate::clock::{coarse_clock, Clock, SharedClock};
 use crate::error::Error;
@@ -23,6 +23,8 @@ pub type MemoryBegin<V, E> = Begin<V, E, Lease<V, E>, Join<V, E>>;
 
 /// Expired or stale entries removed per call, at most (amortized cleanup).
 const SWEEP_PER_CALL: usize = 4;
+/// Stale expiry-queue items tolerated beyond twice the entries before a compaction.
+const QUEUE_SLACK: usize = 64;
 
 /// The in-process dedup store: runs an action once per scoped key within the TTL and
 /// gives every caller its result (SPEC §6).
@@ -226,10 +228,23 @@ impl<V, E> MemoryStoreBuilder<V, E> {
         self.ttl = ttl;
         self
     }
-    /// Bounds the number of entries; past it the oldest completed entries are
-    /// evicted; running ones never are.
+    /// Bounds the number of entries (default [`DEFAULT_MAX_ENTRIES`]); past it the
+    /// oldest completed entries are evicted (counted in [`Counters::evictions`]);
+    /// running ones never are. When every entry is running, a new key fails with
+    /// [`Error::Capacity`].
+    ///
+    /// An evicted result is no longer replayed: a retry that arrives after its
+    /// eviction runs the action again. Size the bound to hold every result for the
+    /// TTL: peak completions per second × TTL in seconds.
     pub fn max_entries(mut self, n: usize) -> Self {
         self.max_entries = Some(n);
+        self
+    }
+    /// No bound on the number of entries: memory grows with the keys completed
+    /// within one TTL. For a store that holds only running entries (whose number is
+    /// bounded by the callers), or when the keys come from trusted callers only.
+    pub fn unbounded(mut self) -> Self {
+        self.max_entries = None;
         self
     }
     /// The retry-after hint given to no-wait callers that find a call in progress
@@ -291,7 +306,8 @@ impl<V, E> MemoryStoreBuilder<V, E> {
 }
 
 impl<V, E> MemoryStore<V, E> {
-    /// A store with the defaults: TTL 24 h, unbounded, system clock, failures not cached.
+    /// A store with the defaults: TTL 24 h, at most [`DEFAULT_MAX_ENTRIES`] entries,
+    /// system clock, failures not cached.
     pub fn new() -> Self {
         Self::builder()
             .build()
@@ -304,7 +320,7 @@ impl<V, E> MemoryStore<V, E> {
             value: std::marker::PhantomData,
             clock: None,
             ttl: DEFAULT_TTL,
-            max_entries: None,
+            max_entries: Some(DEFAULT_MAX_ENTRIES),
             in_progress_retry_after: DEFAULT_IN_PROGRESS_RETRY_AFTER,
             cache_failure: None,
         }
@@ -333,9 +349,19 @@ impl<V, E> MemoryStore<V, E> {
         self.len() == 0
     }
 
+    /// The bound on the entries (`None` when built [`unbounded`](MemoryStoreBuilder::unbounded)).
+    pub fn max_entries(&self) -> Option<usize> {
+        self.shared.max_entries
+    }
+
     /// The TTL of completed entries.
     pub fn ttl(&self) -> Duration {
         self.shared.ttl
+    }
+
+    /// The address of the state that clones share (see [`DedupStore::identity`]).
+    fn shared_addr(&self) -> usize {
+        Arc::as_ptr(&self.shared) as *const () as usize
     }
 
     /// Removes a completed entry (e.g. a cached permanent failure) so the next call
@@ -400,6 +426,24 @@ impl<V, E> Table<V, E> {
             seq,
             key,
         });
+        self.compact();
+    }
+
+    /// Drops the queue's stale items (entries removed early or replaced) once they
+    /// outnumber the entries, so the queue stays bounded by the live entries however
+    /// many are removed before their TTL. Each item is dropped once and the items kept
+    /// are fewer than those dropped, so this costs O(1) per completion, amortized.
+    fn compact(&mut self) {
+        if self.order.len() <= 2 * self.map.len() + QUEUE_SLACK {
+            return;
+        }
+        let map = &self.map;
+        self.order
+            .retain(|q| matches!(map.get(&q.key), Some(Slot::Done { seq, .. }) if *seq == q.seq));
+        let keep = 2 * self.order.len() + QUEUE_SLACK;
+        if self.order.capacity() > 2 * keep {
+            self.order.shrink_to(keep);
+        }
     }
 
     /// Evicts the oldest completed entry; false if every entry is running.
@@ -535,7 +579,8 @@ impl<V: Clone, E> MemoryStore<V, E> {
     }
 
     /// The blocking variant of [`execute_with`](Self::execute_with), for
-    /// thread-per-request code: waiting blocks this thread.
+    /// thread-per-request code: waiting blocks this thread. An action that calls
+    /// back into this store with its own key gets [`Error::Reentrant`].
     pub fn execute_blocking<F>(
         &self,
         key: &ScopedKey,
@@ -546,6 +591,12 @@ impl<V: Clone, E> MemoryStore<V, E> {
     where
         F: FnOnce() -> Result<V, E>,
     {
+        let identity = self.shared_addr();
+        if super::reentry::is_leading(identity, key.as_str()) {
+            return Err(ExecuteError::Store(Error::Reentrant {
+                key: key.as_str().to_owned(),
+            }));
+        }
         let mut action = Some(action);
         loop {
             let lease = match self.begin(key, fingerprint, options) {
@@ -575,7 +626,11 @@ impl<V: Clone, E> MemoryStore<V, E> {
             let Some(action) = action.take() else {
                 unreachable!("a caller leads at most once")
             };
-            return match std::panic::catch_unwind(std::panic::AssertUnwindSafe(action)) {
+            let outcome = {
+                let _leading = super::reentry::Frame::enter(identity, key.as_str());
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(action))
+            };
+            return match outcome {
                 Ok(Ok(value)) => {
                     lease.complete_now(value.clone());
                     Ok(Executed {
@@ -605,6 +660,10 @@ impl<V: Clone, E> DedupStore<V, E> for MemoryStore<V, E> {
     ) -> impl Future<Output = Result<Begin<V, E, Lease<V, E>, Join<V, E>>, Error>> {
         std::future::ready(MemoryStore::begin(self, key, fingerprint, options))
     }
+
+    fn identity(&self) -> Option<usize> {
+        Some(self.shared_addr())
+    }
 }
 
 /// The leader's claim on a key in a [`MemoryStore`]. Settle it with
@@ -621,8 +680,12 @@ pub struct Lease<V: Clone, E> {
 impl<V: Clone, E> Lease<V, E> {
     /// Stores `value` until the TTL and wakes the waiters with it.
     pub fn complete_now(mut self, value: V) {
+        // User code (`V::clone`, the clock) runs before the lease counts as settled:
+        // if it panics, dropping the lease on unwind removes the entry and wakes the
+        // waiters.
+        let flight = self.finish(Some(Ok(value.clone())));
         self.settled = true;
-        if let Some(flight) = self.finish(Some(Ok(value.clone()))) {
+        if let Some(flight) = flight {
             flight.settle(Joined::Value(value));
         }
     }
@@ -631,15 +694,18 @@ impl<V: Clone, E> Lease<V, E> {
     /// `error` is permanent), then wakes the waiters with the error. Returns the error
     /// shared with the waiters.
     pub fn fail_now(mut self, error: E) -> Arc<E> {
-        self.settled = true;
         let error = Arc::new(error);
+        // As in `complete_now`: a panicking predicate or clock leaves the lease
+        // unsettled, so dropping it on unwind removes the entry and wakes the waiters.
         let cache = self
             .store
             .cache_failure
             .as_ref()
             .is_some_and(|permanent| permanent(&error));
         // Removed before the waiters wake: one that retries at once does not see it.
-        if let Some(flight) = self.finish(cache.then(|| Err(error.clone()))) {
+        let flight = self.finish(cache.then(|| Err(error.clone())));
+        self.settled = true;
+        if let Some(flight) = flight {
             flight.settle(Joined::Failed(error.clone()));
         }
         error
@@ -651,7 +717,9 @@ impl<V: Clone, E> Lease<V, E> {
     /// settled once the table is unlocked.
     fn finish(&self, outcome: Option<Result<V, Arc<E>>>) -> Option<Arc<Flight<V, E>>> {
         let sh = &*self.store;
-        let now = sh.now_nanos();
+        // The clock is read only when storing: releasing (also on unwind) must not
+        // call it.
+        let outcome = outcome.map(|o| (o, sh.expiry(sh.now_nanos())));
         let mut t = sh.lock();
         let seq = t.next_seq;
         let slot = t.map.get_mut_h(self.hash, &self.key)?;
@@ -667,8 +735,7 @@ impl<V: Clone, E> Lease<V, E> {
             None => {
                 t.map.remove_h(self.hash, &self.key);
             }
-            Some(outcome) => {
-                let expires_at = sh.expiry(now);
+            Some((outcome, expires_at)) => {
                 *slot = Slot::Done {
                     fingerprint,
                     outcome,
@@ -739,5 +806,96 @@ impl<V, E> fmt::Debug for MemoryStore<V, E> {
 impl<V: Clone, E> fmt::Debug for Lease<V, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease").field("key", &self.key).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::IdempotencyKey;
+
+    fn key(n: usize) -> ScopedKey {
+        let k = IdempotencyKey::parse(&format!("key-{n:06}")).unwrap();
+        ScopedKey::new("t", "m", &k).unwrap()
+    }
+
+    fn lead(store: &MemoryStore<u64, ()>, key: &ScopedKey) -> Lease<u64, ()> {
+        match store.begin(key, "fp", ExecuteOptions::default()).unwrap() {
+            Begin::Lead(lease) => lease,
+            other => panic!("expected a lead, got {other:?}"),
+        }
+    }
+
+    fn queue_len(store: &MemoryStore<u64, ()>) -> usize {
+        store.shared.lock().order.len()
+    }
+
+    #[test]
+    fn the_expiry_queue_is_bounded_by_the_live_entries() {
+        let store: MemoryStore<u64, ()> = MemoryStore::new();
+        // Entries that stay, then many completed and removed at once.
+        for n in 0..100 {
+            lead(&store, &key(n)).complete_now(1);
+        }
+        let one = key(1_000);
+        let mut peak = 0;
+        for _ in 0..100_000 {
+            lead(&store, &one).complete_now(2);
+            assert!(store.remove(&one));
+            peak = peak.max(queue_len(&store));
+        }
+        assert_eq!(store.len(), 100);
+        assert!(peak <= 2 * 101 + QUEUE_SLACK, "queue peaked at {peak}");
+        // Removing the lasting entries too leaves a queue bounded by the slack.
+        for n in 0..100 {
+            assert!(store.remove(&key(n)));
+        }
+        for _ in 0..1_000 {
+            lead(&store, &one).complete_now(2);
+            assert!(store.remove(&one));
+        }
+        assert!(queue_len(&store) <= 2 + QUEUE_SLACK);
+        assert!(store.shared.lock().order.capacity() <= 8 * (2 + QUEUE_SLACK));
+    }
+
+    #[test]
+    fn compaction_keeps_expiry_and_eviction_order() {
+        let clock = crate::ManualClock::new();
+        let store: MemoryStore<u64, ()> = MemoryStore::builder()
+            .clock(clock.clone())
+            .ttl(Duration::from_secs(10))
+            .max_entries(50)
+            .build()
+            .unwrap();
+        // Interleave lasting entries with many removed ones, so compactions run
+        // between them.
+        for n in 0..40 {
+            lead(&store, &key(n)).complete_now(n as u64);
+            clock.advance(Duration::from_millis(10));
+            for _ in 0..100 {
+                lead(&store, &key(999)).complete_now(0);
+                store.remove(&key(999));
+            }
+        }
+        assert_eq!(store.len(), 40);
+        // Twenty more: the ten oldest are evicted first.
+        for n in 40..60 {
+            lead(&store, &key(n)).complete_now(n as u64);
+        }
+        assert_eq!(store.counters().evictions, 10);
+        assert_eq!(store.len(), 50);
+        for n in 10..60 {
+            let replay = store.begin(&key(n), "fp", ExecuteOptions::default());
+            assert!(matches!(replay, Ok(Begin::Replay(Ok(v))) if v == n as u64));
+        }
+        // The survivors expire in completion order.
+        // Now 400 ms; keys 10..=29 (completed at 10 ms × n) expire at 10.295 s.
+        clock.advance(Duration::from_millis(9_895));
+        for _ in 0..100 {
+            let replay = store.begin(&key(59), "fp", ExecuteOptions::default());
+            assert!(matches!(replay, Ok(Begin::Replay(Ok(59)))));
+        }
+        assert_eq!(store.counters().expirations, 20);
+        assert_eq!(store.len(), 30);
     }
 }

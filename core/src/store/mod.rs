@@ -9,6 +9,7 @@
 mod flight;
 mod keymap;
 mod memory;
+mod reentry;
 
 use std::any::Any;
 use std::fmt;
@@ -203,6 +204,16 @@ pub trait DedupStore<V, E> {
         fingerprint: &str,
         options: ExecuteOptions,
     ) -> impl Future<Output = Result<Begin<V, E, Self::Lease, Self::Join>, Error>>;
+
+    /// Identifies the state this store shares with its clones: the same value for
+    /// every clone of one store, different values for stores alive at the same time
+    /// (e.g. the address of the shared state). With it, [`execute`] fails at once,
+    /// with [`Error::Reentrant`], a call made by an action with the key that action
+    /// is leading on the same store, which would otherwise wait for itself forever.
+    /// `None` (the default) turns that check off.
+    fn identity(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Runs `action` at most once per scoped key on any [`DedupStore`], by SPEC §6.
@@ -210,6 +221,13 @@ pub trait DedupStore<V, E> {
 /// Every caller passes its own `action`; it runs only if this caller leads (first, or
 /// taking over from a leader that went away). A panicking action wakes the waiters
 /// with [`Error::LeaderPanicked`] and then resumes the panic in the leader.
+///
+/// An action that calls `execute` on the same store with the key it is leading would
+/// wait for itself: that inner call fails at once with [`Error::Reentrant`] when it is
+/// made (first polled) while the action is being run or polled on this thread,
+/// directly or through futures the action polls itself (`join!`, `select!`,
+/// `block_on`, a local executor it runs). A call moved to another task or thread that
+/// the action then waits for is not detected. Needs [`DedupStore::identity`].
 pub async fn execute<S, V, E, F, Fut>(
     store: &S,
     key: &ScopedKey,
@@ -223,6 +241,14 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<V, E>>,
 {
+    let identity = store.identity();
+    if let Some(id) = identity {
+        if reentry::is_leading(id, key.as_str()) {
+            return Err(ExecuteError::Store(Error::Reentrant {
+                key: key.as_str().to_owned(),
+            }));
+        }
+    }
     let mut action = Some(action);
     loop {
         let lease = match store.begin(key, fingerprint, options).await {
@@ -253,16 +279,26 @@ where
         let Some(action) = action.take() else {
             unreachable!("a caller leads at most once")
         };
-        let mut fut = pin!(action());
-        let outcome =
-            poll_fn(
-                |cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
-                    Ok(Poll::Pending) => Poll::Pending,
-                    Ok(Poll::Ready(r)) => Poll::Ready(Ok(r)),
-                    Err(payload) => Poll::Ready(Err(payload)),
-                },
-            )
-            .await;
+        let leading = || identity.map(|id| reentry::Frame::enter(id, key.as_str()));
+        let fut = {
+            let _leading = leading();
+            catch_unwind(AssertUnwindSafe(action))
+        };
+        let outcome = match fut {
+            Err(payload) => Err(payload),
+            Ok(fut) => {
+                let mut fut = pin!(fut);
+                poll_fn(|cx| {
+                    let _leading = leading();
+                    match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+                        Ok(Poll::Pending) => Poll::Pending,
+                        Ok(Poll::Ready(r)) => Poll::Ready(Ok(r)),
+                        Err(payload) => Poll::Ready(Err(payload)),
+                    }
+                })
+                .await
+            }
+        };
         return match outcome {
             Ok(Ok(value)) => {
                 lease
@@ -310,5 +346,11 @@ pub(crate) fn check_fingerprint(fingerprint: &str) -> Result<(), Error> {
 
 /// Default time a completed result is kept: 24 h.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default bound on a [`MemoryStore`]'s entries: 1,000,000 (each costs its key and
+/// value and about 200 bytes more). Past it the oldest completed entries are evicted;
+/// running ones never are. A server sets
+/// [`max_entries`](MemoryStoreBuilder::max_entries) to its peak completions per
+/// second × the TTL in seconds, within its memory.
+pub const DEFAULT_MAX_ENTRIES: usize = 1_000_000;
 /// Default retry-after hint given to a no-wait caller that finds a call in progress.
 pub const DEFAULT_IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
