@@ -103,6 +103,16 @@ impl<E> PerProcess<E> {
     }
 }
 
+impl<E> Drop for PerProcess<E> {
+    fn drop(&mut self) {
+        let current = self.current.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !current.is_current() {
+            // A child that never used the store: the parent's runtime is leaked too.
+            std::mem::forget(current.clone());
+        }
+    }
+}
+
 #[derive(Default)]
 struct TimerState {
     due: BinaryHeap<Reverse<(Instant, u64)>>,
