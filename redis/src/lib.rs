@@ -3,7 +3,7 @@
 //! [`RedisStore`] implements [`oncely::DedupStore`] on Redis (6+ / Valkey), so
 //! [`oncely::execute`] runs an action once per scoped key across every instance that
 //! shares the Redis, with the same rules as the in-process
-//! [`MemoryStore`] (SPEC §6, multi-instance part):
+//! [`MemoryStore`](oncely::MemoryStore) (SPEC §6, multi-instance part):
 //!
 //! - one hash-tagged Redis key per scoped operation holding a versioned record
 //!   (see the README for the format, which Python and Node read and write too);
