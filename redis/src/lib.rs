@@ -3,7 +3,7 @@
 //! [`RedisStore`] implements [`oncely::DedupStore`] on Redis (6+ / Valkey), so
 //! [`oncely::execute`] runs an action once per scoped key across every instance that
 //! shares the Redis, with the same rules as the in-process
-//! [`MemoryStore`] (SPEC §6, multi-instance part):
+//! [`MemoryStore`](oncely::MemoryStore) (SPEC §6, multi-instance part):
 //!
 //! - one hash-tagged Redis key per scoped operation holding a versioned record
 //!   (see the README for the format, which Python and Node read and write too);
@@ -46,6 +46,7 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
+mod runtime;
 mod scripts;
 mod threads;
 
@@ -65,12 +66,13 @@ use std::time::Duration;
 
 use oncely::{
     Begin, DedupStore, Error, ExecuteError, ExecuteOptions, Executed, Join, Joined, LeaderLease,
-    Lease, MemoryStore, ScopedKey,
+    Lease, ScopedKey,
 };
 
+use runtime::{PerProcess, Runtime};
 pub use scripts::RECORD_VERSION;
 use scripts::{Claim, Peek, Scripts};
-use threads::{Link, Notifier, Pool, Renewer};
+use threads::Link;
 
 /// Default lease: how long a claim lives without renewal (30 s).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -315,24 +317,23 @@ impl<E> RedisStoreBuilder<E> {
             connect_timeout: config.connect_timeout,
             io_timeout,
         };
-        // Unbounded: the tier holds this process's running claims only (completed
-        // results live in Redis), and a bound there would refuse callers.
-        let local = MemoryStore::builder()
-            .unbounded()
-            .in_progress_retry_after(config.in_progress_retry_after)
-            .build()?;
+        let runtime = {
+            let (link, c) = (link.clone(), config.clone());
+            PerProcess::new(move || {
+                Runtime::new(
+                    &link,
+                    c.workers,
+                    c.lease,
+                    &c.prefix,
+                    c.in_progress_retry_after,
+                )
+            })?
+        };
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                pool: Pool::new(&link, config.workers),
-                renewer: Renewer::new(config.lease),
-                notifier: Notifier::new(format!(
-                    "{{{}}}:wake:{}",
-                    config.prefix,
-                    oncely::IdempotencyKey::random().as_str()
-                )),
+                runtime,
                 scripts: Arc::new(Scripts::new()),
                 link,
-                local,
                 counters: AtomicCounters::default(),
                 config,
             }),
@@ -394,18 +395,9 @@ struct Inner<E> {
     counters: AtomicCounters,
     config: Config,
     link: Link,
-    pool: Pool,
-    renewer: Arc<Renewer>,
-    notifier: Arc<Notifier>,
+    /// Threads and the in-process tier, made again in a child after `fork()`.
+    runtime: PerProcess<E>,
     scripts: Arc<Scripts>,
-    local: MemoryStore<Vec<u8>, E>,
-}
-
-impl<E> Drop for Inner<E> {
-    fn drop(&mut self) {
-        self.renewer.shutdown();
-        self.notifier.shutdown();
-    }
 }
 
 /// Runs the release script: 1 deleted, 0 not ours (left alone).
@@ -428,6 +420,21 @@ fn channel(record_key: &str) -> String {
     format!("{record_key}:done")
 }
 
+/// Deletes `record` if `token` still holds it, without waiting, on `rt`'s workers.
+fn release_in_background<E>(
+    rt: &Runtime<E>,
+    scripts: &Arc<Scripts>,
+    record: String,
+    token: String,
+) {
+    if !rt.is_current() {
+        return; // a copy left by fork(): the claim stays the parent's
+    }
+    let scripts = scripts.clone();
+    rt.pool
+        .spawn(move |c| release(&scripts, c, &record, &token).map(drop));
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
@@ -438,12 +445,6 @@ impl<E> Inner<E> {
     }
     fn channel(record_key: &str) -> String {
         channel(record_key)
-    }
-    /// Deletes `record` if `token` still holds it, without waiting.
-    fn release_in_background(&self, record: String, token: String) {
-        let scripts = self.scripts.clone();
-        self.pool
-            .spawn(move |c| release(&scripts, c, &record, &token).map(drop));
     }
     fn version_error(v: &str) -> Error {
         Error::Unavailable(format!(
@@ -526,8 +527,9 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
         options: ExecuteOptions,
     ) -> Result<Begin<Vec<u8>, E, RedisLease<E>, RedisJoin<E>>, Error> {
         let inner = &self.inner;
+        let rt = inner.runtime.get()?;
         // Tier 1: the in-process single-flight.
-        let local = match inner.local.begin(key, fingerprint, options)? {
+        let local = match rt.local.begin(key, fingerprint, options)? {
             Begin::Lead(lease) => lease,
             Begin::Join(join) => return Ok(Begin::Join(RedisJoin::Local(join))),
             Begin::Replay(r) => return Ok(Begin::Replay(r)),
@@ -542,8 +544,13 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             let ttl_ms = millis(inner.config.ttl).max(lease_ms.saturating_mul(2));
             let (undo_scripts, undo_record, undo_token) =
                 (scripts.clone(), record.clone(), token.clone());
-            let (later, later_record, later_token) = (self.clone(), record.clone(), token.clone());
-            inner.pool.call_or_undo(
+            let (later_rt, later_scripts, later_record, later_token) = (
+                rt.clone(),
+                inner.scripts.clone(),
+                record.clone(),
+                token.clone(),
+            );
+            rt.pool.call_or_undo(
                 move |c| {
                     scripts
                         .claim
@@ -564,7 +571,7 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 // The caller went away after the answer came, before reading it.
                 move |claim| {
                     if let Claim::Lead { .. } = claim {
-                        later.inner.release_in_background(later_record, later_token);
+                        release_in_background(&later_rt, &later_scripts, later_record, later_token);
                     }
                 },
             )
@@ -577,14 +584,12 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 if generation > 1 {
                     bump(&inner.counters.takeovers);
                 }
-                let (renewal, lost) = inner.renewer.register(
-                    &inner.link,
-                    &inner.scripts,
-                    record.clone(),
-                    token.clone(),
-                );
+                let (renewal, lost) =
+                    rt.renewer
+                        .register(&inner.link, &inner.scripts, record.clone(), token.clone());
                 Ok(Begin::Lead(RedisLease {
                     store: self.clone(),
+                    rt,
                     local: Some(local),
                     scoped: key.clone(),
                     record,
@@ -596,7 +601,7 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             }
             Claim::Replay(value) => {
                 bump(&inner.counters.replays);
-                settle_local(inner, local, key, value.clone());
+                settle_local(&rt, local, key, value.clone());
                 Ok(Begin::Replay(Ok(value)))
             }
             // Dropping `local` lets local waiters look again themselves.
@@ -609,6 +614,7 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 bump(&inner.counters.remote_waits);
                 Ok(Begin::Join(RedisJoin::Remote(Box::pin(wait_remote(
                     self.clone(),
+                    rt,
                     local,
                     key.clone(),
                     record,
@@ -692,15 +698,16 @@ fn block_on<F: Future>(fut: F) -> F::Output {
 
 /// Hands a value found in Redis to this process's waiters, then forgets it locally:
 /// Redis is the one place completed results are kept.
-fn settle_local<E>(inner: &Inner<E>, local: Lease<Vec<u8>, E>, key: &ScopedKey, value: Vec<u8>) {
+fn settle_local<E>(rt: &Runtime<E>, local: Lease<Vec<u8>, E>, key: &ScopedKey, value: Vec<u8>) {
     local.complete_now(value);
-    inner.local.remove(key);
+    rt.local.remove(key);
 }
 
 /// Waits for a leader on another instance: woken by its pub/sub notification, or by
 /// polling under backoff (doubling from `poll_min` up to `poll_max`) as the fallback.
 async fn wait_remote<E: Send + Sync + 'static>(
     store: RedisStore<E>,
+    rt: Arc<Runtime<E>>,
     local: Lease<Vec<u8>, E>,
     key: ScopedKey,
     record: String,
@@ -708,12 +715,12 @@ async fn wait_remote<E: Send + Sync + 'static>(
     mut left_ms: u64,
 ) -> Joined<Vec<u8>, E> {
     let inner = &store.inner;
-    let sub = inner
+    let sub = rt
         .notifier
         .subscribe(&inner.link, Inner::<E>::channel(&record));
     if sub.needs_poke {
-        let wake = inner.notifier.wake_channel().to_owned();
-        inner.pool.spawn(move |c| {
+        let wake = rt.notifier.wake_channel().to_owned();
+        rt.pool.spawn(move |c| {
             redis::cmd("PUBLISH")
                 .arg(&wake)
                 .arg("subscribe")
@@ -725,7 +732,7 @@ async fn wait_remote<E: Send + Sync + 'static>(
     loop {
         let mut listener = sub.event.listen();
         let wait = delay.min(Duration::from_millis(left_ms.saturating_add(1)));
-        let mut timer = futures_timer::Delay::new(wait);
+        let mut timer = rt.timers.sleep(wait);
         poll_fn(|cx: &mut Context<'_>| {
             if Pin::new(&mut listener).poll(cx).is_ready()
                 || Pin::new(&mut timer).poll(cx).is_ready()
@@ -737,17 +744,20 @@ async fn wait_remote<E: Send + Sync + 'static>(
         })
         .await;
         delay = (delay * 2).min(inner.config.poll_max);
+        if !rt.is_current() {
+            // A copy left by fork(): look again with this process's own runtime.
+            return Joined::Abandoned;
+        }
         let peek = {
             let scripts = inner.scripts.clone();
             let (record, fp) = (record.clone(), fingerprint.clone());
-            inner
-                .pool
+            rt.pool
                 .call(move |c| scripts.peek.key(&record).arg(&fp).invoke::<Peek>(c))
         }
         .await;
         match peek {
             Ok(Peek::Done(value)) => {
-                settle_local(inner, local, &key, value.clone());
+                settle_local(&rt, local, &key, value.clone());
                 return Joined::Value(value);
             }
             Ok(Peek::Running { left_ms: l }) => left_ms = l,
@@ -789,8 +799,13 @@ impl<E> fmt::Debug for RedisJoin<E> {
 /// The leader's claim on a key in Redis (and in this process). It is renewed every
 /// lease/3 until settled. Dropping it unsettled releases the claim (when the token is
 /// still ours) so a waiter takes over at once.
+///
+/// It belongs to the process that claimed it. A copy in a child made by `fork()` is
+/// neither renewed nor released there, and completing it fails with
+/// [`Error::LeaseLost`] without writing anything: the claim stays the parent's.
 pub struct RedisLease<E: Send + Sync + 'static> {
     store: RedisStore<E>,
+    rt: Arc<Runtime<E>>,
     local: Option<Lease<Vec<u8>, E>>,
     scoped: ScopedKey,
     record: String,
@@ -821,14 +836,19 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
     /// Stops renewing this lease without releasing it, as a paused or crashed process
     /// would (fault injection for tests: after the lease, another instance takes over).
     pub fn stop_renewing(&self) {
-        self.store.inner.renewer.unregister(self.renewal);
+        if self.rt.is_current() {
+            self.rt.renewer.unregister(self.renewal);
+        }
     }
 
     /// Deletes the record if it is still ours, without waiting.
     fn release_in_background(&self) {
-        self.store
-            .inner
-            .release_in_background(self.record.clone(), self.token.clone());
+        release_in_background(
+            &self.rt,
+            &self.store.inner.scripts,
+            self.record.clone(),
+            self.token.clone(),
+        );
     }
 
     /// Sends the completion at once (before the returned future is first polled), so
@@ -836,14 +856,16 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
     /// waits for the answer. The lease is renewed until the completion has run.
     fn complete_sent(mut self, value: Vec<u8>) -> impl Future<Output = Result<(), Error>> {
         let inner = self.store.inner.clone();
+        let rt = self.rt.clone();
         // Taken, so that dropping `self` below releases nothing.
         let local = self.local.take();
-        let stored = {
+        // A copy left by fork() sends nothing: the claim stays the parent's.
+        let stored = rt.is_current().then(|| {
             let scripts = inner.scripts.clone();
             let (record, token, v) = (self.record.clone(), self.token.clone(), value.clone());
             let ttl_ms = millis(inner.config.ttl);
-            let (renewer, renewal) = (inner.renewer.clone(), self.renewal);
-            inner.pool.call_to_end(
+            let (renewer, renewal) = (rt.renewer.clone(), self.renewal);
+            rt.pool.call_to_end(
                 move |c| {
                     let channel = Inner::<E>::channel(&record);
                     scripts
@@ -857,17 +879,22 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
                 },
                 move |_| renewer.unregister(renewal),
             )
-        };
+        });
         let scoped = self.scoped.clone();
         let renewal = self.renewal;
         drop(self);
         async move {
+            let Some(stored) = stored else {
+                // Local waiters look again, and wait for the parent in Redis.
+                drop(local);
+                return Err(Error::LeaseLost);
+            };
             let stored = stored.await;
-            inner.renewer.unregister(renewal);
+            rt.renewer.unregister(renewal);
             match stored {
                 Ok(1) => {
                     if let Some(local) = local {
-                        settle_local(&inner, local, &scoped, value);
+                        settle_local(&rt, local, &scoped, value);
                     }
                     Ok(())
                 }
@@ -886,15 +913,20 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
     }
 
     async fn fail_async(mut self, error: E) -> Arc<E> {
+        if !self.rt.is_current() {
+            return match self.local.take() {
+                Some(local) => local.fail_now(error),
+                None => Arc::new(error),
+            };
+        }
         let inner = self.store.inner.clone();
-        inner.renewer.unregister(self.renewal);
+        let rt = self.rt.clone();
+        rt.renewer.unregister(self.renewal);
         // Released in Redis before the local waiters are woken.
         let released = {
             let scripts = inner.scripts.clone();
             let (record, token) = (self.record.clone(), self.token.clone());
-            inner
-                .pool
-                .call(move |c| release(&scripts, c, &record, &token))
+            rt.pool.call(move |c| release(&scripts, c, &record, &token))
         }
         .await;
         let _ = released; // unreachable Redis: the claim lapses with its lease
@@ -909,7 +941,7 @@ impl<E: Send + Sync + 'static> Drop for RedisLease<E> {
     fn drop(&mut self) {
         if let Some(local) = self.local.take() {
             // Unsettled: abandoned (cancelled) or panicked.
-            self.store.inner.renewer.unregister(self.renewal);
+            self.stop_renewing();
             self.release_in_background();
             drop(local);
         }
@@ -924,7 +956,7 @@ impl<E: Send + Sync + 'static> LeaderLease<Vec<u8>, E> for RedisLease<E> {
         self.fail_async(error)
     }
     fn panicked(mut self, message: &str) {
-        self.store.inner.renewer.unregister(self.renewal);
+        self.stop_renewing();
         self.release_in_background();
         if let Some(local) = self.local.take() {
             local.panicked_now(message);
