@@ -338,6 +338,12 @@ export interface RedisStoreCounters {
   leasesLost: number
 }
 
+/**
+ * The error of a call made by the action that holds its key (`kind: 'reentrant'`, with
+ * `key`): the core's `Error::Reentrant`, for both stores.
+ */
+export declare function reentrantError(key: string): Error
+
 /** Options of `new RetryBudget(options)`. */
 export interface RetryBudgetOptions {
   /** Retries allowed per request over the window (default 0.1). */

@@ -299,7 +299,7 @@ impl Inner {
 }
 
 /// The JavaScript error of `e`, as a value (thrown, then caught).
-fn thrown(env: sys::napi_env, e: &oncely::Error) -> sys::napi_value {
+pub(crate) fn thrown(env: sys::napi_env, e: &oncely::Error) -> sys::napi_value {
     let _ = core_error(env, e);
     let mut v = ptr::null_mut();
     // SAFETY: on the JS thread; `core_error` left the error pending.

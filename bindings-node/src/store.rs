@@ -665,6 +665,16 @@ impl NativeStore {
     }
 }
 
+/// The error of a call made by the action that holds its key (`kind: 'reentrant'`, with
+/// `key`): the core's `Error::Reentrant`, for both stores.
+#[napi(ts_args_type = "key: string", ts_return_type = "Error")]
+pub fn reentrant_error(env: &Env, key: String) -> Unknown<'_> {
+    let raw = env.raw();
+    let e = crate::redis_store::thrown(raw, &oncely::Error::Reentrant { key });
+    // SAFETY: a live value of this call.
+    unsafe { Unknown::from_raw_unchecked(raw, e) }
+}
+
 impl Inner {
     /// `NativeStore.begin`; `given`: whether `key` and `fingerprint` were passed (when
     /// not, they are the last call's).
