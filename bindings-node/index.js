@@ -503,6 +503,9 @@ class Flight {
     /** The leader's caller still waits (it counts in `callers`). */
     this.leaderIn = true
     this.info = new ActionInfo(this)
+    // A flight still recorded is over (its leader was collected unsettled, releasing the
+    // key): it no longer counts.
+    if (callers.flight !== undefined) callers.flight.collected()
     callers.flight = this
   }
 
@@ -525,7 +528,6 @@ class Flight {
   end() {
     if (!this.running) return
     this.running = false
-    collected.unregister(this)
     const c = this.callers
     if (c.flight === this) c.flight = undefined
     if (c.n === 0 && c.map.get(c.key) === c) c.map.delete(c.key)
@@ -535,6 +537,12 @@ class Flight {
     if (!this.leaderIn) return
     this.leaderIn = false
     leave(this.callers)
+  }
+
+  /** The leader's lease was collected with its never-settling action. */
+  collected() {
+    this.end()
+    this.leaderLeaves()
   }
 }
 
@@ -550,16 +558,8 @@ class ActionInfo {
   }
 }
 
-// A leader whose action never settles and which nothing references any more is collected
-// with its lease (the native store then releases the key): its flight ends with it.
-const collected = new FinalizationRegistry((flight) => {
-  flight.end()
-  flight.leaderLeaves()
-})
-
 /** Runs `fn` as the action of `flight`: always a Promise, never a synchronous throw. */
-function act(flight, fn, lease) {
-  collected.register(lease, flight, flight)
+function act(flight, fn) {
   try {
     return Promise.resolve(acting.run(flight, fn, flight.info))
   } catch (e) {
@@ -654,7 +654,24 @@ class IdempotencyStore {
       if (r instanceof Promise) {
         // The leader went away (ABANDONED): begin again, one waiter leads.
         const c = enter(this.#callers, scoped)
-        return waitFor(r, signal, () => leave(c)).then((v) => (v === ABANDONED ? this.execute(scoped, fingerprint, fn, options) : { value: v, replayed: true, source: JOINED }))
+        const flight = c.flight
+        const joined = (v) => {
+          if (v !== ABANDONED) return { value: v, replayed: true, source: JOINED }
+          // The leader was collected unsettled: its flight is over.
+          if (flight !== undefined) flight.collected()
+          return this.execute(scoped, fingerprint, fn, options)
+        }
+        if (signal !== undefined) return waitFor(r, signal, () => leave(c)).then(joined)
+        return r.then(
+          (v) => {
+            leave(c)
+            return joined(v)
+          },
+          (e) => {
+            leave(c)
+            throw e
+          },
+        )
       }
       throw new Error('oncely: unexpected answer from the native store')
     } catch (e) {
@@ -670,7 +687,7 @@ class IdempotencyStore {
     const lease = this.#slot[0]
     this.#slot[0] = undefined
     const flight = new Flight(this, enter(this.#callers, scoped), fingerprint)
-    const done = act(flight, fn, lease).then(
+    const done = act(flight, fn).then(
       (value) => {
         flight.end()
         if (signal === undefined) flight.leaderLeaves()
@@ -849,7 +866,7 @@ class RedisStore {
    * waits (an abort only stops the waiting; the lease is renewed until `fn` settles).
    */
   #lead(flight, lease, fn, signal) {
-    const done = act(flight, fn, lease).then(
+    const done = act(flight, fn).then(
       async (value) => {
         flight.end()
         let data

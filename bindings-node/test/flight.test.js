@@ -491,3 +491,64 @@ test('RedisStore: a caller aborted after its claim reply arrived releases the cl
     assert.deepEqual(led, { value: 'taken', replayed: false, source: 'led' })
   }
 })
+
+// ---------------------------------------------------------------------------------------
+// Memory: what tracks the callers of a key goes away with them
+// ---------------------------------------------------------------------------------------
+
+test('IdempotencyStore: aborted callers, stopped actions and re-entrant calls keep the heap flat', async () => {
+  const v8 = require('node:v8')
+  const vm = require('node:vm')
+  v8.setFlagsFromString('--expose-gc')
+  const gc = vm.runInNewContext('gc')
+  const { ManualClock } = require('oncely')
+  const clock = new ManualClock()
+  const s = new IdempotencyStore({ ttlMs: 5, _clock: clock })
+  const cooperative = ({ signal }) => new Promise((_, reject) => signal.addEventListener('abort', () => reject(signal.reason), { once: true }))
+  const round = async (n) => {
+    for (let i = 0; i < n; i++) {
+      const k = key()
+      const a = new AbortController()
+      const b = new AbortController()
+      if (i % 2 === 0) {
+        // Both callers leave: the action stops on its signal.
+        const leader = s.execute(k, fp, cooperative, { signal: a.signal }).catch(() => {})
+        const waiter = s.execute(k, fp, cooperative, { signal: b.signal }).catch(() => {})
+        a.abort()
+        b.abort()
+        await Promise.all([leader, waiter])
+      } else {
+        // The leader leaves; its action settles later for the waiter; it re-enters once.
+        const gate = deferred()
+        const leader = s
+          .execute(
+            k,
+            fp,
+            async () => {
+              await s.execute(k, fp, async () => 0).catch(() => {})
+              return gate.promise
+            },
+            { signal: a.signal },
+          )
+          .catch(() => {})
+        const waiter = s.execute(k, fp, async () => 0)
+        a.abort()
+        gate.resolve({ payload: 'x'.repeat(200) + i })
+        await Promise.all([leader, waiter])
+      }
+      clock.advance(5)
+    }
+  }
+  await round(2_000)
+  gc()
+  await tick()
+  gc()
+  const before = process.memoryUsage().heapUsed
+  await round(40_000) // ~400 B per run of tracking records if they leaked: ~16 MB
+  gc()
+  await tick()
+  gc()
+  const grown = process.memoryUsage().heapUsed - before
+  assert.ok(grown < 4_000_000, `heap grew by ${grown} bytes`)
+  assert.equal(s.pendingWaiters, 0)
+})
