@@ -519,7 +519,8 @@ impl NativeRedisStore {
     }
 
     /// Stops task `id` (a caller that stopped waiting): a claim it won is released. Its
-    /// Promise resolves to `[3]`, which the caller no longer reads.
+    /// Promise resolves to `[3]`, which the caller no longer reads. A task already
+    /// settled is not found: a lease it handed out is given back with `abandon`.
     #[napi]
     pub fn cancel(&self, env: &Env, id: u32) {
         let raw = env.raw();
@@ -609,7 +610,7 @@ impl NativeRedisStore {
         Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
     }
 
-    /// Gives up the claim without a result (the leader was aborted): released at once,
+    /// Gives up the claim without a result (a lead no one will use): released at once,
     /// a waiter takes over. A settled lease is left alone.
     #[napi(ts_args_type = "lease: unknown")]
     pub fn abandon(&self, env: &Env, lease: Unknown<'_>) -> Result<()> {

@@ -604,7 +604,7 @@ impl NativeStore {
         Ok(())
     }
 
-    /// Gives up the claim without a result (the leader was aborted): the entry is removed
+    /// Gives up the claim without a result (a lead no one will use): the entry is removed
     /// and one waiter takes over. A settled lease is left alone.
     #[napi(ts_args_type = "lease: unknown")]
     pub fn abandon(&self, env: &Env, lease: Unknown<'_>) -> Result<()> {
