@@ -53,9 +53,10 @@ export declare class NativeRedisStore {
    */
   begin(key: string, fingerprint: string, wait: boolean): [Promise<[number, unknown?]>, number]
   /**
-   * Stops task `id` (a caller that stopped waiting): a claim it won is released. Its
-   * Promise resolves to `[3]`, which the caller no longer reads. A task already
-   * settled is not found: a lease it handed out is given back with `abandon`.
+   * Stops task `id` (a caller that stopped waiting): a claim it won (its answer in
+   * or still on its way) is released. Its Promise resolves to `[3]`, which the caller
+   * no longer reads. A task already settled is not found: a lease it handed out is
+   * given back with `abandon`.
    */
   cancel(id: number): void
   /**

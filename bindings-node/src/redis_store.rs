@@ -518,16 +518,24 @@ impl NativeRedisStore {
         }
     }
 
-    /// Stops task `id` (a caller that stopped waiting): a claim it won is released. Its
-    /// Promise resolves to `[3]`, which the caller no longer reads. A task already
-    /// settled is not found: a lease it handed out is given back with `abandon`.
+    /// Stops task `id` (a caller that stopped waiting): a claim it won (its answer in
+    /// or still on its way) is released. Its Promise resolves to `[3]`, which the caller
+    /// no longer reads. A task already settled is not found: a lease it handed out is
+    /// given back with `abandon`.
     #[napi]
     pub fn cancel(&self, env: &Env, id: u32) {
         let raw = env.raw();
         let task = self.inner.tasks.borrow_mut().remove(&id);
-        if let Some(task) = task {
+        if let Some(mut task) = task {
             let deferred = task.deferred;
-            self.inner.settling(raw, move || drop(task.fut));
+            let waker = self.inner.hub.waker(id);
+            self.inner.settling(raw, move || {
+                // An answer that arrived but was not polled yet is taken now: a claim it
+                // won is dropped here, which releases it, instead of expiring a lease later.
+                let mut cx = Context::from_waker(&waker);
+                drop(task.fut.as_mut().poll(&mut cx));
+                drop(task.fut);
+            });
             self.inner.settle(raw, deferred, Out::Abandoned);
             self.inner.update_ref(raw);
         }

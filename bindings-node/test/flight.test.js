@@ -267,6 +267,43 @@ for (const kind of kinds) {
   })
 }
 
+for (const kind of kinds) {
+  test(`${kind.name}: an abort at any point of a call (claim, action, completion) never runs the action twice`, kind.opts, async () => {
+    // A short lease bounds a remote waiter that misses the release's notification (it
+    // then polls until the lease's end).
+    const [s, other] = kind.make({ leaseMs: 1_000 })
+    const stores = other === null ? [s] : [s, other]
+    // Abort after n turns of the event loop (n microtask hops first, then macrotasks).
+    for (let n = 0; n < 40; n++) {
+      const k = key()
+      let runs = 0
+      const action = async () => {
+        runs += 1
+        await Promise.resolve()
+        return `v${runs}`
+      }
+      const ac = new AbortController()
+      const first = s.execute(k, fp, action, { signal: ac.signal }).then(
+        (r) => r,
+        (e) => e,
+      )
+      const joiner = stores[n % stores.length].execute(k, fp, action)
+      for (let i = 0; i < n; i++) {
+        if (i < 10) await Promise.resolve()
+        else await tick()
+      }
+      ac.abort()
+      const a = await within(first, 5_000, `the aborted call (n = ${n})`)
+      const j = await within(joiner, 5_000, `the joiner (n = ${n})`)
+      const after = await within(s.execute(k, fp, action), 5_000, `the later call (n = ${n})`)
+      assert.equal(runs, 1, `n = ${n}: the action ran ${runs} times`)
+      assert.equal(j.value, 'v1')
+      assert.equal(after.value, 'v1')
+      if (!(a instanceof Error)) assert.equal(a.value, 'v1')
+    }
+  })
+}
+
 // ---------------------------------------------------------------------------------------
 // Re-entrancy: an action that calls execute with its own key fails fast
 // ---------------------------------------------------------------------------------------
