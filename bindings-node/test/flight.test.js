@@ -488,6 +488,49 @@ for (const kind of kinds) {
 // A claim won by a caller that already left is released at once
 // ---------------------------------------------------------------------------------------
 
+/** Another instance can lead `k` at once (within 2 s, long before the 30 s lease). */
+async function leadsSoon(other, k) {
+  const t0 = Date.now()
+  let led
+  while (led === undefined && Date.now() - t0 < 2_000) {
+    led = await other.execute(k, fp, async () => 'taken', { wait: false }).catch((e) => {
+      assert.equal(e.kind, 'in_progress')
+      return undefined
+    })
+    if (led === undefined) await delay(10)
+  }
+  assert.ok(led !== undefined, 'the claim was still held after 2 s')
+  assert.deepEqual(led, { value: 'taken', replayed: false, source: 'led' })
+}
+
+const blockEventLoop = (ms) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms)
+
+test('RedisStore: a caller aborted when its claim reply had arrived, unread, releases the claim at once', needsRedis, async () => {
+  const s = new RedisStore({ url: URL, prefix: redisPrefix(), workers: 1 })
+  const other = new RedisStore({ url: URL, prefix: s.prefix })
+  await s.execute(key(), fp, async () => 'connected')
+  for (let round = 0; round < 3; round++) {
+    const k = key()
+    const ac = new AbortController()
+    let ran = false
+    const leader = s.execute(
+      k,
+      fp,
+      () => {
+        ran = true
+        return 'never'
+      },
+      { signal: ac.signal },
+    )
+    // The claim's reply arrives while the event loop is blocked: nothing has read it.
+    blockEventLoop(300)
+    ac.abort()
+    await assert.rejects(leader, { name: 'AbortError' })
+    assert.equal(ran, false)
+    await leadsSoon(other, k)
+  }
+})
+
 test('RedisStore: a caller aborted after its claim reply arrived releases the claim at once', needsRedis, async () => {
   const s = new RedisStore({ url: URL, prefix: redisPrefix(), workers: 1 })
   const other = new RedisStore({ url: URL, prefix: s.prefix })
@@ -506,7 +549,7 @@ test('RedisStore: a caller aborted after its claim reply arrived releases the cl
       { signal: ac.signal },
     )
     // Block the event loop while the claim's reply arrives (its wake-up is queued)...
-    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 300)
+    blockEventLoop(300)
     // ...then a call on the same store settles the queued claim (this caller leads),
     // and the caller aborts before it reads the answer.
     const unrelated = s.execute(key(), fp, async () => 'unrelated')
@@ -514,18 +557,7 @@ test('RedisStore: a caller aborted after its claim reply arrived releases the cl
     await assert.rejects(leader, { name: 'AbortError' })
     await unrelated
     assert.equal(ran, false)
-    // Another instance can lead at once, long before the 30 s lease.
-    const t0 = Date.now()
-    let led
-    while (led === undefined && Date.now() - t0 < 2_000) {
-      led = await other.execute(k, fp, async () => 'taken', { wait: false }).catch((e) => {
-        assert.equal(e.kind, 'in_progress')
-        return undefined
-      })
-      if (led === undefined) await delay(10)
-    }
-    assert.ok(led !== undefined, 'the claim was still held after 2 s')
-    assert.deepEqual(led, { value: 'taken', replayed: false, source: 'led' })
+    await leadsSoon(other, k)
   }
 })
 
