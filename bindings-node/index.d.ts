@@ -257,10 +257,25 @@ export interface IdempotencyStoreOptions {
 }
 
 export interface ExecuteOptions {
-  /** Aborts this caller: a leader gives up its claim (a waiter takes over), a waiter stops waiting. */
+  /**
+   * Aborts this caller: it stops waiting at once (rejected with `signal.reason`). A
+   * leader's action keeps the key until it settles (its outcome is stored and given to
+   * the waiters as usual); the action's own `signal` fires once every caller has gone.
+   */
   signal?: AbortSignal
   /** Wait for a running call with the same key (default); `false` throws ABORTED with `retryAfterMs`. */
   wait?: boolean
+}
+
+/** What `execute` gives the action it runs. */
+export interface ActionInfo {
+  /**
+   * Aborted (an `AbortError`) once every caller waiting for this run in this process has
+   * stopped waiting: a cooperative action stops then (e.g. forwards it to `fetch`). If the
+   * action rejects, the key is released as for any failure; if it completes anyway, its
+   * result is stored.
+   */
+  readonly signal: AbortSignal
 }
 
 export interface Executed<T> {
@@ -281,9 +296,11 @@ export declare class IdempotencyStore {
   /**
    * Runs `fn` if this caller leads; otherwise waits for the running call or replays the
    * stored result. A differing fingerprint throws FAILED_PRECONDITION; `fn`'s error
-   * reaches every waiter unchanged and is not cached.
+   * reaches every waiter unchanged and is not cached. A call made from inside the action
+   * that holds its key (directly or through other keys) throws FAILED_PRECONDITION
+   * (`kind: 'reentrant'`, `key`) at once instead of waiting for itself.
    */
-  execute<T>(scoped: ScopedKey, fingerprint: string, fn: () => T | PromiseLike<T>, options?: ExecuteOptions): Promise<Executed<T>>
+  execute<T>(scoped: ScopedKey, fingerprint: string, fn: (info: ActionInfo) => T | PromiseLike<T>, options?: ExecuteOptions): Promise<Executed<T>>
   /** Counts since the store was made. */
   counters(): StoreCounters
   /** Entries held now. */
@@ -342,9 +359,10 @@ export declare class RedisStore {
    * another process) or replays the stored result. Redis unreachable → UNAVAILABLE and
    * `fn` does not run; a differing fingerprint → FAILED_PRECONDITION; `wait: false` on a
    * running call → ABORTED with `retryAfterMs`; the lease taken over before completing →
-   * ABORTED (`kind: 'lease_lost'`).
+   * ABORTED (`kind: 'lease_lost'`); a call from inside the action that holds its key →
+   * FAILED_PRECONDITION (`kind: 'reentrant'`) at once.
    */
-  execute<T>(scoped: ScopedKey, fingerprint: string, fn: () => T | PromiseLike<T>, options?: ExecuteOptions): Promise<Executed<T>>
+  execute<T>(scoped: ScopedKey, fingerprint: string, fn: (info: ActionInfo) => T | PromiseLike<T>, options?: ExecuteOptions): Promise<Executed<T>>
   /** Counts since the store was made (this process's instance). */
   counters(): RedisStoreCounters
   /** The lease of this store's claims, ms. */

@@ -5,6 +5,8 @@
 // Every rule — backoff, classification, the retry decision, budgets, keys,
 // fingerprints, the dedup store — is the Rust core's.
 
+const { AsyncLocalStorage } = require('node:async_hooks')
+
 const native = require('./native.js')
 
 const {
@@ -398,6 +400,193 @@ const LED = 'led'
 const JOINED = 'joined'
 const REPLAYED = 'replayed'
 
+function noop() {}
+
+/**
+ * `promise` for one caller: rejects with `signal.reason` once `signal` aborts. `leave`
+ * runs once, when this caller stops waiting (settled or aborted).
+ */
+function waitFor(promise, signal, leave) {
+  if (signal === undefined) {
+    return promise.then(
+      (v) => {
+        leave()
+        return v
+      },
+      (e) => {
+        leave()
+        throw e
+      },
+    )
+  }
+  return new Promise((resolve, reject) => {
+    let waiting = true
+    const stop = () => {
+      if (!waiting) return false
+      waiting = false
+      leave()
+      return true
+    }
+    const onAbort = () => {
+      if (stop()) reject(signal.reason)
+    }
+    promise.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort)
+        if (stop()) resolve(v)
+      },
+      (e) => {
+        signal.removeEventListener('abort', onAbort)
+        if (stop()) reject(e)
+      },
+    )
+    if (signal.aborted) onAbort()
+    else signal.addEventListener('abort', onAbort, { once: true })
+  })
+}
+
+// ---------------------------------------------------------------------------------------
+// Flights: an action keeps its key until it settles (SPEC §6, Node). JavaScript cannot
+// stop a running Promise, so a caller that aborts only stops waiting: the lease stays
+// with the action, whose outcome is stored and given to the waiters as usual. The action
+// gets `{ signal }`, aborted once every caller of its key in this process has gone.
+// ---------------------------------------------------------------------------------------
+
+/** The flight whose action runs in the current async context (see `Flight.parent`). */
+const acting = new AsyncLocalStorage()
+
+/** The callers of one key in this process that wait for its outcome (leader included). */
+class Callers {
+  constructor(map, key) {
+    this.map = map
+    this.key = key
+    this.n = 0
+    /** The running flight of the key, if this process leads it. */
+    this.flight = undefined
+  }
+}
+
+function enter(map, key) {
+  let c = map.get(key)
+  if (c === undefined) {
+    c = new Callers(map, key)
+    map.set(key, c)
+  }
+  c.n += 1
+  return c
+}
+
+function leave(c) {
+  c.n -= 1
+  if (c.n > 0) return
+  if (c.flight !== undefined) c.flight.allGone()
+  else if (c.map.get(c.key) === c) c.map.delete(c.key)
+}
+
+function goneReason() {
+  return new DOMException('every caller of this operation stopped waiting', 'AbortError')
+}
+
+/** One run of an action, from its lead until it settles (or its lease is collected). */
+class Flight {
+  #controller = undefined
+  #gone = false
+
+  constructor(store, callers, fingerprint) {
+    this.store = store
+    this.callers = callers
+    this.key = callers.key
+    this.fp = fingerprint
+    /** The flight whose action started this one: a cycle of keys is re-entrant too. */
+    this.parent = acting.getStore()
+    this.running = true
+    /** The leader's caller still waits (it counts in `callers`). */
+    this.leaderIn = true
+    this.info = new ActionInfo(this)
+    // A flight still recorded is over (its leader was collected unsettled, releasing the
+    // key): it no longer counts.
+    if (callers.flight !== undefined) callers.flight.collected()
+    callers.flight = this
+  }
+
+  get signal() {
+    if (this.#controller === undefined) {
+      this.#controller = new AbortController()
+      if (this.#gone) this.#controller.abort(goneReason())
+    }
+    return this.#controller.signal
+  }
+
+  /** Every caller has gone while the action runs: its signal fires (once). */
+  allGone() {
+    if (!this.running || this.#gone) return
+    this.#gone = true
+    if (this.#controller !== undefined) this.#controller.abort(goneReason())
+  }
+
+  /** The action settled (or its lease was collected unsettled): the flight is over. */
+  end() {
+    if (!this.running) return
+    this.running = false
+    const c = this.callers
+    if (c.flight === this) c.flight = undefined
+    if (c.n === 0 && c.map.get(c.key) === c) c.map.delete(c.key)
+  }
+
+  leaderLeaves() {
+    if (!this.leaderIn) return
+    this.leaderIn = false
+    leave(this.callers)
+  }
+
+  /** The leader's lease was collected with its never-settling action. */
+  collected() {
+    this.end()
+    this.leaderLeaves()
+  }
+}
+
+/** What an action is given: `signal` fires when every caller of its key has gone. */
+class ActionInfo {
+  #flight
+  constructor(flight) {
+    this.#flight = flight
+  }
+  /** An AbortSignal, aborted (an AbortError) once every caller of this run has stopped waiting. */
+  get signal() {
+    return this.#flight.signal
+  }
+}
+
+/** Runs `fn` as the action of `flight`: always a Promise, never a synchronous throw. */
+function act(flight, fn) {
+  try {
+    return Promise.resolve(acting.run(flight, fn, flight.info))
+  } catch (e) {
+    return Promise.reject(e)
+  }
+}
+
+/**
+ * The error for a call made, directly or through other keys, by the action that holds
+ * its key (it would wait for itself forever), or `undefined`.
+ */
+function reentry(store, key, fingerprint) {
+  for (let f = acting.getStore(); f !== undefined; f = f.parent) {
+    if (f.running && f.store === store && f.key === key && f.fp === fingerprint) return native.reentrantError(key)
+  }
+  return undefined
+}
+
+/** The code of a leader's error for the cache decision; UNKNOWN when it cannot be read. */
+function cacheCode(error) {
+  try {
+    return codeOf(error)
+  } catch {
+    return UNKNOWN
+  }
+}
+
 /**
  * Runs an action at most once per scoped key within the TTL and gives every caller its
  * result (SPEC §6), over the core's in-process store.
@@ -409,6 +598,8 @@ class IdempotencyStore {
   /** `[0]`: a leader's lease, handed over by `begin`; `[1..]`: the stored values. */
   #slot = [undefined]
   #cacheFailures
+  /** The callers of each key waiting here (leaders and joiners), by scoped key. */
+  #callers = new Map()
   /** The key and fingerprint text the native store holds from the last `begin`. */
   #key = undefined
   #fp = undefined
@@ -445,6 +636,8 @@ class IdempotencyStore {
         }
         if (signal !== undefined && signal.aborted) throw signal.reason
       }
+      const reentrant = reentry(this, scoped, fingerprint)
+      if (reentrant !== undefined) throw reentrant
       // The strings cross into Rust only when they differ from the last call's.
       let r
       try {
@@ -457,10 +650,28 @@ class IdempotencyStore {
       this.#fp = fingerprint
       // A replay: the index of the stored value in the slot array.
       if (typeof r === 'number') return Promise.resolve({ value: this.#slot[r], replayed: true, source: REPLAYED })
-      if (r === LEAD) return this.#lead(fn, signal)
+      if (r === LEAD) return this.#lead(scoped, fingerprint, fn, signal)
       if (r instanceof Promise) {
         // The leader went away (ABANDONED): begin again, one waiter leads.
-        return (signal === undefined ? r : abortable(r, signal)).then((v) => (v === ABANDONED ? this.execute(scoped, fingerprint, fn, options) : { value: v, replayed: true, source: JOINED }))
+        const c = enter(this.#callers, scoped)
+        const flight = c.flight
+        const joined = (v) => {
+          if (v !== ABANDONED) return { value: v, replayed: true, source: JOINED }
+          // The leader was collected unsettled: its flight is over.
+          if (flight !== undefined) flight.collected()
+          return this.execute(scoped, fingerprint, fn, options)
+        }
+        if (signal !== undefined) return waitFor(r, signal, () => leave(c)).then(joined)
+        return r.then(
+          (v) => {
+            leave(c)
+            return joined(v)
+          },
+          (e) => {
+            leave(c)
+            throw e
+          },
+        )
       }
       throw new Error('oncely: unexpected answer from the native store')
     } catch (e) {
@@ -468,24 +679,29 @@ class IdempotencyStore {
     }
   }
 
-  /** This caller leads: its lease is in the slot; runs `fn` and settles the lease. */
-  async #lead(fn, signal) {
+  /**
+   * This caller leads: its lease is in the slot. Runs `fn` and settles the lease with its
+   * outcome, whether or not this caller still waits (an abort only stops the waiting).
+   */
+  #lead(scoped, fingerprint, fn, signal) {
     const lease = this.#slot[0]
     this.#slot[0] = undefined
-    let value
-    try {
-      const p = fn()
-      value = await (signal === undefined ? p : abortable(Promise.resolve(p), signal))
-    } catch (error) {
-      if (signal !== undefined && signal.aborted) {
-        this.#native.abandon(lease)
-        throw signal.reason
-      }
-      this.#native.fail(lease, error, this.#cacheFailures ? codeOf(error) : UNKNOWN)
-      throw error
-    }
-    this.#native.complete(lease, value)
-    return { value, replayed: false, source: LED }
+    const flight = new Flight(this, enter(this.#callers, scoped), fingerprint)
+    const done = act(flight, fn).then(
+      (value) => {
+        flight.end()
+        if (signal === undefined) flight.leaderLeaves()
+        this.#native.complete(lease, value)
+        return { value, replayed: false, source: LED }
+      },
+      (error) => {
+        flight.end()
+        if (signal === undefined) flight.leaderLeaves()
+        this.#native.fail(lease, error, this.#cacheFailures ? cacheCode(error) : UNKNOWN)
+        throw error
+      },
+    )
+    return signal === undefined ? done : waitFor(done, signal, () => flight.leaderLeaves())
   }
 
   /** Counts since the store was made: leads, joins, replays, conflicts, expirations, evictions. */
@@ -702,6 +918,8 @@ class RedisStore {
   #native
   #encode
   #decode
+  /** The callers of each key waiting here, by scoped key. */
+  #callers = new Map()
 
   /**
    * `{ url, leaseMs = 30_000, ttlMs = 86_400_000, prefix = 'oncely', connectTimeoutMs = 1000,
@@ -742,50 +960,75 @@ class RedisStore {
         wait = options.wait
       }
     }
-    for (;;) {
-      if (signal !== undefined && signal.aborted) throw signal.reason
-      const [p, id] = this.#native.begin(scoped, fingerprint, wait)
-      let r
-      if (signal === undefined) {
-        r = await p
-      } else {
-        try {
-          r = await abortable(p, signal)
-        } catch (e) {
-          if (signal.aborted) this.#native.cancel(id)
-          throw e
+    if (signal !== undefined && signal.aborted) throw signal.reason
+    const reentrant = reentry(this, scoped, fingerprint)
+    if (reentrant !== undefined) throw reentrant
+    // Every caller here counts until it leaves: one that waits on another process's
+    // leader may join this process's flight when that leader goes and this one leads.
+    const c = enter(this.#callers, scoped)
+    let flight
+    try {
+      for (;;) {
+        if (signal !== undefined && signal.aborted) throw signal.reason
+        const [p, id] = this.#native.begin(scoped, fingerprint, wait)
+        let r
+        if (signal === undefined) {
+          r = await p
+        } else {
+          try {
+            r = await abortable(p, signal)
+          } catch (e) {
+            if (signal.aborted) {
+              this.#native.cancel(id)
+              // The claim's answer may have arrived already: a lead no one will use is
+              // released at once.
+              p.then((out) => out[0] === R_LEAD && this.#native.abandon(out[1]), noop)
+            }
+            throw e
+          }
+        }
+        switch (r[0]) {
+          case R_REPLAYED:
+            return { value: resultValue(r[1], r[2], this.#decode, scoped), replayed: true, source: REPLAYED }
+          case R_JOINED:
+            return { value: resultValue(r[1], r[2], this.#decode, scoped), replayed: true, source: JOINED }
+          case R_LEAD:
+            if (signal !== undefined && signal.aborted) {
+              this.#native.abandon(r[1]) // the action has not started
+              throw signal.reason
+            }
+            flight = new Flight(this, c, fingerprint)
+            return await this.#lead(flight, r[1], fn, signal)
+          default:
+            continue // the leader went away: claim again
         }
       }
-      switch (r[0]) {
-        case R_REPLAYED:
-          return { value: resultValue(r[1], r[2], this.#decode, scoped), replayed: true, source: REPLAYED }
-        case R_JOINED:
-          return { value: resultValue(r[1], r[2], this.#decode, scoped), replayed: true, source: JOINED }
-        case R_LEAD:
-          return this.#lead(r[1], fn, signal)
-        default:
-          continue // the leader went away: claim again
-      }
+    } finally {
+      if (flight === undefined) leave(c)
+      else flight.leaderLeaves()
     }
   }
 
-  async #lead(lease, fn, signal) {
-    let value
-    try {
-      const p = fn()
-      value = await (signal === undefined ? p : abortable(Promise.resolve(p), signal))
-    } catch (error) {
-      if (signal !== undefined && signal.aborted) {
-        this.#native.abandon(lease)
-        throw signal.reason
-      }
-      await this.#native.fail(lease, error)
-      throw error
-    }
-    // Never throws: a value that cannot be stored becomes a "not storable" record.
-    const data = encodeResult(value, this.#encode)
-    await this.#native.complete(lease, data, value)
-    return { value, replayed: false, source: LED }
+  /**
+   * Runs `fn` and settles the lease with its outcome, whether or not the caller still
+   * waits (an abort only stops the waiting; the lease is renewed until `fn` settles).
+   */
+  #lead(flight, lease, fn, signal) {
+    const done = act(flight, fn).then(
+      async (value) => {
+        flight.end()
+        // Never throws: a value that cannot be stored becomes a "not storable" record.
+        const data = encodeResult(value, this.#encode)
+        await this.#native.complete(lease, data, value)
+        return { value, replayed: false, source: LED }
+      },
+      async (error) => {
+        flight.end()
+        await this.#native.fail(lease, error)
+        throw error
+      },
+    )
+    return signal === undefined ? done : abortable(done, signal)
   }
 
   /** Counts since the store was made: claims, leads, takeovers, replays, remoteWaits, leasesLost. */

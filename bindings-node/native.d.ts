@@ -53,8 +53,10 @@ export declare class NativeRedisStore {
    */
   begin(key: string, fingerprint: string, wait: boolean): [Promise<[number, unknown?]>, number]
   /**
-   * Stops task `id` (a caller that stopped waiting): a claim it won is released. Its
-   * Promise resolves to `[3]`, which the caller no longer reads.
+   * Stops task `id` (a caller that stopped waiting): a claim it won (its answer in
+   * or still on its way) is released. Its Promise resolves to `[3]`, which the caller
+   * no longer reads. A task already settled is not found: a lease it handed out is
+   * given back with `abandon`.
    */
   cancel(id: number): void
   /**
@@ -67,7 +69,7 @@ export declare class NativeRedisStore {
   /** Releases the claim and gives `error` to this process's waiters (never stored). */
   fail(lease: unknown, error: unknown): Promise<void>
   /**
-   * Gives up the claim without a result (the leader was aborted): released at once,
+   * Gives up the claim without a result (a lead no one will use): released at once,
    * a waiter takes over. A settled lease is left alone.
    */
   abandon(lease: unknown): void
@@ -115,7 +117,7 @@ export declare class NativeStore {
    */
   fail(lease: unknown, error: unknown, code: number): void
   /**
-   * Gives up the claim without a result (the leader was aborted): the entry is removed
+   * Gives up the claim without a result (a lead no one will use): the entry is removed
    * and one waiter takes over. A settled lease is left alone.
    */
   abandon(lease: unknown): void
@@ -352,6 +354,12 @@ export interface RedisStoreCounters {
   /** Leaders that found their lease taken over when completing. */
   leasesLost: number
 }
+
+/**
+ * The error of a call made by the action that holds its key (`kind: 'reentrant'`, with
+ * `key`): the core's `Error::Reentrant`, for both stores.
+ */
+export declare function reentrantError(key: string): Error
 
 /** Options of `new RetryBudget(options)`. */
 export interface RetryBudgetOptions {

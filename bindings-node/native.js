@@ -857,5 +857,6 @@ module.exports.parsePushbackMs = nativeBinding.parsePushbackMs
 module.exports.parseRetryAfter = nativeBinding.parseRetryAfter
 module.exports.protocolHeaders = nativeBinding.protocolHeaders
 module.exports.protocolHttpStatus = nativeBinding.protocolHttpStatus
+module.exports.reentrantError = nativeBinding.reentrantError
 module.exports.scope = nativeBinding.scope
 module.exports.validateKey = nativeBinding.validateKey

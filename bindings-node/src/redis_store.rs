@@ -442,7 +442,7 @@ impl Inner {
 }
 
 /// The JavaScript error of `e`, as a value (thrown, then caught).
-fn thrown(env: sys::napi_env, e: &oncely::Error) -> sys::napi_value {
+pub(crate) fn thrown(env: sys::napi_env, e: &oncely::Error) -> sys::napi_value {
     let _ = core_error(env, e);
     let mut v = ptr::null_mut();
     // SAFETY: on the JS thread; `core_error` left the error pending.
@@ -702,15 +702,24 @@ impl NativeRedisStore {
         }
     }
 
-    /// Stops task `id` (a caller that stopped waiting): a claim it won is released. Its
-    /// Promise resolves to `[3]`, which the caller no longer reads.
+    /// Stops task `id` (a caller that stopped waiting): a claim it won (its answer in
+    /// or still on its way) is released. Its Promise resolves to `[3]`, which the caller
+    /// no longer reads. A task already settled is not found: a lease it handed out is
+    /// given back with `abandon`.
     #[napi]
     pub fn cancel(&self, env: &Env, id: u32) {
         let raw = env.raw();
         let task = self.inner.tasks.borrow_mut().remove(&id);
-        if let Some(task) = task {
+        if let Some(mut task) = task {
             let deferred = task.deferred;
-            self.inner.settling(raw, move || drop(task.fut));
+            let waker = self.inner.hub.waker(id);
+            self.inner.settling(raw, move || {
+                // An answer that arrived but was not polled yet is taken now: a claim it
+                // won is dropped here, which releases it, instead of expiring a lease later.
+                let mut cx = Context::from_waker(&waker);
+                drop(task.fut.as_mut().poll(&mut cx));
+                drop(task.fut);
+            });
             self.inner.settle(raw, deferred, Out::Abandoned);
             self.inner.update_ref(raw);
         }
@@ -787,7 +796,7 @@ impl NativeRedisStore {
         Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
     }
 
-    /// Gives up the claim without a result (the leader was aborted): released at once,
+    /// Gives up the claim without a result (a lead no one will use): released at once,
     /// a waiter takes over. A settled lease is left alone.
     #[napi(ts_args_type = "lease: unknown")]
     pub fn abandon(&self, env: &Env, lease: Unknown<'_>) -> Result<()> {

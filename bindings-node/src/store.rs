@@ -604,7 +604,7 @@ impl NativeStore {
         Ok(())
     }
 
-    /// Gives up the claim without a result (the leader was aborted): the entry is removed
+    /// Gives up the claim without a result (a lead no one will use): the entry is removed
     /// and one waiter takes over. A settled lease is left alone.
     #[napi(ts_args_type = "lease: unknown")]
     pub fn abandon(&self, env: &Env, lease: Unknown<'_>) -> Result<()> {
@@ -663,6 +663,16 @@ impl NativeStore {
         .or_throw(raw)?;
         Ok(self.inner.store.remove(&key))
     }
+}
+
+/// The error of a call made by the action that holds its key (`kind: 'reentrant'`, with
+/// `key`): the core's `Error::Reentrant`, for both stores.
+#[napi(ts_args_type = "key: string", ts_return_type = "Error")]
+pub fn reentrant_error(env: &Env, key: String) -> Unknown<'_> {
+    let raw = env.raw();
+    let e = crate::redis_store::thrown(raw, &oncely::Error::Reentrant { key });
+    // SAFETY: a live value of this call.
+    unsafe { Unknown::from_raw_unchecked(raw, e) }
 }
 
 impl Inner {

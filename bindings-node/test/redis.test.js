@@ -269,7 +269,7 @@ test('wait: false on a running call is ABORTED with retryAfterMs', needsRedis, a
   assert.deepEqual(await waiter, { value: 'done', replayed: true, source: 'joined' })
 })
 
-test('an aborted leader releases its claim: a waiter of another instance takes over', needsRedis, async () => {
+test('an aborted leader whose action stops on its signal releases the claim: a waiter of another instance takes over', needsRedis, async () => {
   const s = store()
   const other = new RedisStore({ url: URL, prefix: s.prefix })
   const k = key()
@@ -278,9 +278,9 @@ test('an aborted leader releases its claim: a waiter of another instance takes o
   const leader = s.execute(
     k,
     fp,
-    async () => {
+    ({ signal }) => {
       started.resolve()
-      await new Promise(() => {})
+      return new Promise((resolve, reject) => signal.addEventListener('abort', () => reject(signal.reason), { once: true }))
     },
     { signal: ac.signal },
   )

@@ -187,27 +187,35 @@ test('an error passes through unchanged: non-Error values too', async () => {
   )
 })
 
-test('a leader aborted by its signal lets a waiter take over', async () => {
+test('an aborted leader stops waiting; its action keeps the key, and a cooperative one stops when every caller has gone', async () => {
   const store = new IdempotencyStore()
   const k = key()
   const ac = new AbortController()
-  let leaderSignal
+  let actionSignal
   const leader = store.execute(
     k,
     fp,
-    () =>
-      new Promise(() => {
-        leaderSignal = ac.signal
+    ({ signal }) =>
+      new Promise((resolve, reject) => {
+        actionSignal = signal
+        signal.addEventListener('abort', () => reject(signal.reason), { once: true })
       }),
     { signal: ac.signal },
   )
-  const waiter = store.execute(k, fp, async () => 'taken over')
+  const waiterAc = new AbortController()
+  const waiter = store.execute(k, fp, async () => 'never', { signal: waiterAc.signal })
   await tick()
   ac.abort(new Error('client went away'))
   await assert.rejects(leader, { message: 'client went away' })
-  const w = await waiter
-  assert.deepEqual(w, { value: 'taken over', replayed: false, source: 'led' })
-  assert.equal(leaderSignal, ac.signal)
+  assert.equal(actionSignal.aborted, false, 'a waiter is still there')
+  assert.equal(store.counters().leads, 1, 'the waiter did not start a second copy')
+  waiterAc.abort()
+  await assert.rejects(waiter, { name: 'AbortError' })
+  assert.equal(actionSignal.aborted, true)
+  // The action rejected with its signal's reason: the key is free again.
+  await tick()
+  const next = await store.execute(k, fp, async () => 'next')
+  assert.deepEqual(next, { value: 'next', replayed: false, source: 'led' })
   assert.equal(store.counters().leads, 2)
 })
 

@@ -12,6 +12,7 @@ import {
   RedisStore,
   RedisStoreCounters,
   RedisStoreOptions,
+  ActionInfo,
   RetryBudget,
   RetryErrorInfo,
   RetryPolicy,
@@ -120,6 +121,11 @@ async function redisUsage(scoped: ScopedKey): Promise<void> {
   const redis = new RedisStore(options)
   const { value, replayed, source } = await redis.execute(scoped, fingerprint({ a: 1 }), async () => ({ id: 'x' }), { wait: false })
   const bytes = await redis.execute(scoped, 'fp', () => Buffer.from('hi'))
+  // The action's own signal: aborted once every caller has gone.
+  const info = (i: ActionInfo): AbortSignal => i.signal
+  const stopped = await redis.execute(scoped, 'fp', async ({ signal }) => (await fetch('http://127.0.0.1/', { signal })).status)
+  const status: number = stopped.value
+  console.log(info, status)
   const counters: RedisStoreCounters = redis.counters()
   const data: Buffer = encodeResult(value)
   console.log(value.id, replayed, source, bytes.value.length, counters.claims, counters.remoteWaits, decodeResult(data))
