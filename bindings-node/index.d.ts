@@ -324,7 +324,11 @@ export interface RedisStoreOptions {
   prefix?: string
   /** Connecting to Redis (default 1000). */
   connectTimeoutMs?: number
-  /** Each Redis command (default 1000). */
+  /**
+   * Each Redis call, from the moment it is made (queue wait, connect and reply): one not
+   * started in time fails `UNAVAILABLE` unsent. Default min(1000, leaseMs / 3); at most
+   * leaseMs / 3, so a lease is renewed before it can lapse.
+   */
   ioTimeoutMs?: number
   /** Connections/threads talking to Redis (default 4). */
   workers?: number

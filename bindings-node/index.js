@@ -923,7 +923,7 @@ class RedisStore {
 
   /**
    * `{ url, leaseMs = 30_000, ttlMs = 86_400_000, prefix = 'oncely', connectTimeoutMs = 1000,
-   * ioTimeoutMs = 1000, workers = 4, inProgressRetryAfterMs = 1000, encode, decode }`
+   * ioTimeoutMs = min(1000, leaseMs / 3), workers = 4, inProgressRetryAfterMs = 1000, encode, decode }`
    */
   constructor(options) {
     if (options === null || typeof options !== 'object') throw mustBe('an object with a url', 'options', options)

@@ -181,7 +181,8 @@ class RedisStore(_RedisStore):
 
     ``RedisStore(url, lease=30.0, ttl=86400.0, *, prefix="oncely", connect_timeout=1.0,
     io_timeout=1.0, workers=4, in_progress_retry_after=1.0, dumps=None, loads=None)``:
-    ``url`` is
+    ``io_timeout`` bounds each Redis call from the moment it is made (default
+    min(1 s, lease/3), at most lease/3); ``url`` is
     ``redis://[user:password@]host:port/db``; ``lease`` is how long a claim lasts
     without renewal (renewed every lease/3 while ``fn`` runs; a crashed leader's key is
     taken over after it); ``ttl`` keeps completed results. Durations are seconds or
