@@ -64,6 +64,9 @@ pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 pub const DEFAULT_METHODS: &[&str] = &["POST", "PATCH"];
 /// The largest response body stored by default: 1 MiB.
 pub const DEFAULT_BODY_CAP: usize = 1 << 20;
+/// The largest request body a covered request may have by default (it is read whole to
+/// fingerprint it): 1 MiB. Larger ones get [`Problem::request_too_large`].
+pub const DEFAULT_REQUEST_CAP: usize = 1 << 20;
 /// The response headers stored by default (those that describe the body).
 pub const DEFAULT_STORED_HEADERS: &[&str] =
     &["content-type", "content-encoding", "location", "etag"];
@@ -562,6 +565,33 @@ impl Problem {
             detail,
             code: error.code(),
             retry_after,
+        }
+    }
+
+    /// A covered request whose body is over the adapter's request cap (413): it cannot be
+    /// fingerprinted, so it is refused before the handler runs.
+    pub fn request_too_large(cap: usize) -> Self {
+        Problem {
+            status: 413,
+            type_uri: "urn:oncely:problem:request-too-large",
+            title: "The request body is too large",
+            detail: format!(
+                "a request with an Idempotency-Key may have a body of at most {cap} bytes"
+            ),
+            code: Code::from_http(413),
+            retry_after: None,
+        }
+    }
+
+    /// A covered request whose body could not be read (400); the handler did not run.
+    pub fn request_body_unreadable(detail: impl fmt::Display) -> Self {
+        Problem {
+            status: 400,
+            type_uri: "urn:oncely:problem:body-unreadable",
+            title: "The request body could not be read",
+            detail: format!("the request body could not be read: {detail}"),
+            code: Code::InvalidArgument,
+            retry_after: None,
         }
     }
 
