@@ -40,6 +40,11 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+/// The README's example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod body;
 mod layer;
 mod store;
