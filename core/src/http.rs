@@ -55,6 +55,9 @@ pub const KEY_HEADER: &str = "idempotency-key";
 /// The gRPC metadata key carrying the idempotency key.
 pub const GRPC_KEY_METADATA: &str = headers::GRPC_IDEMPOTENCY_KEY;
 /// The header (gRPC: trailing metadata) marking a replayed response.
+///
+/// gRPC answers carry it in their trailers, or in their headers when the answer is
+/// trailers-only.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// The value of [`REPLAYED_HEADER`].
 pub const REPLAYED_VALUE: &str = "true";
@@ -100,6 +103,7 @@ pub struct ServerConfig {
     wait: bool,
     body_cap: usize,
     stored_headers: Vec<String>,
+    grpc_methods: Option<Vec<String>>,
 }
 
 impl Default for ServerConfig {
@@ -121,6 +125,7 @@ impl ServerConfig {
                 .iter()
                 .map(|h| (*h).to_owned())
                 .collect(),
+            grpc_methods: None,
         }
     }
 
@@ -190,9 +195,51 @@ impl ServerConfig {
         Ok(self)
     }
 
+    /// The covered gRPC methods, by full name (`/pkg.Service/Method`). By default every
+    /// gRPC call is covered when POST is (gRPC calls are POSTs).
+    pub fn grpc_methods<I, S>(mut self, methods: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut out = Vec::new();
+        for m in methods {
+            let m = m.as_ref();
+            if !m.starts_with('/') || m.len() < 2 {
+                return Err(Error::invalid(
+                    "grpc_methods",
+                    format!("{m:?} is not a full gRPC method name such as \"/pkg.Orders/Create\""),
+                ));
+            }
+            out.push(m.to_owned());
+        }
+        self.grpc_methods = Some(out);
+        Ok(self)
+    }
+
     /// Whether requests with this method go through the dedup store.
     pub fn covers(&self, method: &str) -> bool {
         self.methods.iter().any(|m| m == method)
+    }
+
+    /// Whether the gRPC call `full_method` (`/pkg.Service/Method`) goes through the
+    /// dedup store: POST is covered, and the method is listed (when a list is set).
+    pub fn covers_grpc(&self, full_method: &str) -> bool {
+        self.covers("POST")
+            && self
+                .grpc_methods
+                .as_ref()
+                .is_none_or(|list| list.iter().any(|m| m == full_method))
+    }
+
+    /// Whether the response header (or, for a trailers-only gRPC answer, the status
+    /// metadata) `name` is stored with a gRPC response: the HTTP list plus
+    /// `grpc-encoding`, `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
+    pub fn stores_grpc_header(&self, name: &str) -> bool {
+        GRPC_STORED_HEADERS
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(name))
+            || self.stores_header(name)
     }
 
     /// Whether a missing key is refused (see [`ServerConfig::required`]).
@@ -234,7 +281,22 @@ impl ServerConfig {
     /// required, else pass through; more than one value, or one that is not a valid
     /// key (SPEC §5) → 400.
     pub fn read_key(&self, method: &str, key_values: &[&[u8]]) -> Result<KeyDecision, Problem> {
-        if !self.covers(method) {
+        self.read(self.covers(method), key_values)
+    }
+
+    /// [`read_key`](Self::read_key) for the gRPC call `full_method`, covered by
+    /// [`covers_grpc`](Self::covers_grpc), with the `x-idempotency-key` values. The
+    /// problems' [`Problem::grpc_metadata`] is the gRPC answer.
+    pub fn read_grpc_key(
+        &self,
+        full_method: &str,
+        key_values: &[&[u8]],
+    ) -> Result<KeyDecision, Problem> {
+        self.read(self.covers_grpc(full_method), key_values)
+    }
+
+    fn read(&self, covered: bool, key_values: &[&[u8]]) -> Result<KeyDecision, Problem> {
+        if !covered {
             return Ok(KeyDecision::PassThrough);
         }
         let value = match key_values {
@@ -265,6 +327,15 @@ impl ServerConfig {
             .map_err(|e| Problem::from_error(&e))
     }
 }
+
+/// The gRPC response metadata stored besides the HTTP list.
+const GRPC_STORED_HEADERS: &[&str] = &[
+    "content-type",
+    "grpc-encoding",
+    "grpc-status",
+    "grpc-message",
+    "grpc-status-details-bin",
+];
 
 /// RFC 9110 `tchar`: the characters of a token (method, header name).
 fn is_tchar(b: u8) -> bool {
@@ -346,6 +417,45 @@ pub fn request_fingerprint(
     buf.extend_from_slice(&(body.len() as u64).to_be_bytes());
     buf.extend_from_slice(body);
     fingerprint_bytes(&buf)
+}
+
+/// Whether `content_type` is gRPC: `application/grpc`, `application/grpc+<codec>` or
+/// either with parameters, case ignored.
+pub fn is_grpc(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/grpc" || essence.starts_with("application/grpc+")
+}
+
+/// Whether a gRPC answer with this `grpc-status` value is stored, as HTTP stores 2xx
+/// and the 4xx that are final: OK, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS,
+/// PERMISSION_DENIED, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED. Never the
+/// codes that say "try again" or a server fault (CANCELLED, UNKNOWN, DEADLINE_EXCEEDED,
+/// RESOURCE_EXHAUSTED, ABORTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS), nor
+/// a value that is not a code.
+pub fn storable_grpc_status(value: &[u8]) -> bool {
+    let code = std::str::from_utf8(value)
+        .ok()
+        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse::<i32>().ok())
+        .and_then(Code::from_i32);
+    matches!(
+        code,
+        Some(
+            Code::Ok
+                | Code::InvalidArgument
+                | Code::NotFound
+                | Code::AlreadyExists
+                | Code::PermissionDenied
+                | Code::FailedPrecondition
+                | Code::OutOfRange
+                | Code::Unauthenticated
+        )
+    )
 }
 
 /// Whether a response with this status is stored: 2xx, and 4xx except 408, 409, 425
@@ -613,6 +723,20 @@ impl Problem {
         h
     }
 
+    /// The gRPC answer (trailers-only metadata): `grpc-status` (the code's number),
+    /// `grpc-message` (`detail`, percent-encoded as gRPC requires) and, when there is a
+    /// delay, `grpc-retry-pushback-ms`.
+    pub fn grpc_metadata(&self) -> Vec<(&'static str, String)> {
+        let mut m = vec![
+            ("grpc-status", (self.code as u8).to_string()),
+            ("grpc-message", grpc_percent_encode(&self.detail)),
+        ];
+        if let Some(d) = self.retry_after {
+            m.push(("grpc-retry-pushback-ms", d.as_millis().to_string()));
+        }
+        m
+    }
+
     /// The body: canonical JSON of `type`, `title`, `status`, `detail` and `code` (the
     /// gRPC code name).
     pub fn body(&self) -> Vec<u8> {
@@ -631,4 +755,17 @@ impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}: {}", self.status, self.title, self.detail)
     }
+}
+
+/// gRPC's `grpc-message` encoding: bytes outside printable ASCII, and `%`, as `%XX`.
+fn grpc_percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for &b in text.as_bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

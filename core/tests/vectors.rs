@@ -801,6 +801,48 @@ fn http_server() {
                 r.check(i, case, "body", &body, &want);
                 r.check(i, case, "type in body", &body["type"], field(case, "type"));
             }
+            "covers_grpc" => {
+                let mut config = ServerConfig::new();
+                if let Some(m) = strings_of(field(case, "methods")) {
+                    config = config.methods(m).unwrap();
+                }
+                if let Some(m) = strings_of(field(case, "grpc_methods")) {
+                    config = config.grpc_methods(m).unwrap();
+                }
+                let got = config.covers_grpc(str_of(case, "full_method"));
+                r.check(i, case, "covered", &json!(got), field(case, "covered"));
+            }
+            "grpc_status" => {
+                let got = http::storable_grpc_status(str_of(case, "value").as_bytes());
+                r.check(i, case, "storable", &json!(got), field(case, "storable"));
+            }
+            "grpc_problem" => {
+                let p = http::Problem::from_error(&error_of(field(case, "error")));
+                let m = p.grpc_metadata();
+                let get = |name: &str| {
+                    m.iter()
+                        .find(|(n, _)| *n == name)
+                        .map_or(Value::Null, |(_, v)| json!(v))
+                };
+                r.check(
+                    i,
+                    case,
+                    "grpc-status",
+                    &get("grpc-status"),
+                    field(case, "grpc_status"),
+                );
+                r.check(
+                    i,
+                    case,
+                    "grpc-retry-pushback-ms",
+                    &get("grpc-retry-pushback-ms"),
+                    field(case, "grpc_retry_pushback_ms"),
+                );
+            }
+            "is_grpc" => {
+                let got = http::is_grpc(str_of(case, "content_type"));
+                r.check(i, case, "grpc", &json!(got), field(case, "grpc"));
+            }
             // Run against a real server by the adapters' suites.
             "sequence" => r.checks += 1,
             other => r.fail(i, case, &format!("unknown op {other:?}")),

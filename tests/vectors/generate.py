@@ -1070,6 +1070,32 @@ def http_server_cases():
         c.append({"op": "problem", "error": error, "status": status, "type": PROBLEM + slug,
                   "code": code, "headers": headers})
 
+    # gRPC: calls are POSTs; covered when POST is, and listed when a list is set.
+    for methods, grpc_methods, full, covered in [
+            (None, None, "/shop.Orders/Create", True),
+            (["PUT"], None, "/shop.Orders/Create", False),
+            (None, ["/shop.Orders/Create"], "/shop.Orders/Create", True),
+            (None, ["/shop.Orders/Create"], "/shop.Orders/Get", False)]:
+        c.append({"op": "covers_grpc", "methods": methods, "grpc_methods": grpc_methods,
+                  "full_method": full, "covered": covered})
+    grpc_stored = {0, 3, 5, 6, 7, 9, 11, 16}
+    for value in [str(n) for n in range(17)] + ["17", "", "abc", "-1", " 0", "00"]:
+        ok = value.isdigit() and value.isascii() and int(value) in grpc_stored
+        c.append({"op": "grpc_status", "value": value, "storable": ok})
+    for error, status, pushback in [
+        ({"kind": "missing_key"}, "3", None),
+        ({"kind": "invalid_argument", "field": "idempotency_key"}, "3", None),
+        ({"kind": "fingerprint_mismatch"}, "9", None),
+        ({"kind": "in_progress", "retry_after_ms": 1500}, "10", "1500"),
+        ({"kind": "unavailable"}, "14", "1000"),
+    ]:
+        c.append({"op": "grpc_problem", "error": error, "grpc_status": status,
+                  "grpc_retry_pushback_ms": pushback})
+    for ct, grpc in [("application/grpc", True), ("application/grpc+proto", True),
+                     ("Application/GRPC; charset=x", True), ("application/grpc-web", False),
+                     ("application/json", False)]:
+        c.append({"op": "is_grpc", "content_type": ct, "grpc": grpc})
+
     # --- request sequences, run against a real server by every adapter ---
     # The test server (see README.md): POST|PATCH|PUT|GET /orders, /orders/{id} and
     # /payments; the handler counts its calls and answers per the request's `respond`.

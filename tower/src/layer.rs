@@ -16,7 +16,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Status
 use http_body::{Body as HttpBody, Frame};
 use oncely::http::{
     self as contract, KeyDecision, Problem, ServerConfig, StoredResponse, DEFAULT_REQUEST_CAP,
-    DEFAULT_TENANT, KEY_HEADER, REPLAYED_HEADER, REPLAYED_VALUE,
+    DEFAULT_TENANT, GRPC_KEY_METADATA, KEY_HEADER, REPLAYED_HEADER, REPLAYED_VALUE,
 };
 use oncely::{panic_message, Begin, Error, ExecuteOptions, Joined, ScopedKey};
 use tower_layer::Layer;
@@ -130,6 +130,23 @@ impl<S: Store> IdempotencyLayer<S> {
             .contract
             .methods(methods.iter().map(Method::as_str))
             .expect("an http::Method is a valid token");
+        self
+    }
+
+    /// The covered gRPC calls, by full method name (`/pkg.Orders/Create`); by default
+    /// every gRPC call is covered (gRPC calls are POSTs). Panics on a name that does
+    /// not start with `/`.
+    pub fn grpc_methods<I>(mut self, methods: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        self.settings.contract = self
+            .settings
+            .contract
+            .clone()
+            .grpc_methods(methods)
+            .unwrap_or_else(|e| panic!("{e}"));
         self
     }
 
@@ -323,14 +340,23 @@ where
     RB::Error: Send + 'static,
 {
     let (parts, body) = req.into_parts();
+    let grpc = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(contract::is_grpc);
     let decision = {
         let values: Vec<&[u8]> = parts
             .headers
-            .get_all(KEY_HEADER)
+            .get_all(if grpc { GRPC_KEY_METADATA } else { KEY_HEADER })
             .iter()
             .map(HeaderValue::as_bytes)
             .collect();
-        s.contract.read_key(parts.method.as_str(), &values)
+        if grpc {
+            s.contract.read_grpc_key(parts.uri.path(), &values)
+        } else {
+            s.contract.read_key(parts.method.as_str(), &values)
+        }
     };
     let key = match decision {
         Ok(KeyDecision::Dedup(key)) => key,
@@ -341,19 +367,20 @@ where
                 .await?;
             return Ok(resp.map(Body::wrap));
         }
-        Err(problem) => return Ok(refuse(&s, &problem)),
+        Err(problem) => return Ok(refuse(&s, grpc, &problem)),
     };
     let body = match collect(body, s.request_cap).await {
         Collected::Whole { data, .. } => data,
         Collected::Over { .. } => {
-            return Ok(refuse(&s, &Problem::request_too_large(s.request_cap)))
+            return Ok(refuse(&s, grpc, &Problem::request_too_large(s.request_cap)))
         }
         Collected::Failed { error, .. } => {
-            return Ok(refuse(&s, &Problem::request_body_unreadable(error)))
+            return Ok(refuse(&s, grpc, &Problem::request_body_unreadable(error)))
         }
     };
     let tenant = s.tenant.as_ref().map(|f| f(&parts));
-    let route = s.route.as_ref().and_then(|f| f(&parts));
+    // A gRPC call's route is its full method name, its path.
+    let route = s.route.as_ref().filter(|_| !grpc).and_then(|f| f(&parts));
     let scoped = match contract::scope(
         tenant.as_deref().unwrap_or(DEFAULT_TENANT),
         parts.method.as_str(),
@@ -361,7 +388,7 @@ where
         &key,
     ) {
         Ok(k) => k,
-        Err(e) => return Ok(refuse(&s, &Problem::from_error(&e))),
+        Err(e) => return Ok(refuse(&s, grpc, &Problem::from_error(&e))),
     };
     let fingerprint = match &s.fingerprint {
         Some(f) => f(&parts, &body),
@@ -387,20 +414,24 @@ where
     // the handler's return while an unstored body is still being sent.
     let lease = loop {
         match s.store.begin(&scoped, &fingerprint, options).await {
-            Err(e) => return Ok(refuse(&s, &Problem::from_error(&e))),
+            Err(e) => return Ok(refuse(&s, grpc, &Problem::from_error(&e))),
             Ok(Begin::Lead(lease)) => break lease,
-            Ok(Begin::Replay(Ok(record))) => return Ok(replay_bytes(&s, &parts, &scoped, &record)),
+            Ok(Begin::Replay(Ok(record))) => {
+                return Ok(replay_bytes(&s, grpc, &parts, &scoped, &record))
+            }
             Ok(Begin::Replay(Err(unstored))) => {
-                return Ok(replay(&s, &parts, &scoped, &unstored.response))
+                return Ok(replay(&s, grpc, &parts, &scoped, &unstored.response))
             }
             Ok(Begin::Join(join)) => match join.await {
-                Joined::Value(record) => return Ok(replay_bytes(&s, &parts, &scoped, &record)),
+                Joined::Value(record) => {
+                    return Ok(replay_bytes(&s, grpc, &parts, &scoped, &record))
+                }
                 Joined::Failed(unstored) => {
-                    return Ok(replay(&s, &parts, &scoped, &unstored.response))
+                    return Ok(replay(&s, grpc, &parts, &scoped, &unstored.response))
                 }
                 Joined::Panicked(message) => {
                     let e = Error::LeaderPanicked(message.to_string());
-                    return Ok(refuse(&s, &Problem::from_error(&e)));
+                    return Ok(refuse(&s, grpc, &Problem::from_error(&e)));
                 }
                 // The leader went away before answering: begin again (one of us leads).
                 Joined::Abandoned => continue,
@@ -434,7 +465,13 @@ where
                 headers: head
                     .headers
                     .iter()
-                    .filter(|(name, _)| s.contract.stores_header(name.as_str()))
+                    .filter(|(name, _)| {
+                        if grpc {
+                            s.contract.stores_grpc_header(name.as_str())
+                        } else {
+                            s.contract.stores_header(name.as_str())
+                        }
+                    })
                     .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
                     .collect(),
                 body: data.to_vec(),
@@ -444,9 +481,21 @@ where
                     .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
                     .collect(),
             };
-            if contract::storable_status(record.status) {
+            let storable = if grpc {
+                // The outcome is the grpc-status trailer (in the headers when the
+                // answer is trailers-only).
+                let status = trailers
+                    .as_ref()
+                    .and_then(|t| t.get("grpc-status"))
+                    .or_else(|| head.headers.get("grpc-status"));
+                record.status == 200
+                    && status.is_some_and(|v| contract::storable_grpc_status(v.as_bytes()))
+            } else {
+                contract::storable_status(record.status)
+            };
+            if storable {
                 if let Err(e) = S::complete(lease, record.encode()).await {
-                    return Ok(refuse(&s, &Problem::from_error(&e)));
+                    return Ok(refuse(&s, grpc, &Problem::from_error(&e)));
                 }
                 bump(&s.counters.stored);
             } else {
@@ -576,8 +625,20 @@ async fn collect<B: HttpBody>(body: B, cap: usize) -> Collected<B> {
     Collected::Whole { data, trailers }
 }
 
-fn refuse<S, RB>(s: &Settings<S>, problem: &Problem) -> Response<Body<RB>> {
+fn refuse<S, RB>(s: &Settings<S>, grpc: bool, problem: &Problem) -> Response<Body<RB>> {
     bump(&s.counters.refused);
+    if grpc {
+        // A trailers-only gRPC answer: the status is in the headers.
+        let mut resp = Response::new(Body::empty());
+        let h = resp.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        for (name, value) in problem.grpc_metadata() {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                h.insert(name, v);
+            }
+        }
+        return resp;
+    }
     let mut resp = Response::new(Body::full(problem.body()));
     *resp.status_mut() =
         StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -591,18 +652,20 @@ fn refuse<S, RB>(s: &Settings<S>, problem: &Problem) -> Response<Body<RB>> {
 
 fn replay_bytes<S, RB>(
     s: &Settings<S>,
+    grpc: bool,
     parts: &Parts,
     key: &ScopedKey,
     record: &[u8],
 ) -> Response<Body<RB>> {
     match StoredResponse::decode(record) {
-        Ok(r) => replay(s, parts, key, &r),
-        Err(e) => refuse(s, &Problem::from_error(&e)),
+        Ok(r) => replay(s, grpc, parts, key, &r),
+        Err(e) => refuse(s, grpc, &Problem::from_error(&e)),
     }
 }
 
 fn replay<S, RB>(
     s: &Settings<S>,
+    grpc: bool,
     parts: &Parts,
     key: &ScopedKey,
     record: &StoredResponse,
@@ -612,9 +675,17 @@ fn replay<S, RB>(
             "the stored response has the status {}, which is not an HTTP status",
             record.status
         ));
-        return refuse(s, &Problem::from_error(&e));
+        return refuse(s, grpc, &Problem::from_error(&e));
     };
-    let trailers = (!record.trailers.is_empty()).then(|| header_map(&record.trailers));
+    let trailers = (!record.trailers.is_empty()).then(|| {
+        let mut t = header_map(&record.trailers);
+        // gRPC clients read the marker as trailing metadata.
+        t.insert(
+            HeaderName::from_static(REPLAYED_HEADER),
+            HeaderValue::from_static(REPLAYED_VALUE),
+        );
+        t
+    });
     let mut resp = Response::new(Body::full_with_trailers(
         Bytes::copy_from_slice(&record.body),
         trailers,
