@@ -18,6 +18,9 @@
 //! - 5xx and over-cap responses are sent but not stored: the key is released once the
 //!   response has been sent, so a retry runs the handler again.
 //!
+//! On the client side, [`RetryLayer`] retries calls by SPEC §4 and sends one
+//! idempotency key with every attempt of a logical call.
+//!
 //! The store is a [`Store`]: [`oncely::MemoryStore`] for one process, or (feature
 //! `redis`) `oncely_redis::RedisStore` for a fleet. No async runtime is needed.
 //!
@@ -47,8 +50,10 @@ struct ReadmeDoctests;
 
 mod body;
 mod layer;
+mod retry;
 mod store;
 
 pub use body::Body;
 pub use layer::{Counters, Idempotency, IdempotencyLayer};
+pub use retry::{RetryLayer, Retrying};
 pub use store::{BoxFuture, Store, StoreBegin, Unstored};
