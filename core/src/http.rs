@@ -48,7 +48,9 @@ use std::time::Duration;
 
 use crate::code::Code;
 use crate::error::Error;
-use crate::key::{canonical_json, fingerprint_bytes, headers, IdempotencyKey, ScopedKey};
+use sha2::{Digest, Sha256};
+
+use crate::key::{canonical_json, headers, IdempotencyKey, ScopedKey};
 
 /// The HTTP header carrying the idempotency key (lower-case, as HTTP/2 sends it).
 pub const KEY_HEADER: &str = "idempotency-key";
@@ -407,16 +409,26 @@ pub fn request_fingerprint(
         Some(c) => (b'j', c.as_slice()),
         None => (b'b', body),
     };
-    let mut buf = Vec::with_capacity(14 + 24 + method.len() + target.len() + 1 + body.len());
-    buf.extend_from_slice(b"oncely-http-v1");
+    let mut h = Sha256::new();
+    h.update(b"oncely-http-v1");
     for part in [method.as_bytes(), target.as_bytes()] {
-        buf.extend_from_slice(&(part.len() as u64).to_be_bytes());
-        buf.extend_from_slice(part);
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
     }
-    buf.push(kind);
-    buf.extend_from_slice(&(body.len() as u64).to_be_bytes());
-    buf.extend_from_slice(body);
-    fingerprint_bytes(&buf)
+    h.update([kind]);
+    h.update((body.len() as u64).to_be_bytes());
+    h.update(body);
+    hex_lower(&h.finalize())
+}
+
+fn hex_lower(digest: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(digest.len() * 2);
+    for b in digest {
+        s.push(HEX[usize::from(b >> 4)] as char);
+        s.push(HEX[usize::from(b & 15)] as char);
+    }
+    s
 }
 
 /// Whether `content_type` is gRPC: `application/grpc`, `application/grpc+<codec>` or

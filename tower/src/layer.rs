@@ -346,16 +346,20 @@ where
         .and_then(|v| v.to_str().ok())
         .is_some_and(contract::is_grpc);
     let decision = {
-        let values: Vec<&[u8]> = parts
+        // The first two values are enough to tell none, one and "more than one".
+        let mut all = parts
             .headers
             .get_all(if grpc { GRPC_KEY_METADATA } else { KEY_HEADER })
             .iter()
-            .map(HeaderValue::as_bytes)
-            .collect();
+            .map(HeaderValue::as_bytes);
+        let pair = [all.next(), all.next()];
+        let n = pair.iter().flatten().count();
+        let pair = pair.map(|v| v.unwrap_or_default());
+        let values = &pair[..n];
         if grpc {
-            s.contract.read_grpc_key(parts.uri.path(), &values)
+            s.contract.read_grpc_key(parts.uri.path(), values)
         } else {
-            s.contract.read_key(parts.method.as_str(), &values)
+            s.contract.read_key(parts.method.as_str(), values)
         }
     };
     let key = match decision {
@@ -369,7 +373,7 @@ where
         }
         Err(problem) => return Ok(refuse(&s, grpc, &problem)),
     };
-    let body = match collect(body, s.request_cap).await {
+    let body = match Box::pin(collect(body, s.request_cap)).await {
         Collected::Whole { data, .. } => data,
         Collected::Over { .. } => {
             return Ok(refuse(&s, grpc, &Problem::request_too_large(s.request_cap)))
@@ -438,6 +442,25 @@ where
             },
         }
     };
+    // The lead path in a box of its own keeps this future small for replays.
+    Box::pin(lead(s, grpc, inner, parts, body, lease)).await
+}
+
+/// Runs the handler under the lease and stores (or not) its response.
+async fn lead<Svc, S, B, RB>(
+    s: Arc<Settings<S>>,
+    grpc: bool,
+    mut inner: Svc,
+    parts: Parts,
+    body: Bytes,
+    lease: S::Lease,
+) -> Result<Response<Body<RB>>, Svc::Error>
+where
+    Svc: Service<Request<Body<B>>, Response = Response<RB>>,
+    S: Store,
+    RB: HttpBody,
+    RB::Error: Send + 'static,
+{
     bump(&s.counters.led);
     let cap = s.contract.cap();
     let request = Request::from_parts(parts, Body::full(body));
