@@ -238,3 +238,144 @@ async fn a_request_whose_client_went_away_is_not_stored() {
         (201, false, &br#"{"call":2}"#[..])
     );
 }
+
+/// A handler that panics wakes its waiters with a 500 problem (they do not run it
+/// again), and the key is released for a later retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panicking_handler_answers_its_waiters_with_500_and_releases_the_key() {
+    let (addr, calls) = common::start(memory()).await;
+    let client = common::client();
+    let key = ("idempotency-key", "order-panic");
+    let leader = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let req = http::Request::post(format!("http://{addr}/orders"))
+                .header(key.0, key.1)
+                .header("x-respond", r#"{"delay_ms":300,"panic":true}"#)
+                .body(http_body_util::Full::new(Bytes::from_static(b"x")))
+                .unwrap();
+            client.request(req).await.map(|r| r.status().as_u16())
+        })
+    };
+    while calls.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiters: Vec<_> = (0..5)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { send(&client, addr, "POST", "/orders", &[key], b"x").await })
+        })
+        .collect();
+    for w in waiters {
+        let a = w.await.unwrap();
+        assert_eq!(a.status, 500);
+        assert_eq!(a.json()["type"], "urn:oncely:problem:internal");
+    }
+    // The leader's connection ends without an answer (its task panicked).
+    assert!(leader.await.unwrap().is_err());
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "waiters do not run a panicked handler"
+    );
+    let a = send(&client, addr, "POST", "/orders", &[key], b"x").await;
+    assert_eq!(
+        (a.status, a.replayed(), &a.body[..]),
+        (201, false, &br#"{"call":2}"#[..])
+    );
+}
+
+/// Runs the handler for `/orders`, counting how many run at once.
+async fn guarded(State(state): State<Arc<Guarded>>) -> Response {
+    let n = state.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    let now = state.running.fetch_add(1, Ordering::SeqCst) + 1;
+    state.max_running.fetch_max(now, Ordering::SeqCst);
+    struct Done<'a>(&'a AtomicU64);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let _done = Done(&state.running);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Response::builder()
+        .status(201)
+        .body(AxumBody::from(format!("{{\"call\":{n}}}")))
+        .unwrap()
+}
+
+#[derive(Default)]
+struct Guarded {
+    calls: AtomicU64,
+    running: AtomicU64,
+    max_running: AtomicU64,
+}
+
+/// 300 requests with one key whose clients give up at random moments (cancelling
+/// leaders and waiters mid-flight): the handler never runs twice at once, every
+/// request that is not cancelled gets an answer, and all of them the same one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelled_leaders_hand_over_one_at_a_time_and_every_waiter_ends() {
+    let state = Arc::new(Guarded::default());
+    let app = Router::new()
+        .route("/orders", post(guarded))
+        .route_layer(memory())
+        .with_state(state.clone());
+    let addr = common::serve(app).await;
+    let client = common::client();
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut tasks = Vec::new();
+    for i in 0..300u64 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let give_up = (i % 3 != 0).then_some(Duration::from_millis(seed % 60));
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(seed % 40)).await;
+            let req = send(
+                &client,
+                addr,
+                "POST",
+                "/orders",
+                &[("idempotency-key", "order-storm")],
+                b"x",
+            );
+            match give_up {
+                Some(d) => tokio::time::timeout(d, req).await.ok(),
+                None => Some(req.await),
+            }
+        }));
+    }
+    let mut bodies = Vec::new();
+    for t in tasks {
+        if let Some(a) = t.await.unwrap() {
+            assert_eq!(a.status, 201, "{:?}", a.body);
+            bodies.push(a.body);
+        }
+    }
+    assert!(
+        bodies.len() >= 100,
+        "every third request waits for its answer"
+    );
+    assert!(
+        bodies.iter().all(|b| *b == bodies[0]),
+        "one answer for the key"
+    );
+    assert_eq!(
+        state.max_running.load(Ordering::SeqCst),
+        1,
+        "two handlers ran at once"
+    );
+    // Afterwards the key is settled: a retry is a replay of that answer.
+    let a = send(
+        &client,
+        addr,
+        "POST",
+        "/orders",
+        &[("idempotency-key", "order-storm")],
+        b"x",
+    )
+    .await;
+    assert_eq!((a.replayed(), &a.body), (true, &bodies[0]));
+}

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 pub type Calls = Arc<AtomicU64>;
 
 /// Answers call n per the request header `x-respond` (JSON: `status`, `bytes`,
-/// `delay_ms`): status (default 201), body `{"call":n}` or `bytes` bytes of `x`,
+/// `delay_ms`, `panic` after the delay): status (default 201), body `{"call":n}` or `bytes` bytes of `x`,
 /// headers `etag: "call-n"`, `x-call: n`, `set-cookie: call=n`.
 async fn handler(State(calls): State<Calls>, req: Request) -> Response {
     let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
@@ -34,6 +34,9 @@ async fn handler(State(calls): State<Calls>, req: Request) -> Response {
         .unwrap_or_else(|| json!({}));
     if let Some(ms) = respond.get("delay_ms").and_then(Value::as_u64) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if respond.get("panic").and_then(Value::as_bool) == Some(true) {
+        panic!("the handler panicked (as the test asked)");
     }
     let status = respond.get("status").and_then(Value::as_u64).unwrap_or(201) as u16;
     let (content_type, body) = match respond.get("bytes").and_then(Value::as_u64) {
