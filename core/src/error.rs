@@ -99,6 +99,35 @@ impl Error {
         }
     }
 
+    /// The HTTP status an HTTP server answers with for this error (SPEC §8).
+    ///
+    /// | error | status |
+    /// |---|---|
+    /// | `InvalidArgument`, `MissingKey` | 400 |
+    /// | `FingerprintMismatch` | 422 |
+    /// | `InProgress`, `LeaseLost` | 409 |
+    /// | `Capacity`, `Unavailable` | 503 |
+    /// | `LeaderPanicked`, `Reentrant`, `ResultNotStored` | 500 |
+    ///
+    /// ```
+    /// use oncely::Error;
+    /// assert_eq!(Error::MissingKey.http_status(), 400);
+    /// assert_eq!(Error::FingerprintMismatch.http_status(), 422);
+    /// ```
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Error::InvalidArgument { .. } | Error::MissingKey => 400,
+            Error::FingerprintMismatch => 422,
+            Error::InProgress { .. } | Error::LeaseLost => 409,
+            Error::Capacity { .. } | Error::Unavailable(_) => 503,
+            // Faults of the server itself: its action panicked, called itself with its
+            // own key, or gave a result the store cannot hold.
+            Error::LeaderPanicked(_) | Error::Reentrant { .. } | Error::ResultNotStored { .. } => {
+                500
+            }
+        }
+    }
+
     /// For [`Error::InProgress`]: how long the caller should wait before retrying.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {

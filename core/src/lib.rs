@@ -55,6 +55,7 @@ mod classify;
 mod clock;
 mod code;
 mod error;
+pub mod http;
 mod http_date;
 mod key;
 mod rand;

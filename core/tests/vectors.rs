@@ -596,3 +596,257 @@ fn retry_decisions() {
     }
     r.finish();
 }
+
+// ----------------------------------------------------------------------------------------
+// http_server.json — the server contract (SPEC §8); the `sequence` cases run in the
+// server adapters' suites (oncely-tower's tests), against a real server.
+// ----------------------------------------------------------------------------------------
+
+fn strings_of(v: &Value) -> Option<Vec<String>> {
+    v.as_array().map(|a| {
+        a.iter()
+            .map(|s| s.as_str().expect("a string").to_owned())
+            .collect()
+    })
+}
+
+fn hex_decode(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+fn hex_encode(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn pairs_of(v: &Value) -> Vec<(String, Vec<u8>)> {
+    v.as_array()
+        .expect("an array of [name, value]")
+        .iter()
+        .map(|p| {
+            (
+                p[0].as_str().expect("name").to_owned(),
+                p[1].as_str().expect("value").as_bytes().to_vec(),
+            )
+        })
+        .collect()
+}
+
+fn error_of(e: &Value) -> Error {
+    match str_of(e, "kind") {
+        "missing_key" => Error::MissingKey,
+        "invalid_argument" => Error::InvalidArgument {
+            field: "idempotency_key",
+            reason: "bad".into(),
+        },
+        "fingerprint_mismatch" => Error::FingerprintMismatch,
+        "in_progress" => Error::InProgress {
+            retry_after: Duration::from_millis(u64_of(e, "retry_after_ms")),
+        },
+        "lease_lost" => Error::LeaseLost,
+        "capacity" => Error::Capacity { max_entries: 10 },
+        "unavailable" => Error::Unavailable("down".into()),
+        "leader_panicked" => Error::LeaderPanicked("boom".into()),
+        "reentrant" => Error::Reentrant { key: "k".into() },
+        "result_not_stored" => Error::ResultNotStored {
+            key: "k".into(),
+            type_name: "T".into(),
+        },
+        other => panic!("unknown error kind {other:?}"),
+    }
+}
+
+#[test]
+fn http_server() {
+    use oncely::http::{self, KeyDecision, ServerConfig, StoredResponse};
+    let cases = load("http_server.json");
+    let mut r = Report::new("http_server.json", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        match str_of(case, "op") {
+            "covers" => {
+                let mut config = ServerConfig::new();
+                if let Some(m) = strings_of(field(case, "methods")) {
+                    config = config.methods(m).unwrap();
+                }
+                let got = config.covers(str_of(case, "method"));
+                r.check(i, case, "covered", &json!(got), field(case, "covered"));
+            }
+            "read_key" => {
+                let config = ServerConfig::new().required(bool_of(case, "required"));
+                let values = strings_of(field(case, "values")).unwrap();
+                let values: Vec<&[u8]> = values.iter().map(|v| v.as_bytes()).collect();
+                let got = match config.read_key(str_of(case, "method"), &values) {
+                    Ok(KeyDecision::PassThrough) => json!({"pass_through": true}),
+                    Ok(KeyDecision::Dedup(k)) => json!({"dedup": k.as_str()}),
+                    Err(p) => json!({"problem": {"status": p.status, "type": p.type_uri,
+                                                 "code": p.code.as_str()}}),
+                };
+                r.check(i, case, "decision", &got, field(case, "expect"));
+            }
+            "scope" => {
+                let key = IdempotencyKey::parse(str_of(case, "key")).unwrap();
+                let got = http::scope(
+                    str_of(case, "tenant"),
+                    str_of(case, "method"),
+                    str_of(case, "route"),
+                    &key,
+                )
+                .unwrap();
+                r.check(
+                    i,
+                    case,
+                    "scoped",
+                    &json!(got.as_str()),
+                    field(case, "scoped"),
+                );
+            }
+            "fingerprint" => {
+                let body = match case.get("body_hex") {
+                    Some(h) => hex_decode(h.as_str().unwrap()),
+                    None => str_of(case, "body").as_bytes().to_vec(),
+                };
+                let got = http::request_fingerprint(
+                    str_of(case, "method"),
+                    str_of(case, "target"),
+                    field(case, "content_type").as_str(),
+                    &body,
+                );
+                r.check(
+                    i,
+                    case,
+                    "fingerprint",
+                    &json!(got),
+                    field(case, "fingerprint"),
+                );
+            }
+            "status" => {
+                let got = http::storable_status(u64_of(case, "status") as u16);
+                r.check(i, case, "storable", &json!(got), field(case, "storable"));
+            }
+            "header" => {
+                let mut config = ServerConfig::new();
+                if let Some(h) = strings_of(field(case, "stored_headers")) {
+                    config = config.stored_headers(h).unwrap();
+                }
+                let got = config.stores_header(str_of(case, "name"));
+                r.check(i, case, "stored", &json!(got), field(case, "stored"));
+            }
+            "record" => {
+                let resp = field(case, "response");
+                let record = StoredResponse {
+                    status: u64_of(resp, "status") as u16,
+                    headers: pairs_of(field(resp, "headers")),
+                    body: hex_decode(str_of(resp, "body_hex")),
+                    trailers: pairs_of(field(resp, "trailers")),
+                };
+                let encoded = record.encode();
+                r.check(
+                    i,
+                    case,
+                    "encoded",
+                    &json!(hex_encode(&encoded)),
+                    field(case, "hex"),
+                );
+                let decoded = StoredResponse::decode(&hex_decode(str_of(case, "hex")));
+                r.check(
+                    i,
+                    case,
+                    "decoded",
+                    &json!(decoded.as_ref().ok() == Some(&record)),
+                    &json!(true),
+                );
+            }
+            "record_decode" => {
+                let got = StoredResponse::decode(&hex_decode(str_of(case, "hex")))
+                    .map(|_| "decoded".to_owned())
+                    .unwrap_or_else(|e| e.code().as_str().to_owned());
+                r.check(i, case, "error", &json!(got), field(case, "error"));
+            }
+            "problem" => {
+                let error = error_of(field(case, "error"));
+                let p = http::Problem::from_error(&error);
+                r.check(
+                    i,
+                    case,
+                    "http_status",
+                    &json!(error.http_status()),
+                    field(case, "status"),
+                );
+                r.check(i, case, "status", &json!(p.status), field(case, "status"));
+                r.check(i, case, "type", &json!(p.type_uri), field(case, "type"));
+                r.check(
+                    i,
+                    case,
+                    "code",
+                    &json!(p.code.as_str()),
+                    field(case, "code"),
+                );
+                let headers: serde_json::Map<String, Value> = p
+                    .headers()
+                    .into_iter()
+                    .map(|(n, v)| (n.to_owned(), json!(v)))
+                    .collect();
+                r.check(
+                    i,
+                    case,
+                    "headers",
+                    &Value::Object(headers),
+                    field(case, "headers"),
+                );
+                let body: Value = serde_json::from_slice(&p.body()).unwrap();
+                let want = json!({"type": p.type_uri, "title": p.title, "status": p.status,
+                                  "detail": p.detail, "code": p.code.as_str()});
+                r.check(i, case, "body", &body, &want);
+                r.check(i, case, "type in body", &body["type"], field(case, "type"));
+            }
+            "covers_grpc" => {
+                let mut config = ServerConfig::new();
+                if let Some(m) = strings_of(field(case, "methods")) {
+                    config = config.methods(m).unwrap();
+                }
+                if let Some(m) = strings_of(field(case, "grpc_methods")) {
+                    config = config.grpc_methods(m).unwrap();
+                }
+                let got = config.covers_grpc(str_of(case, "full_method"));
+                r.check(i, case, "covered", &json!(got), field(case, "covered"));
+            }
+            "grpc_status" => {
+                let got = http::storable_grpc_status(str_of(case, "value").as_bytes());
+                r.check(i, case, "storable", &json!(got), field(case, "storable"));
+            }
+            "grpc_problem" => {
+                let p = http::Problem::from_error(&error_of(field(case, "error")));
+                let m = p.grpc_metadata();
+                let get = |name: &str| {
+                    m.iter()
+                        .find(|(n, _)| *n == name)
+                        .map_or(Value::Null, |(_, v)| json!(v))
+                };
+                r.check(
+                    i,
+                    case,
+                    "grpc-status",
+                    &get("grpc-status"),
+                    field(case, "grpc_status"),
+                );
+                r.check(
+                    i,
+                    case,
+                    "grpc-retry-pushback-ms",
+                    &get("grpc-retry-pushback-ms"),
+                    field(case, "grpc_retry_pushback_ms"),
+                );
+            }
+            "is_grpc" => {
+                let got = http::is_grpc(str_of(case, "content_type"));
+                r.check(i, case, "grpc", &json!(got), field(case, "grpc"));
+            }
+            // Run against a real server by the adapters' suites.
+            "sequence" => r.checks += 1,
+            other => r.fail(i, case, &format!("unknown op {other:?}")),
+        }
+    }
+    r.finish();
+}

@@ -862,6 +862,328 @@ def retry_decision_cases():
     return d
 
 
+
+# --------------------------------------------------------------------------------------
+# 8. The server contract (SPEC §8; oncely::http)
+# --------------------------------------------------------------------------------------
+
+DEFAULT_METHODS = ["POST", "PATCH"]
+DEFAULT_STORED = ["content-type", "content-encoding", "location", "etag"]
+NEVER_STORED = ["connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+                "content-length", "idempotent-replayed"]
+PROBLEM = "urn:oncely:problem:"
+
+
+def http_storable(status):
+    return 200 <= status <= 299 or (400 <= status <= 499 and status not in (408, 409, 425, 429))
+
+
+def http_stores_header(stored, name):
+    n = name.lower()
+    return n not in NEVER_STORED and n in [h.lower() for h in (stored or DEFAULT_STORED)]
+
+
+def http_is_json(ct):
+    essence = ct.split(";")[0].strip().lower()
+    if "/" not in essence:
+        return False
+    top, sub = essence.split("/", 1)
+    return top != "" and (essence == "application/json" or sub.endswith("+json"))
+
+
+def http_fingerprint(method, target, content_type, body):
+    kind, data = b"b", body
+    if content_type is not None and http_is_json(content_type):
+        try:
+            data = jcs(json.loads(body.decode("utf-8"))).encode("utf-8")
+            kind = b"j"
+        except (ValueError, UnicodeDecodeError):
+            pass
+    buf = b"oncely-http-v1"
+    for part in (method.encode(), target.encode()):
+        buf += struct.pack(">Q", len(part)) + part
+    buf += kind + struct.pack(">Q", len(data)) + data
+    return hashlib.sha256(buf).hexdigest()
+
+
+def http_record(status, headers, body, trailers):
+    out = b"OHR1" + struct.pack(">H", status)
+    for lst in (headers, trailers):
+        out += struct.pack(">I", len(lst))
+        for n, v in lst:
+            nb, vb = n.encode(), v.encode()
+            out += struct.pack(">I", len(nb)) + nb + struct.pack(">I", len(vb)) + vb
+    return out + struct.pack(">I", len(body)) + body
+
+
+def req(method="POST", path="/orders", key="order-0001", body='{"sku":"A1","qty":1}',
+        content_type="application/json", status=None, nbytes=None, delay_ms=None,
+        tenant=None, extra=None):
+    r = {"method": method, "path": path, "headers": {}, "body": body}
+    if key is not None:
+        r["headers"]["idempotency-key"] = key
+    if content_type is not None:
+        r["headers"]["content-type"] = content_type
+    if tenant is not None:
+        r["headers"]["x-tenant"] = tenant
+    respond = {}
+    if status is not None:
+        respond["status"] = status
+    if nbytes is not None:
+        respond["bytes"] = nbytes
+    if delay_ms is not None:
+        respond["delay_ms"] = delay_ms
+    if respond:
+        r["respond"] = respond
+    if extra:
+        r["headers"].update(extra)
+    return r
+
+
+def ran(call, status=201, **more):
+    """A response the handler made for this request: call number `call`, not a replay."""
+    e = {"status": status, "call": call, "replayed": False}
+    e.update(more)
+    return e
+
+
+def replay(call, status=201, **more):
+    """A replay of the response the handler made in call `call`."""
+    e = {"status": status, "call": call, "replayed": True,
+         "headers": {"etag": f'"call-{call}"', "x-call": None, "set-cookie": None}}
+    e.update(more)
+    return e
+
+
+def refused(status, slug, **more):
+    e = {"status": status, "problem": PROBLEM + slug, "replayed": False}
+    e.update(more)
+    return e
+
+
+def seq(comment, steps, handler_calls, **config):
+    return {"op": "sequence", "comment": comment, "config": config, "steps": steps,
+            "handler_calls": handler_calls}
+
+
+def http_server_cases():
+    c = []
+    # --- unit-level decisions ---
+    for methods, method in [(None, "POST"), (None, "PATCH"), (None, "PUT"), (None, "GET"),
+                            (None, "DELETE"), (None, "post"), (["PUT", "DELETE"], "PUT"),
+                            (["PUT", "DELETE"], "POST")]:
+        covered = method in (methods or DEFAULT_METHODS)
+        c.append({"op": "covers", "methods": methods, "method": method, "covered": covered,
+                  "comment": "covered methods (case-sensitive)"})
+    for comment, method, values, required, expect in [
+        ("a valid key", "POST", ["order-0001"], True, {"dedup": "order-0001"}),
+        ("a UUID key", "PATCH", ["0b0e9c3e-4f0b-4c55-9d1a-2b1f2e3c4d5e"], True,
+         {"dedup": "0b0e9c3e-4f0b-4c55-9d1a-2b1f2e3c4d5e"}),
+        ("not covered: the key is not even read", "GET", ["bad key!"], True, {"pass_through": True}),
+        ("missing, required", "POST", [], True, {"problem": {"status": 400, "type": PROBLEM + "missing-key", "code": "INVALID_ARGUMENT"}}),
+        ("empty counts as missing", "POST", [""], True, {"problem": {"status": 400, "type": PROBLEM + "missing-key", "code": "INVALID_ARGUMENT"}}),
+        ("missing, not required: pass through", "POST", [], False, {"pass_through": True}),
+        ("empty, not required: pass through", "POST", [""], False, {"pass_through": True}),
+        ("invalid character", "POST", ["bad key!"], True, {"problem": {"status": 400, "type": PROBLEM + "invalid-key", "code": "INVALID_ARGUMENT"}}),
+        ("invalid even when not required", "POST", ["bad key!"], False, {"problem": {"status": 400, "type": PROBLEM + "invalid-key", "code": "INVALID_ARGUMENT"}}),
+        ("too short", "POST", ["short"], True, {"problem": {"status": 400, "type": PROBLEM + "invalid-key", "code": "INVALID_ARGUMENT"}}),
+        ("too long", "POST", ["k" * 65], True, {"problem": {"status": 400, "type": PROBLEM + "invalid-key", "code": "INVALID_ARGUMENT"}}),
+        ("sent twice", "POST", ["order-0001", "order-0001"], True, {"problem": {"status": 400, "type": PROBLEM + "invalid-key", "code": "INVALID_ARGUMENT"}}),
+        ("not ASCII", "POST", ["ordér-0001"], True, {"problem": {"status": 400, "type": PROBLEM + "invalid-key", "code": "INVALID_ARGUMENT"}}),
+    ]:
+        c.append({"op": "read_key", "comment": comment, "method": method, "values": values,
+                  "required": required, "expect": expect})
+    for tenant, method, route, key in [("default", "POST", "/orders", "order-0001"),
+                                       ("acme", "PATCH", "/orders/{id}", "order-0001"),
+                                       ("a:b", "POST", "/x y", "order-0001"),
+                                       ("acme", "POST", "/pkg.Orders/Create", "order-0001")]:
+        c.append({"op": "scope", "tenant": tenant, "method": method, "route": route, "key": key,
+                  "scoped": scoped_key(tenant, f"{method} {route}", key)})
+    for comment, method, target, ct, body in [
+        ("JSON body", "POST", "/orders", "application/json", '{"sku":"A1","qty":1}'),
+        ("the same JSON, other key order and whitespace", "POST", "/orders", "application/json", '{ "qty": 1.0, "sku": "A1" }'),
+        ("+json and parameters", "POST", "/orders", "application/merge-patch+json; charset=utf-8", '{"qty":1,"sku":"A1"}'),
+        ("upper-case content type", "POST", "/orders", "Application/JSON", '{"qty":1,"sku":"A1"}'),
+        ("not JSON: raw bytes", "POST", "/orders", "text/plain", '{"sku":"A1","qty":1}'),
+        ("no content type: raw bytes", "POST", "/orders", None, '{"sku":"A1","qty":1}'),
+        ("JSON type but broken JSON: raw bytes", "POST", "/orders", "application/json", '{"sku":'),
+        ("empty body", "POST", "/orders", "application/json", ""),
+        ("the query is part of the target", "POST", "/orders?dry=1", "application/json", '{"qty":1,"sku":"A1"}'),
+        ("another method", "PATCH", "/orders", "application/json", '{"qty":1,"sku":"A1"}'),
+        ("another path", "POST", "/orders/2", "application/json", '{"qty":1,"sku":"A1"}'),
+        ("not-quite JSON type", "POST", "/orders", "application/jsonp", '{"qty":1,"sku":"A1"}'),
+    ]:
+        c.append({"op": "fingerprint", "comment": comment, "method": method, "target": target,
+                  "content_type": ct, "body": body,
+                  "fingerprint": http_fingerprint(method, target, ct, body.encode("utf-8"))})
+    c.append({"op": "fingerprint", "comment": "binary body", "method": "POST", "target": "/upload",
+              "content_type": "application/octet-stream", "body_hex": "00ff10c3",
+              "fingerprint": http_fingerprint("POST", "/upload", "application/octet-stream", bytes.fromhex("00ff10c3"))})
+    for status in [100, 199, 200, 201, 204, 299, 301, 303, 304, 400, 401, 403, 404, 408, 409,
+                   410, 422, 425, 429, 499, 500, 502, 503, 504, 599]:
+        c.append({"op": "status", "status": status, "storable": http_storable(status)})
+    for stored, name in [(None, "content-type"), (None, "Content-Type"), (None, "ETag"),
+                         (None, "location"), (None, "content-encoding"), (None, "set-cookie"),
+                         (None, "x-request-id"), (None, "content-length"), (None, "transfer-encoding"),
+                         (None, "connection"), (None, "idempotent-replayed"),
+                         (["content-type", "Set-Cookie", "x-request-id"], "set-cookie"),
+                         (["content-type", "Set-Cookie", "x-request-id"], "x-request-id"),
+                         (["content-type", "Set-Cookie", "x-request-id"], "etag"),
+                         (["connection", "content-length", "upgrade"], "connection"),
+                         (["connection", "content-length", "upgrade"], "content-length")]:
+        c.append({"op": "header", "stored_headers": stored, "name": name,
+                  "stored": http_stores_header(stored, name)})
+    for comment, status, headers, body, trailers in [
+        ("a JSON 201", 201, [["content-type", "application/json"], ["location", "/orders/1"]], b'{"id":1}', []),
+        ("empty", 204, [], b"", []),
+        ("gRPC: trailers kept", 200, [["content-type", "application/grpc"]], b"\x00\x00\x00\x00\x02\x08\x01",
+         [["grpc-status", "0"], ["grpc-message", ""]]),
+    ]:
+        c.append({"op": "record", "comment": comment,
+                  "response": {"status": status, "headers": headers, "body_hex": body.hex(),
+                               "trailers": trailers},
+                  "hex": http_record(status, headers, body, trailers).hex()})
+    good = http_record(201, [["etag", "x"]], b"{}", [])
+    for comment, raw in [("another tag", b"OHR2" + good[4:]), ("truncated", good[:-1]),
+                         ("trailing bytes", good + b"\x00"), ("empty", b""),
+                         ("a JSON value, not a record", b'{"status":201}')]:
+        c.append({"op": "record_decode", "comment": comment, "hex": raw.hex(),
+                  "error": "UNAVAILABLE"})
+    for error, status, slug, code, retry_after in [
+        ({"kind": "missing_key"}, 400, "missing-key", "INVALID_ARGUMENT", None),
+        ({"kind": "invalid_argument", "field": "idempotency_key"}, 400, "invalid-key", "INVALID_ARGUMENT", None),
+        ({"kind": "fingerprint_mismatch"}, 422, "key-reused", "FAILED_PRECONDITION", None),
+        ({"kind": "in_progress", "retry_after_ms": 1000}, 409, "in-progress", "ABORTED", "1"),
+        ({"kind": "in_progress", "retry_after_ms": 1500}, 409, "in-progress", "ABORTED", "2"),
+        ({"kind": "in_progress", "retry_after_ms": 0}, 409, "in-progress", "ABORTED", "1"),
+        ({"kind": "lease_lost"}, 409, "lease-lost", "ABORTED", None),
+        ({"kind": "capacity"}, 503, "capacity", "RESOURCE_EXHAUSTED", "1"),
+        ({"kind": "unavailable"}, 503, "unavailable", "UNAVAILABLE", "1"),
+        ({"kind": "leader_panicked"}, 500, "internal", "INTERNAL", None),
+        ({"kind": "reentrant"}, 500, "internal", "FAILED_PRECONDITION", None),
+        ({"kind": "result_not_stored"}, 500, "internal", "DATA_LOSS", None),
+    ]:
+        headers = {"content-type": "application/problem+json"}
+        if retry_after is not None:
+            headers["retry-after"] = retry_after
+        c.append({"op": "problem", "error": error, "status": status, "type": PROBLEM + slug,
+                  "code": code, "headers": headers})
+
+    # gRPC: calls are POSTs; covered when POST is, and listed when a list is set.
+    for methods, grpc_methods, full, covered in [
+            (None, None, "/shop.Orders/Create", True),
+            (["PUT"], None, "/shop.Orders/Create", False),
+            (None, ["/shop.Orders/Create"], "/shop.Orders/Create", True),
+            (None, ["/shop.Orders/Create"], "/shop.Orders/Get", False)]:
+        c.append({"op": "covers_grpc", "methods": methods, "grpc_methods": grpc_methods,
+                  "full_method": full, "covered": covered})
+    grpc_stored = {0, 3, 5, 6, 7, 9, 11, 16}
+    for value in [str(n) for n in range(17)] + ["17", "", "abc", "-1", " 0", "00"]:
+        ok = value.isdigit() and value.isascii() and int(value) in grpc_stored
+        c.append({"op": "grpc_status", "value": value, "storable": ok})
+    for error, status, pushback in [
+        ({"kind": "missing_key"}, "3", None),
+        ({"kind": "invalid_argument", "field": "idempotency_key"}, "3", None),
+        ({"kind": "fingerprint_mismatch"}, "9", None),
+        ({"kind": "in_progress", "retry_after_ms": 1500}, "10", "1500"),
+        ({"kind": "unavailable"}, "14", "1000"),
+    ]:
+        c.append({"op": "grpc_problem", "error": error, "grpc_status": status,
+                  "grpc_retry_pushback_ms": pushback})
+    for ct, grpc in [("application/grpc", True), ("application/grpc+proto", True),
+                     ("Application/GRPC; charset=x", True), ("application/grpc-web", False),
+                     ("application/json", False)]:
+        c.append({"op": "is_grpc", "content_type": ct, "grpc": grpc})
+
+    # --- request sequences, run against a real server by every adapter ---
+    # The test server (see README.md): POST|PATCH|PUT|GET /orders, /orders/{id} and
+    # /payments; the handler counts its calls and answers per the request's `respond`.
+    c.append(seq("a retry with the same key is replayed, handler once; only the stored headers come back", [
+        {"request": req(), "expect": ran(1, headers={"etag": '"call-1"', "x-call": "1", "set-cookie": "call=1"})},
+        {"request": req(), "expect": replay(1)},
+        {"request": req(), "expect": replay(1)}], 1))
+    c.append(seq("missing key on a covered request: 400 problem, handler not called", [
+        {"request": req(key=None), "expect": refused(400, "missing-key")}], 0))
+    c.append(seq("missing key, not required: passed through every time", [
+        {"request": req(key=None), "expect": ran(1)},
+        {"request": req(key=None), "expect": ran(2)}], 2, required=False))
+    c.append(seq("invalid key: 400 problem", [
+        {"request": req(key="bad key!"), "expect": refused(400, "invalid-key")},
+        {"request": req(key="short"), "expect": refused(400, "invalid-key")}], 0))
+    c.append(seq("GET is not covered: never replayed", [
+        {"request": req(method="GET", body=""), "expect": ran(1, status=201)},
+        {"request": req(method="GET", body=""), "expect": ran(2, status=201)}], 2))
+    c.append(seq("PATCH is covered by default", [
+        {"request": req(method="PATCH", path="/orders/7"), "expect": ran(1)},
+        {"request": req(method="PATCH", path="/orders/7"), "expect": replay(1)}], 1))
+    c.append(seq("configured methods: PUT covered, POST passes through", [
+        {"request": req(method="PUT", path="/orders/7"), "expect": ran(1)},
+        {"request": req(method="PUT", path="/orders/7"), "expect": replay(1)},
+        {"request": req(), "expect": ran(2)},
+        {"request": req(), "expect": ran(3)}], 3, methods=["PUT"]))
+    c.append(seq("the key reused with another body: 422", [
+        {"request": req(), "expect": ran(1)},
+        {"request": req(body='{"sku":"B2","qty":1}'), "expect": refused(422, "key-reused")},
+        {"request": req(), "expect": replay(1)}], 1))
+    c.append(seq("the same JSON with other key order and whitespace is the same request", [
+        {"request": req(), "expect": ran(1)},
+        {"request": req(body='{ "qty" : 1, "sku" : "A1" }'), "expect": replay(1)}], 1))
+    c.append(seq("another path of the same route with the same key: 422", [
+        {"request": req(method="PATCH", path="/orders/1"), "expect": ran(1)},
+        {"request": req(method="PATCH", path="/orders/2"), "expect": refused(422, "key-reused")}], 1))
+    c.append(seq("another route with the same key is another operation", [
+        {"request": req(), "expect": ran(1)},
+        {"request": req(path="/payments"), "expect": ran(2)},
+        {"request": req(path="/payments"), "expect": replay(2)}], 2))
+    c.append(seq("another tenant with the same key is another operation", [
+        {"request": req(tenant="acme"), "expect": ran(1)},
+        {"request": req(tenant="globex"), "expect": ran(2)},
+        {"request": req(tenant="acme"), "expect": replay(1)}], 2))
+    c.append(seq("a 5xx is not stored: the retry runs again and its 201 is stored", [
+        {"request": req(status=500), "expect": ran(1, status=500)},
+        {"request": req(status=503), "expect": ran(2, status=503)},
+        {"request": req(), "expect": ran(3)},
+        {"request": req(status=500), "expect": replay(3)}], 3))
+    for status in (408, 409, 425, 429, 303):
+        c.append(seq(f"{status} is not stored", [
+            {"request": req(status=status), "expect": ran(1, status=status)},
+            {"request": req(), "expect": ran(2)}], 2))
+    for status in (200, 202, 400, 404, 422):
+        c.append(seq(f"{status} is stored", [
+            {"request": req(status=status), "expect": ran(1, status=status)},
+            {"request": req(), "expect": replay(1, status=status)}], 1))
+    c.append(seq("a body over the cap is sent whole but not stored; the key is released", [
+        {"request": req(nbytes=101), "expect": ran(1, body_len=101)},
+        {"request": req(nbytes=101), "expect": ran(2, body_len=101)}], 2, body_cap=100))
+    c.append(seq("a body at the cap is stored", [
+        {"request": req(nbytes=100), "expect": ran(1, body_len=100)},
+        {"request": req(nbytes=100), "expect": replay(1, body_len=100)}], 1, body_cap=100))
+    c.append(seq("configured stored headers: set-cookie kept, etag dropped", [
+        {"request": req(), "expect": ran(1)},
+        {"request": req(), "expect": replay(1, headers={"set-cookie": "call=1", "etag": None, "x-call": None})}],
+        1, stored_headers=["content-type", "set-cookie"]))
+    c.append(seq("20 concurrent duplicates: the handler runs once, 19 replays of its response", [
+        {"concurrent": 20, "request": req(delay_ms=200),
+         "expect": {"status": 201, "call": 1, "replayed_count": 19}}], 1))
+    c.append(seq("20 concurrent duplicates of a 500: one run, the waiters get its response", [
+        {"concurrent": 20, "request": req(status=500, delay_ms=200),
+         "expect": {"status": 500, "call": 1, "replayed_count": 19}},
+        {"request": req(), "expect": ran(2)}], 2))
+    c.append(seq("no-wait: a duplicate while the first runs gets 409 + Retry-After; later a replay", [
+        {"background": req(delay_ms=1000)},
+        {"wait_handler_calls": 1},
+        {"request": req(), "expect": refused(409, "in-progress", headers={"retry-after": "1"})},
+        {"await_background": True, "expect": ran(1)},
+        {"request": req(), "expect": replay(1)}], 1, wait=False))
+    c.append(seq("waiting: a duplicate while the first runs waits and replays it", [
+        {"background": req(delay_ms=300)},
+        {"wait_handler_calls": 1},
+        {"request": req(), "expect": replay(1)},
+        {"await_background": True, "expect": ran(1)}], 1))
+    return c
+
+
 # --------------------------------------------------------------------------------------
 # result_codec.json: the stored form of a Redis store result (redis/README.md,
 # "Result encoding"): one tag byte, then the body.
@@ -933,6 +1255,7 @@ def main():
         "fingerprints.json": fingerprint_cases(),
         "retry_decisions.json": retry_decision_cases(),
         "result_codec.json": result_codec_cases(),
+        "http_server.json": http_server_cases(),
     }
     for name, cases in files.items():
         path, n = write(name, cases)

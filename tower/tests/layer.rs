@@ -1,0 +1,381 @@
+//! The layer under load and faults, against a real axum server on 127.0.0.1.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body as AxumBody;
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use common::send;
+use oncely::MemoryStore;
+use oncely_tower::{IdempotencyLayer, Unstored};
+use tokio::sync::Semaphore;
+
+fn memory() -> IdempotencyLayer<MemoryStore<Vec<u8>, Unstored>> {
+    IdempotencyLayer::new(MemoryStore::new())
+}
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_concurrent_duplicates_run_the_handler_once() {
+    let replays = Arc::new(AtomicU64::new(0));
+    let counted = replays.clone();
+    let layer = memory().on_replay(move |_, _| {
+        counted.fetch_add(1, Ordering::SeqCst);
+    });
+    let (addr, calls) = common::start(layer).await;
+    let client = common::client();
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                send(
+                    &client,
+                    addr,
+                    "POST",
+                    "/orders",
+                    &[
+                        ("idempotency-key", "order-0200"),
+                        JSON,
+                        ("x-respond", r#"{"delay_ms":100}"#),
+                    ],
+                    br#"{"sku":"A1"}"#,
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the handler ran more than once"
+    );
+    assert!(answers.iter().all(|a| a.status == 201));
+    assert!(answers.iter().all(|a| a.body == answers[0].body));
+    assert_eq!(&answers[0].body[..], br#"{"call":1}"#);
+    let replayed = answers.iter().filter(|a| a.replayed()).count();
+    assert_eq!(replayed, 199, "all but the first are replays");
+    assert_eq!(
+        replays.load(Ordering::SeqCst),
+        199,
+        "on_replay once per replay"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_is_not_stored_and_the_retry_runs_again() {
+    let layer = memory();
+    let (addr, calls) = common::start(layer.clone()).await;
+    let client = common::client();
+    let key = ("idempotency-key", "order-0500");
+    let a = send(
+        &client,
+        addr,
+        "POST",
+        "/orders",
+        &[key, ("x-respond", r#"{"status":500}"#)],
+        b"x",
+    )
+    .await;
+    assert_eq!((a.status, a.replayed()), (500, false));
+    let b = send(&client, addr, "POST", "/orders", &[key], b"x").await;
+    assert_eq!(
+        (b.status, b.replayed(), &b.body[..]),
+        (201, false, &br#"{"call":2}"#[..])
+    );
+    let c = send(&client, addr, "POST", "/orders", &[key], b"x").await;
+    assert_eq!(
+        (c.status, c.replayed(), &c.body[..]),
+        (201, true, &br#"{"call":2}"#[..])
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let n = layer.counters();
+    assert_eq!((n.led, n.stored, n.not_stored, n.replayed), (2, 1, 1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_cap_is_sent_whole_and_not_stored() {
+    let layer = memory().body_cap(1000);
+    let (addr, calls) = common::start(layer.clone()).await;
+    let client = common::client();
+    let headers = [
+        ("idempotency-key", "order-big1"),
+        ("x-respond", r#"{"bytes":100000}"#),
+    ];
+    for call in 1..=2 {
+        let a = send(&client, addr, "POST", "/orders", &headers, b"x").await;
+        assert_eq!(
+            (a.status, a.replayed(), a.body.len()),
+            (201, false, 100_000)
+        );
+        assert!(a.body.iter().all(|b| *b == b'x'));
+        assert_eq!(calls.load(Ordering::SeqCst), call);
+    }
+    assert_eq!(layer.counters().stored, 0);
+}
+
+/// A handler whose body is two chunks, the second one sent when the test allows.
+async fn streaming(State((calls, gate)): State<(Arc<AtomicU64>, Arc<Semaphore>)>) -> Response {
+    calls.fetch_add(1, Ordering::SeqCst);
+    let first = Bytes::from(vec![b'a'; 2000]);
+    let stream = futures::stream::unfold(0, move |i| {
+        let (gate, first) = (gate.clone(), first.clone());
+        async move {
+            match i {
+                0 => Some((Ok::<_, Infallible>(first), 1)),
+                1 => {
+                    gate.acquire().await.unwrap().forget();
+                    Some((Ok(Bytes::from_static(b"end")), 2))
+                }
+                _ => None,
+            }
+        }
+    });
+    Response::builder()
+        .status(201)
+        .body(AxumBody::from_stream(stream))
+        .unwrap()
+}
+
+/// An unstored (over-cap) response holds its key until its body has been sent: a
+/// duplicate waits meanwhile and leads afterwards; it never runs alongside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_over_cap_body_holds_the_key_until_it_is_sent() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let app = Router::new()
+        .route("/stream", post(streaming))
+        .route_layer(memory().body_cap(1000))
+        .with_state((calls.clone(), gate.clone()));
+    let addr = common::serve(app).await;
+    let client = common::client();
+    let key = [("idempotency-key", "stream-0001")];
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move { send(&client, addr, "POST", "/stream", &key, b"x").await })
+    };
+    while calls.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = {
+        let client = client.clone();
+        tokio::spawn(async move { send(&client, addr, "POST", "/stream", &key, b"x").await })
+    };
+    // The first body is half sent: the duplicate must not run the handler.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the key was handed over mid-body"
+    );
+    assert!(!second.is_finished());
+    gate.add_permits(2);
+    let a = first.await.unwrap();
+    assert_eq!((a.status, a.body.len(), a.replayed()), (201, 2003, false));
+    let b = second.await.unwrap();
+    assert_eq!((b.status, b.body.len(), b.replayed()), (201, 2003, false));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A client that goes away while the handler runs drops it: the key is released and
+/// the next request with the key runs the handler (nothing was stored).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_went_away_is_not_stored() {
+    let (addr, calls) = common::start(memory().wait(false)).await;
+    let client = common::client();
+    let key = ("idempotency-key", "order-gone");
+    let slow = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            send(
+                &client,
+                addr,
+                "POST",
+                "/orders",
+                &[key, ("x-respond", r#"{"delay_ms":5000}"#)],
+                b"x",
+            )
+            .await
+        })
+    };
+    while calls.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    slow.abort();
+    // Bounded: the server notices the closed connection and drops the handler.
+    let mut answer = None;
+    for _ in 0..100 {
+        let a = send(
+            &client,
+            addr,
+            "POST",
+            "/orders",
+            &[key, ("x-respond", r#"{"delay_ms":0}"#)],
+            b"x",
+        )
+        .await;
+        if a.status != 409 {
+            answer = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let a = answer.expect("the key was never released");
+    assert_eq!(
+        (a.status, a.replayed(), &a.body[..]),
+        (201, false, &br#"{"call":2}"#[..])
+    );
+}
+
+/// A handler that panics wakes its waiters with a 500 problem (they do not run it
+/// again), and the key is released for a later retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panicking_handler_answers_its_waiters_with_500_and_releases_the_key() {
+    let (addr, calls) = common::start(memory()).await;
+    let client = common::client();
+    let key = ("idempotency-key", "order-panic");
+    let leader = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let req = http::Request::post(format!("http://{addr}/orders"))
+                .header(key.0, key.1)
+                .header("x-respond", r#"{"delay_ms":300,"panic":true}"#)
+                .body(http_body_util::Full::new(Bytes::from_static(b"x")))
+                .unwrap();
+            client.request(req).await.map(|r| r.status().as_u16())
+        })
+    };
+    while calls.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiters: Vec<_> = (0..5)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { send(&client, addr, "POST", "/orders", &[key], b"x").await })
+        })
+        .collect();
+    for w in waiters {
+        let a = w.await.unwrap();
+        assert_eq!(a.status, 500);
+        assert_eq!(a.json()["type"], "urn:oncely:problem:internal");
+    }
+    // The leader's connection ends without an answer (its task panicked).
+    assert!(leader.await.unwrap().is_err());
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "waiters do not run a panicked handler"
+    );
+    let a = send(&client, addr, "POST", "/orders", &[key], b"x").await;
+    assert_eq!(
+        (a.status, a.replayed(), &a.body[..]),
+        (201, false, &br#"{"call":2}"#[..])
+    );
+}
+
+/// Runs the handler for `/orders`, counting how many run at once.
+async fn guarded(State(state): State<Arc<Guarded>>) -> Response {
+    let n = state.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    let now = state.running.fetch_add(1, Ordering::SeqCst) + 1;
+    state.max_running.fetch_max(now, Ordering::SeqCst);
+    struct Done<'a>(&'a AtomicU64);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let _done = Done(&state.running);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Response::builder()
+        .status(201)
+        .body(AxumBody::from(format!("{{\"call\":{n}}}")))
+        .unwrap()
+}
+
+#[derive(Default)]
+struct Guarded {
+    calls: AtomicU64,
+    running: AtomicU64,
+    max_running: AtomicU64,
+}
+
+/// 300 requests with one key whose clients give up at random moments (cancelling
+/// leaders and waiters mid-flight): the handler never runs twice at once, every
+/// request that is not cancelled gets an answer, and all of them the same one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelled_leaders_hand_over_one_at_a_time_and_every_waiter_ends() {
+    let state = Arc::new(Guarded::default());
+    let app = Router::new()
+        .route("/orders", post(guarded))
+        .route_layer(memory())
+        .with_state(state.clone());
+    let addr = common::serve(app).await;
+    let client = common::client();
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut tasks = Vec::new();
+    for i in 0..300u64 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let give_up = (i % 3 != 0).then_some(Duration::from_millis(seed % 60));
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(seed % 40)).await;
+            let req = send(
+                &client,
+                addr,
+                "POST",
+                "/orders",
+                &[("idempotency-key", "order-storm")],
+                b"x",
+            );
+            match give_up {
+                Some(d) => tokio::time::timeout(d, req).await.ok(),
+                None => Some(req.await),
+            }
+        }));
+    }
+    let mut bodies = Vec::new();
+    for t in tasks {
+        if let Some(a) = t.await.unwrap() {
+            assert_eq!(a.status, 201, "{:?}", a.body);
+            bodies.push(a.body);
+        }
+    }
+    assert!(
+        bodies.len() >= 100,
+        "every third request waits for its answer"
+    );
+    assert!(
+        bodies.iter().all(|b| *b == bodies[0]),
+        "one answer for the key"
+    );
+    assert_eq!(
+        state.max_running.load(Ordering::SeqCst),
+        1,
+        "two handlers ran at once"
+    );
+    // Afterwards the key is settled: a retry is a replay of that answer.
+    let a = send(
+        &client,
+        addr,
+        "POST",
+        "/orders",
+        &[("idempotency-key", "order-storm")],
+        b"x",
+    )
+    .await;
+    assert_eq!((a.replayed(), &a.body), (true, &bodies[0]));
+}

@@ -1,0 +1,150 @@
+//! The client-side RetryLayer against a real server behind the IdempotencyLayer.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use oncely::{MemoryStore, RetryPolicy};
+use oncely_tower::{IdempotencyLayer, RetryLayer, Unstored};
+use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
+
+type Req = http::Request<Full<Bytes>>;
+
+fn post_orders(addr: SocketAddr) -> Req {
+    http::Request::post(format!("http://{addr}/orders"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(br#"{"sku":"A1"}"#)))
+        .unwrap()
+}
+
+fn policy() -> RetryPolicy {
+    RetryPolicy::new()
+        .with_max_attempts(4)
+        .with_base_delay(Duration::from_millis(5))
+}
+
+/// The response of the first attempt is lost after the server ran the handler (the
+/// client sees a broken connection); the retry sends the same key and gets the stored
+/// response replayed: one effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_response_is_retried_with_the_same_key_and_applied_once() {
+    let (addr, calls) = common::start(IdempotencyLayer::new(
+        MemoryStore::<Vec<u8>, Unstored>::new(),
+    ))
+    .await;
+    let client = common::client();
+    let attempts = Arc::new(AtomicU64::new(0));
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (a, k) = (attempts.clone(), keys.clone());
+    let lossy = service_fn(move |req: Req| {
+        let (client, a, k) = (client.clone(), a.clone(), k.clone());
+        async move {
+            k.lock()
+                .unwrap()
+                .push(req.headers()["idempotency-key"].clone());
+            let resp = client.request(req).await?;
+            if a.fetch_add(1, Ordering::SeqCst) == 0 {
+                drop(resp);
+                return Err::<_, BoxError>("connection reset after the request was sent".into());
+            }
+            Ok(resp)
+        }
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new().policy(policy()).unwrap())
+        .service(lossy);
+    let resp = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post_orders(addr))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    assert_eq!(resp.headers()["idempotent-replayed"], "true");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], br#"{"call":1}"#);
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one effect");
+    let keys = keys.lock().unwrap();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "every attempt sends the same key");
+}
+
+async fn flaky(State(calls): State<Arc<AtomicU64>>) -> Response {
+    match calls.fetch_add(1, Ordering::SeqCst) {
+        0 => (
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            [("retry-after", "0")],
+            "busy",
+        )
+            .into_response(),
+        _ => (http::StatusCode::CREATED, "done").into_response(),
+    }
+}
+
+async fn invalid(State(calls): State<Arc<AtomicU64>>) -> Response {
+    calls.fetch_add(1, Ordering::SeqCst);
+    (http::StatusCode::UNPROCESSABLE_ENTITY, "no").into_response()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_is_retried_and_a_422_is_not() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let app = Router::new()
+        .route("/orders", post(flaky))
+        .route("/invalid", post(invalid))
+        .with_state(calls.clone());
+    let addr = common::serve(app).await;
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new().policy(policy()).unwrap())
+        .service(common::client());
+    let resp = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(post_orders(addr))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 201);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let req = http::Request::post(format!("http://{addr}/invalid"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = svc.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(resp.status(), 422);
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "a 422 is final");
+}
+
+/// Without a key a POST is not safe to resend: a lost answer is not retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unkeyed_post_is_not_resent_after_a_lost_answer() {
+    let attempts = Arc::new(AtomicU64::new(0));
+    let a = attempts.clone();
+    let lossy = service_fn(move |_req: Req| {
+        a.fetch_add(1, Ordering::SeqCst);
+        async { Err::<http::Response<Full<Bytes>>, BoxError>("connection reset".into()) }
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .methods([http::Method::PATCH])
+                .policy(policy())
+                .unwrap(),
+        )
+        .service(lossy);
+    let req = http::Request::post("http://127.0.0.1:9/orders")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert!(svc.ready().await.unwrap().call(req).await.is_err());
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+}
