@@ -99,6 +99,57 @@ impl Error {
         }
     }
 
+    /// A stable snake_case name of the variant, the same in every language (Node's
+    /// `err.kind`, Python's `exc.kind`): `invalid_argument`, `missing_key`,
+    /// `fingerprint_mismatch`, `in_progress`, `lease_lost`, `capacity`, `unavailable`,
+    /// `leader_panicked`, `reentrant`, `result_not_stored`.
+    ///
+    /// ```
+    /// assert_eq!(oncely::Error::MissingKey.kind(), "missing_key");
+    /// ```
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidArgument { .. } => "invalid_argument",
+            Error::MissingKey => "missing_key",
+            Error::FingerprintMismatch => "fingerprint_mismatch",
+            Error::InProgress { .. } => "in_progress",
+            Error::LeaseLost => "lease_lost",
+            Error::Capacity { .. } => "capacity",
+            Error::Unavailable(_) => "unavailable",
+            Error::LeaderPanicked(_) => "leader_panicked",
+            Error::Reentrant { .. } => "reentrant",
+            Error::ResultNotStored { .. } => "result_not_stored",
+        }
+    }
+
+    /// The HTTP status a server answers with this error:
+    ///
+    /// | error | status |
+    /// |---|---|
+    /// | `InvalidArgument` (a malformed or too short key among them), `MissingKey` | 400 |
+    /// | `FingerprintMismatch` | 422 |
+    /// | `InProgress` (send `Retry-After`), `LeaseLost` | 409 |
+    /// | `Capacity`, `Unavailable` | 503 |
+    /// | `LeaderPanicked`, `Reentrant`, `ResultNotStored` | 500 |
+    ///
+    /// ```
+    /// use oncely::{Error, IdempotencyKey};
+    /// assert_eq!(IdempotencyKey::parse("short").unwrap_err().http_status(), 400);
+    /// assert_eq!(Error::FingerprintMismatch.http_status(), 422);
+    /// ```
+    pub const fn http_status(&self) -> u16 {
+        use crate::key::http_status as h;
+        match self {
+            Error::InvalidArgument { .. } | Error::MissingKey => h::MISSING_KEY,
+            Error::FingerprintMismatch => h::FINGERPRINT_MISMATCH,
+            Error::InProgress { .. } | Error::LeaseLost => h::IN_PROGRESS,
+            Error::Capacity { .. } | Error::Unavailable(_) => 503,
+            Error::LeaderPanicked(_) | Error::Reentrant { .. } | Error::ResultNotStored { .. } => {
+                500
+            }
+        }
+    }
+
     /// For [`Error::InProgress`]: how long the caller should wait before retrying.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {

@@ -55,6 +55,7 @@ mod classify;
 mod clock;
 mod code;
 mod error;
+mod extract;
 mod http_date;
 mod key;
 mod rand;
@@ -76,6 +77,7 @@ pub use classify::{
 pub use clock::{Clock, Deadline, ManualClock, SharedClock, SystemClock};
 pub use code::{Code, ReasonCodes};
 pub use error::Error;
+pub use extract::{extract, RawFailure, RawValue};
 pub use key::{
     canonical_json, fingerprint, fingerprint_bytes, headers, http_status, IdempotencyKey,
     ScopedKey, KEY_MAX_LEN, KEY_MIN_LEN, SCOPE_PART_MAX_LEN,
