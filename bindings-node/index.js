@@ -135,11 +135,12 @@ function rawValue(v) {
   return undefined
 }
 
-function headerText(v) {
+// A header or metadata value as text; binary (`-bin`) values in base64, as on the wire.
+function headerText(name, v) {
   if (Array.isArray(v)) v = v[0]
   if (typeof v === 'string') return v
   if (typeof v === 'number' && Number.isFinite(v)) return String(v)
-  if (v instanceof Uint8Array) return Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString('base64')
+  if (v instanceof Uint8Array) return Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString(name.toLowerCase().endsWith('-bin') ? 'base64' : 'latin1')
   return undefined
 }
 
@@ -148,14 +149,14 @@ function collect(h, out) {
   if (h === null || typeof h !== 'object') return
   if (typeof h.get === 'function') {
     for (const name of EXTRACT_HEADERS) {
-      const v = headerText(h.get(name))
+      const v = headerText(name, h.get(name))
       if (v !== undefined) out.push([name, v])
     }
     return
   }
   for (const key of Object.keys(h)) {
     if (!EXTRACT_HEADERS.includes(key.toLowerCase())) continue
-    const v = headerText(h[key])
+    const v = headerText(key, h[key])
     if (v !== undefined) out.push([key, v])
   }
 }

@@ -122,11 +122,14 @@ def _plain(value: Any) -> Any:
     return name if isinstance(name, str) else None
 
 
-def _text(value: Any) -> Optional[str]:
+def _text(name: str, value: Any) -> Optional[str]:
+    """A header or metadata value as text; binary (``-bin``) values in base64."""
     if isinstance(value, str):
         return value
     if isinstance(value, (bytes, bytearray)):
-        return base64.b64encode(bytes(value)).decode("ascii")
+        if name.lower().endswith("-bin"):
+            return base64.b64encode(bytes(value)).decode("ascii")
+        return bytes(value).decode("latin-1")
     return None
 
 
@@ -144,7 +147,7 @@ def _headers(headers: Any, out: list[tuple[str, str]]) -> None:
                 value = getter(name.title())
         except Exception:
             continue
-        text = _text(value)
+        text = _text(name, value)
         if text is not None:
             out.append((name, text))
 
@@ -155,7 +158,7 @@ def _metadata(metadata: Any, out: list[tuple[str, str]]) -> None:
         return
     try:
         for key, value in metadata:
-            text = _text(value)
+            text = _text(str(key), value)
             if isinstance(key, str) and key.lower() in _HEADERS and text is not None:
                 out.append((key, text))
     except Exception:
