@@ -300,8 +300,10 @@ class AttemptInfo {
 function annotate(error, attempt, reason) {
   if (error !== null && (typeof error === 'object' || typeof error === 'function')) {
     try {
-      error.attemptNumber = attempt
+      error.attempts = attempt
       error.stopReason = reason
+      // The name before `attempts` (deprecated).
+      error.attemptNumber = attempt
     } catch {
       // a frozen error is rethrown as it is
     }
@@ -333,7 +335,7 @@ const NO_OPTIONS = Object.freeze({ safe: false, rereads: false, transientInterna
 
 /**
  * Calls `fn(attempt, info)` until it succeeds or the core says stop (SPEC §4); the
- * last error is rethrown unchanged, with `attemptNumber` and `stopReason` added.
+ * last error is rethrown unchanged, with `attempts` and `stopReason` added.
  */
 async function retry(fn, options) {
   if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
@@ -356,7 +358,7 @@ async function retry(fn, options) {
         annotate(error, attempt, state.stopReason)
         throw error
       }
-      if (o.onRetry !== undefined) o.onRetry({ attempt, delayMs: delay, error, reason: state.rule, code: f.code })
+      if (o.onRetry !== undefined) o.onRetry({ attempt, delayMs: delay, error, rule: state.rule, reason: state.rule, code: f.code })
       if (o.clock !== undefined) o.clock.advance(delay) // test hook: time passes, no timer
       else if (delay > 0) await sleep(delay, signal)
       if (signal !== undefined && signal.aborted) throw signal.reason

@@ -165,3 +165,45 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_has_a_kind_and_an_http_status() {
+        let all = [
+            Error::invalid("max_attempts", "0"),
+            Error::MissingKey,
+            Error::FingerprintMismatch,
+            Error::InProgress {
+                retry_after: Duration::from_secs(1),
+            },
+            Error::LeaseLost,
+            Error::Capacity { max_entries: 1 },
+            Error::Unavailable("down".into()),
+            Error::LeaderPanicked("boom".into()),
+            Error::Reentrant { key: "k".into() },
+            Error::ResultNotStored {
+                key: "k".into(),
+                type_name: "Set".into(),
+            },
+        ];
+        let got: Vec<_> = all.iter().map(|e| (e.kind(), e.http_status())).collect();
+        assert_eq!(
+            got,
+            [
+                ("invalid_argument", 400),
+                ("missing_key", 400),
+                ("fingerprint_mismatch", 422),
+                ("in_progress", 409),
+                ("lease_lost", 409),
+                ("capacity", 503),
+                ("unavailable", 503),
+                ("leader_panicked", 500),
+                ("reentrant", 500),
+                ("result_not_stored", 500),
+            ]
+        );
+    }
+}
