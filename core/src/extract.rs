@@ -273,7 +273,7 @@ fn retry_info(value: &str) -> Option<Duration> {
                 }
             }
         }
-        if seconds < 0 || nanos < 0 || nanos >= 1_000_000_000 {
+        if seconds < 0 || !(0..1_000_000_000).contains(&nanos) {
             return None;
         }
         return Some(Duration::new(seconds as u64, nanos as u32));
