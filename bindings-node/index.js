@@ -114,6 +114,7 @@ function canonicalJson(value) {
 // `cause` chain) and hands the raw facts to the core, whose rules decide the code and
 // the server's delay (SPEC §3, "Extraction"), the same rules Rust and Python apply.
 
+const { UNKNOWN } = Code
 const EXTRACT_HEADERS = native.extractHeaders()
 // The core reads the error and at most four causes.
 const MAX_CHAIN = 5
