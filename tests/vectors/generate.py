@@ -1171,6 +1171,11 @@ def extraction_cases():
         case(f"code={v}: 0-16 gRPC, 100-599 HTTP, else nothing", {"code": v})
     for v in ["0", " 14 ", "429", "+14", "-1", "600", "1e2", "14.0"]:
         case(f"code={v!r}: a number as text", {"code": v})
+    # Every row of the §3 table, by the code's number and by the HTTP table.
+    for n, name in enumerate(CODES):
+        case(f"code={n} ({name})", {"code": n})
+    for st in [400, 401, 403, 404, 408, 409, 412, 418, 429, 499, 500, 501, 502, 503, 504, 505, 204, 302]:
+        case(f"status={st}: the HTTP table", {"status": st})
     case("status: an HTTP status", {"status": 503})
     case("status: 0-16 is a gRPC code", {"status": 14})
     case("status as text", {"status": "429"})
