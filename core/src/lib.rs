@@ -7,6 +7,8 @@
 //!   20 ms, ×2, 1 s cap, ±20 % by default), deterministic when seeded;
 //! - **classification** — [`classify`], [`Code`], [`Failure`]: which failures may be
 //!   retried, under a [`Deadline`] and a [`RetryBudget`], with server-provided delays;
+//!   [`extract`] reads a foreign error's raw facts ([`RawFailure`]) into a [`Failure`]
+//!   by the one set of rules every binding uses;
 //!   driven by the sans-IO [`RetryState`] behind [`retry`], [`retry_blocking`] and
 //!   [`simulate`];
 //! - **dedup** — [`IdempotencyKey`], [`ScopedKey`], [`fingerprint`] and the
