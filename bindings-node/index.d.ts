@@ -112,6 +112,8 @@ export type OncelyErrorKind =
 export interface OncelyError extends Error {
   code: CodeName
   kind: OncelyErrorKind
+  /** The HTTP status a server answers with this error: 400 invalid or missing key, 422 fingerprint mismatch, 409 in progress or lease lost, 503 store unavailable or full, 500 otherwise (Rust `Error::http_status`, Python `exc.http_status`). */
+  httpStatus?: number
   /** The offending argument or option (`'maxAttempts'`, `'baseDelayMs'`, …), for bad input. */
   field?: string
   /** For `kind: 'in_progress'` (ABORTED): how long to wait before retrying (HTTP `Retry-After`). */
@@ -126,7 +128,9 @@ export interface OncelyError extends Error {
 
 /** Properties `retry` adds to the last error (when it is an object) before rethrowing it. */
 export interface RetryErrorInfo {
-  /** The number of the last attempt made. */
+  /** How many attempts were made (Rust `RetryError::attempts`, Python `exc.attempts`). */
+  attempts: number
+  /** @deprecated Use `attempts`. */
   attemptNumber: number
   /** Why the loop stopped. */
   stopReason: StopReason
@@ -135,13 +139,13 @@ export interface RetryErrorInfo {
 /** A failure in the core's terms: the code, and the server's delay if any. */
 export interface Failure {
   code: Code
-  /** The server's delay in ms (a `retryAfterMs` the error carried, or a user `classify`'s). */
+  /** The server's delay in ms (Retry-After, grpc-retry-pushback-ms, RetryInfo, a `retryAfterMs` the error carried, or a user `classify`'s). */
   delayMs?: number
   /** The server said not to retry. */
   doNotRetry?: boolean
-  /** A `grpc-retry-pushback-ms` value. */
+  /** @deprecated Always `undefined`: the pushback is parsed into `delayMs` / `doNotRetry`. */
   pushback?: string
-  /** An HTTP `Retry-After` value. */
+  /** @deprecated Always `undefined`: `Retry-After` is parsed into `delayMs`. */
   retryAfter?: string
 }
 
@@ -173,7 +177,9 @@ export interface RetryEvent {
   delayMs: number
   /** The failed attempt's error. */
   error: unknown
-  /** The rule that allowed the retry. */
+  /** The rule that allowed the retry (Rust `RetryEvent::rule`, Python `RetryEvent.rule`). */
+  rule: Rule
+  /** @deprecated Use `rule`. */
   reason: Rule
   /** The code the error was classified as. */
   code: Code
@@ -211,18 +217,23 @@ export interface RetryOptions {
  * Calls `fn(attempt, info)` until it succeeds or the core says stop (SPEC §4): the
  * error must be retryable, attempts left, the deadline room for another attempt after
  * the delay, the budget room. The last error is rethrown unchanged, with
- * `attemptNumber` and `stopReason` added when it is an object.
+ * `attempts` and `stopReason` added when it is an object.
  */
 export declare function retry<T>(fn: (attempt: number, info: AttemptInfo) => T | PromiseLike<T>, options?: RetryOptions): Promise<T>
 
-/** The failure an error stands for (fetch Response, system errors, grpc-js errors, …). */
+/**
+ * The failure an error stands for, by the core's extraction rules (SPEC §3): fetch
+ * Responses and errors carrying one, Node and undici system errors, grpc-js errors
+ * (pushback, RetryInfo), objects with `code`/`status`/`statusCode`, the `cause` chain.
+ * The server's delay is parsed: `delayMs` or `doNotRetry`.
+ */
 export declare function failureOf(
   error: unknown,
   options?: { classify?: (error: unknown) => ClassifyResult; reasons?: ReasonCodes },
 ): Failure
 
-/** The gRPC code an error stands for. */
-export declare function codeOf(error: unknown): Code
+/** The gRPC code an error stands for (see `failureOf`). */
+export declare function codeOf(error: unknown, options?: { reasons?: ReasonCodes }): Code
 
 /** SHA-256 (hex) over the canonical JSON (RFC 8785) of `value`: the same in Rust, Python and Node. */
 export declare function fingerprint(value: unknown): string
@@ -236,7 +247,7 @@ export declare const headers: Readonly<ProtocolHeaders>
 /** HTTP statuses of the server side of the protocol (400, 422, 409). */
 export declare const httpStatus: Readonly<ProtocolHttpStatus>
 
-/** The HTTP status for an error of `execute` (400, 422, 409), or `undefined`. */
+/** The HTTP status of an error of oncely (its `httpStatus`: 400, 422, 409, 503, …), or `undefined` for any other error. */
 export declare function httpStatusOf(error: unknown): number | undefined
 
 export interface IdempotencyStoreOptions {

@@ -41,10 +41,13 @@ const httpStatus = Object.freeze(native.protocolHttpStatus())
 // Errors raised in this file (bad input to the JavaScript-only functions)
 // ---------------------------------------------------------------------------------------
 
+const JS_ERROR_STATUS = Object.freeze(native.jsErrorStatus())
+
 function invalid(Ctor, field, message) {
   const e = new Ctor(message)
   e.code = 'INVALID_ARGUMENT'
   e.kind = 'invalid_argument'
+  e.httpStatus = JS_ERROR_STATUS.invalidArgument
   e.field = field
   return e
 }
@@ -106,53 +109,15 @@ function canonicalJson(value) {
 // Error extraction: which gRPC code (and server delay) a JavaScript error stands for
 // ---------------------------------------------------------------------------------------
 
-const { CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, UNAVAILABLE, UNIMPLEMENTED } = Code
+// This part only reads: it walks a JavaScript error (its `code`, `status`, `statusCode`,
+// `name` and constructors, a fetch Response or `response`, @grpc/grpc-js metadata, the
+// `cause` chain) and hands the raw facts to the core, whose rules decide the code and
+// the server's delay (SPEC §3, "Extraction"), the same rules Rust and Python apply.
 
-// Node system errors and undici's. The request may have been sent (ECONNRESET, EPIPE,
-// a socket closed mid-response): the outcome is unknown, which is UNAVAILABLE, retried
-// only by a safe (keyed) call. Not sent (refused, unreachable, DNS): UNAVAILABLE too.
-const SYSTEM_CODES = {
-  __proto__: null,
-  ECONNRESET: UNAVAILABLE,
-  EPIPE: UNAVAILABLE,
-  ECONNABORTED: UNAVAILABLE,
-  ECONNREFUSED: UNAVAILABLE,
-  EHOSTUNREACH: UNAVAILABLE,
-  EHOSTDOWN: UNAVAILABLE,
-  ENETUNREACH: UNAVAILABLE,
-  ENETDOWN: UNAVAILABLE,
-  EAI_AGAIN: UNAVAILABLE,
-  ENOTFOUND: UNAVAILABLE,
-  ETIMEDOUT: DEADLINE_EXCEEDED,
-  ESOCKETTIMEDOUT: DEADLINE_EXCEEDED,
-  UND_ERR_SOCKET: UNAVAILABLE,
-  UND_ERR_CLOSED: UNAVAILABLE,
-  UND_ERR_CONNECT_TIMEOUT: UNAVAILABLE,
-  UND_ERR_REQ_RETRY: UNAVAILABLE,
-  UND_ERR_HEADERS_TIMEOUT: DEADLINE_EXCEEDED,
-  UND_ERR_BODY_TIMEOUT: DEADLINE_EXCEEDED,
-  UND_ERR_ABORTED: CANCELLED,
-  ABORT_ERR: CANCELLED,
-  UND_ERR_INVALID_ARG: INVALID_ARGUMENT,
-  UND_ERR_INVALID_RETURN_VALUE: INVALID_ARGUMENT,
-  UND_ERR_NOT_SUPPORTED: UNIMPLEMENTED,
-}
-
-const defaultReasons = new ReasonCodes()
-
-function header(h, name) {
-  if (h === null || typeof h !== 'object') return undefined
-  let v
-  if (typeof h.get === 'function') v = h.get(name)
-  else v = h[name.toLowerCase()] ?? h[name]
-  if (Array.isArray(v)) v = v[0]
-  if (v === undefined || v === null) return undefined
-  return typeof v === 'string' ? v : String(v)
-}
-
-function isStatus(n) {
-  return typeof n === 'number' && Number.isInteger(n) && n >= 0 && n <= 65535
-}
+const { UNKNOWN } = Code
+const EXTRACT_HEADERS = native.extractHeaders()
+// The core reads the error and at most four causes.
+const MAX_CHAIN = 5
 
 /** A failure in the core's terms: `code` and the server's delay, if any. */
 class Failure {
@@ -165,60 +130,93 @@ class Failure {
   }
 }
 
-function fromHttp(status, h) {
-  const f = new Failure(native.codeFromHttp(status))
-  f.retryAfter = header(h, 'retry-after')
+function rawValue(v) {
+  if (typeof v === 'string') return v.length <= 256 ? v : undefined
+  if (typeof v === 'number' && Number.isInteger(v)) return v
+  return undefined
+}
+
+// A header or metadata value as text; binary (`-bin`) values in base64, as on the wire.
+function headerText(name, v) {
+  if (Array.isArray(v)) v = v[0]
+  if (typeof v === 'string') return v
+  if (typeof v === 'number' && Number.isFinite(v)) return String(v)
+  if (v instanceof Uint8Array) return Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString(name.toLowerCase().endsWith('-bin') ? 'base64' : 'latin1')
+  return undefined
+}
+
+// The pairs the core reads, from a Headers object, grpc-js Metadata or a plain object.
+function collect(h, out) {
+  if (h === null || typeof h !== 'object') return
+  if (typeof h.get === 'function') {
+    for (const name of EXTRACT_HEADERS) {
+      const v = headerText(name, h.get(name))
+      if (v !== undefined) out.push([name, v])
+    }
+    return
+  }
+  for (const key of Object.keys(h)) {
+    if (!EXTRACT_HEADERS.includes(key.toLowerCase())) continue
+    const v = headerText(key, h[key])
+    if (v !== undefined) out.push([key, v])
+  }
+}
+
+function typeNames(err) {
+  const names = []
+  if (typeof err.name === 'string') names.push(err.name)
+  let p = Object.getPrototypeOf(err)
+  for (let i = 0; p !== null && i < 16; i++) {
+    const c = Object.hasOwn(p, 'constructor') ? p.constructor : undefined
+    if (typeof c === 'function' && typeof c.name === 'string' && c.name !== '' && !names.includes(c.name)) names.push(c.name)
+    p = Object.getPrototypeOf(p)
+  }
+  return names
+}
+
+function level(err) {
+  const res = err.response
+  const hasRes = res !== null && typeof res === 'object'
+  const headers = []
+  collect(err.headers, headers)
+  if (hasRes) collect(res.headers, headers)
+  collect(err.metadata, headers)
+  let status = rawValue(err.status)
+  if (status === undefined && hasRes) status = rawValue(res.status)
+  let statusCode = rawValue(err.statusCode)
+  if (statusCode === undefined && hasRes) statusCode = rawValue(res.statusCode)
+  const d = err.retryAfterMs
+  return {
+    code: rawValue(err.code),
+    status,
+    statusCode,
+    typeNames: typeNames(err),
+    headers,
+    delayMs: typeof d === 'number' && Number.isFinite(d) && d >= 0 ? d : undefined,
+  }
+}
+
+function extract(err, reasons) {
+  const levels = []
+  try {
+    for (let e = err; levels.length < MAX_CHAIN && e !== null && (typeof e === 'object' || typeof e === 'function'); e = e.cause) {
+      levels.push(level(e))
+    }
+  } catch {
+    // an error whose properties throw is read as far as it could be
+  }
+  const x = native.extractFailure(levels, reasons)
+  const f = new Failure(x.code)
+  if (x.delayMs !== undefined && x.delayMs !== null) f.delayMs = x.delayMs
+  if (x.doNotRetry) f.doNotRetry = true
   return f
 }
 
-function extract(err, reasons, depth) {
-  if (err === null || (typeof err !== 'object' && typeof err !== 'function')) return new Failure(UNKNOWN)
-  const code = err.code
-  // A fetch Response (thrown by the caller), or an error carrying one.
-  if (isStatus(err.status) && err.headers && typeof err.headers.get === 'function' && typeof code !== 'string') {
-    return fromHttp(err.status, err.headers)
-  }
-  const res = err.response
-  if (res !== null && typeof res === 'object') {
-    const status = isStatus(res.status) ? res.status : res.statusCode
-    if (isStatus(status)) return fromHttp(status, res.headers)
-  }
-  // @grpc/grpc-js: a numeric status code and metadata with the server's pushback.
-  if (typeof code === 'number' && Number.isInteger(code) && code >= 0 && code <= 16) {
-    const f = new Failure(code)
-    const md = err.metadata
-    if (md && typeof md.get === 'function') f.pushback = header(md, headers.grpcRetryPushbackMs)
-    return f
-  }
-  if (typeof code === 'string') {
-    let c = SYSTEM_CODES[code]
-    if (c === undefined && Object.hasOwn(Code, code) && typeof Code[code] === 'number') c = Code[code]
-    if (c === undefined) {
-      const r = (reasons ?? defaultReasons).resolve(code)
-      if (r !== null) c = r
-    }
-    if (c !== undefined) {
-      const f = new Failure(c)
-      // oncely's own in-progress error, or any error saying when to come back.
-      if (typeof err.retryAfterMs === 'number' && err.retryAfterMs >= 0 && Number.isFinite(err.retryAfterMs)) f.delayMs = err.retryAfterMs
-      return f
-    }
-    if (code.startsWith('UND_ERR')) return new Failure(UNAVAILABLE)
-  }
-  const status = isStatus(err.status) ? err.status : err.statusCode
-  if (isStatus(status)) return fromHttp(status, err.headers)
-  if (err.name === 'TimeoutError') return new Failure(DEADLINE_EXCEEDED)
-  if (err.name === 'AbortError') return new Failure(CANCELLED)
-  // fetch() rejects with TypeError('fetch failed') whose cause is the socket error.
-  if (err.cause !== undefined && depth < 4) return extract(err.cause, reasons, depth + 1)
-  return new Failure(UNKNOWN)
-}
-
 function fromUser(out, err, reasons) {
-  if (out === undefined || out === null) return extract(err, reasons, 0)
-  if (typeof out === 'number' || typeof out === 'string') return new Failure(toCode(out, 'classify() result'))
+  if (out === undefined || out === null) return extract(err, reasons)
+  if (typeof out === 'number' || typeof out === 'string') return new Failure(toCode(out, 'classify() result', reasons))
   if (typeof out !== 'object') throw mustBe('a code, an object or undefined', 'classify() result', out)
-  const f = new Failure(toCode(out.code, 'classify() result code'))
+  const f = new Failure(toCode(out.code, 'classify() result code', reasons))
   if (out.retryAfterMs !== undefined) {
     if (typeof out.retryAfterMs !== 'number') throw mustBe('a number', 'retryAfterMs', out.retryAfterMs)
     f.delayMs = out.retryAfterMs
@@ -227,11 +225,14 @@ function fromUser(out, err, reasons) {
   return f
 }
 
-function toCode(c, field) {
+const defaultReasons = new ReasonCodes()
+
+// A code a user's `classify` returned: a gRPC code (number or name) or a reason.
+function toCode(c, field, reasons) {
   if (typeof c === 'number' && Number.isInteger(c) && c >= 0 && c <= 16) return c
   if (typeof c === 'string' && Object.hasOwn(Code, c) && typeof Code[c] === 'number') return Code[c]
   if (typeof c === 'string') {
-    const r = defaultReasons.resolve(c)
+    const r = (reasons ?? defaultReasons).resolve(c)
     if (r !== null) return r
   }
   throw invalid(typeof c === 'number' || typeof c === 'string' ? RangeError : TypeError, field, `${field} must be a gRPC code (0..16 or a name such as 'UNAVAILABLE'), got ${typeof c === 'string' ? JSON.stringify(c) : typeName(c)}`)
@@ -245,12 +246,12 @@ function toCode(c, field) {
 function failureOf(err, options) {
   const reasons = options?.reasons
   const classify = options?.classify
-  return classify === undefined ? extract(err, reasons, 0) : fromUser(classify(err), err, reasons)
+  return classify === undefined ? extract(err, reasons) : fromUser(classify(err), err, reasons)
 }
 
 /** The gRPC code an error stands for (see `failureOf`). */
-function codeOf(err) {
-  return extract(err, undefined, 0).code
+function codeOf(err, options) {
+  return extract(err, options?.reasons).code
 }
 
 // ---------------------------------------------------------------------------------------
@@ -300,8 +301,10 @@ class AttemptInfo {
 function annotate(error, attempt, reason) {
   if (error !== null && (typeof error === 'object' || typeof error === 'function')) {
     try {
-      error.attemptNumber = attempt
+      error.attempts = attempt
       error.stopReason = reason
+      // The name before `attempts` (deprecated).
+      error.attemptNumber = attempt
     } catch {
       // a frozen error is rethrown as it is
     }
@@ -333,7 +336,7 @@ const NO_OPTIONS = Object.freeze({ safe: false, rereads: false, transientInterna
 
 /**
  * Calls `fn(attempt, info)` until it succeeds or the core says stop (SPEC §4); the
- * last error is rethrown unchanged, with `attemptNumber` and `stopReason` added.
+ * last error is rethrown unchanged, with `attempts` and `stopReason` added.
  */
 async function retry(fn, options) {
   if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
@@ -350,13 +353,13 @@ async function retry(fn, options) {
     } catch (error) {
       if (signal !== undefined && signal.aborted) throw signal.reason
       if (state === null) state = newState(o)
-      const f = o.classify === undefined ? extract(error, o.reasons, 0) : fromUser(o.classify(error), error, o.reasons)
+      const f = o.classify === undefined ? extract(error, o.reasons) : fromUser(o.classify(error), error, o.reasons)
       const delay = state.onFailure(f.code, f.delayMs, f.doNotRetry, f.pushback, f.retryAfter)
       if (delay < 0) {
         annotate(error, attempt, state.stopReason)
         throw error
       }
-      if (o.onRetry !== undefined) o.onRetry({ attempt, delayMs: delay, error, reason: state.rule, code: f.code })
+      if (o.onRetry !== undefined) o.onRetry({ attempt, delayMs: delay, error, rule: state.rule, reason: state.rule, code: f.code })
       if (o.clock !== undefined) o.clock.advance(delay) // test hook: time passes, no timer
       else if (delay > 0) await sleep(delay, signal)
       if (signal !== undefined && signal.aborted) throw signal.reason
@@ -732,20 +735,14 @@ class IdempotencyStore {
 }
 
 /**
- * The HTTP status for an error of `execute` by the protocol (400 missing key, 422
- * fingerprint mismatch, 409 in progress), or `undefined` for any other error.
+ * The HTTP status a server answers with an error of oncely (`err.httpStatus`: 400
+ * invalid or missing key, 422 fingerprint mismatch, 409 in progress, 503 store
+ * unavailable, …), or `undefined` for any other error.
  */
 function httpStatusOf(err) {
-  switch (err !== null && typeof err === 'object' ? err.kind : undefined) {
-    case 'missing_key':
-      return httpStatus.missingKey
-    case 'fingerprint_mismatch':
-      return httpStatus.fingerprintMismatch
-    case 'in_progress':
-      return httpStatus.inProgress
-    default:
-      return undefined
-  }
+  if (err === null || typeof err !== 'object') return undefined
+  const s = err.httpStatus
+  return typeof s === 'number' && typeof err.kind === 'string' ? s : undefined
 }
 
 // ---------------------------------------------------------------------------------------
@@ -873,6 +870,7 @@ function unavailable(message, props) {
   const e = new Error(message)
   e.code = 'UNAVAILABLE'
   e.kind = 'unavailable'
+  e.httpStatus = JS_ERROR_STATUS.unavailable
   return Object.assign(e, props)
 }
 

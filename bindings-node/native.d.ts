@@ -271,6 +271,25 @@ export declare function deriveKey(businessId: string, operation: string): string
  */
 export declare function encodeRecord(kind: string, payload?: string | Buffer): Buffer
 
+/** The failure `extractFailure` found: a code and the server's delay, if any. */
+export interface Extracted {
+  /** The gRPC code. */
+  code: Code
+  /** The server's delay in ms, if it asked for one. */
+  delayMs?: number
+  /** The server said not to retry. */
+  doNotRetry: boolean
+}
+
+/**
+ * The failure an error stands for, by the core's rules (SPEC §3, "Extraction"), from
+ * the raw facts of the error and its causes.
+ */
+export declare function extractFailure(levels: Array<RawLevel>, reasons?: ReasonCodes | undefined | null): Extracted
+
+/** The header and metadata names the core reads off a failure. */
+export declare function extractHeaders(): Array<string>
+
 /**
  * SHA-256 (hex) of raw bytes (a string is taken as its UTF-8 bytes), for callers
  * with their own canonical form.
@@ -279,6 +298,20 @@ export declare function fingerprintBytes(data: Uint8Array | string): string
 
 /** SHA-256 (hex) of the canonical JSON of a JSON text. Internal, see above. */
 export declare function fingerprintText(json: string): string
+
+/** See [`JsErrorStatus`]. */
+export declare function jsErrorStatus(): JsErrorStatus
+
+/**
+ * The HTTP statuses of the errors the JavaScript layer makes itself (the core's
+ * `Error::http_status` of the same kinds).
+ */
+export interface JsErrorStatus {
+  /** `invalid_argument`. */
+  invalidArgument: number
+  /** `unavailable`. */
+  unavailable: number
+}
 
 /**
  * A random idempotency key (UUID v4 from OS randomness): make one per business
@@ -337,6 +370,25 @@ export interface Pushback {
   delayMs?: number
   /** True for a negative pushback: do not retry. */
   doNotRetry: boolean
+}
+
+/**
+ * What the JavaScript layer read off one error of a chain (the error, then its
+ * `cause`s), unjudged; the core's `extract` decides what it means.
+ */
+export interface RawLevel {
+  /** The error's `code`. */
+  code?: string | number
+  /** The error's `status`, or its response's. */
+  status?: string | number
+  /** The error's `statusCode`, or its response's. */
+  statusCode?: string | number
+  /** The error's `name` and its constructors' names, most specific first. */
+  typeNames?: Array<string>
+  /** `[name, value]` pairs of headers and gRPC metadata (binary values in base64). */
+  headers?: Array<Array<string>>
+  /** A delay the error states itself (`retryAfterMs`). */
+  delayMs?: number
 }
 
 /** Counts of what one Redis store instance has done since it was made. */

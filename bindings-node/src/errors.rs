@@ -123,6 +123,7 @@ pub(crate) fn type_error(env: sys::napi_env, field: &str, message: &str) -> napi
         message,
         &[
             Prop::Str(c"kind", "invalid_argument"),
+            Prop::Num(c"httpStatus", invalid_argument_status()),
             Prop::Str(c"field", field),
         ],
     )
@@ -137,6 +138,7 @@ pub(crate) fn range_error(env: sys::napi_env, field: &str, reason: &str) -> napi
         &format!("invalid {field}: {reason}"),
         &[
             Prop::Str(c"kind", "invalid_argument"),
+            Prop::Num(c"httpStatus", invalid_argument_status()),
             Prop::Str(c"field", field),
         ],
     )
@@ -155,11 +157,12 @@ pub(crate) fn core_error(env: sys::napi_env, e: &oncely::Error) -> napi::Error {
             code,
             &e.to_string(),
             &[
-                Prop::Str(c"kind", "missing_key"),
+                Prop::Str(c"kind", e.kind()),
+                Prop::Num(c"httpStatus", f64::from(e.http_status())),
                 Prop::Str(c"field", "idempotencyKey"),
             ],
         ),
-        oncely::Error::FingerprintMismatch => simple(env, code, e, "fingerprint_mismatch"),
+        oncely::Error::FingerprintMismatch => simple(env, code, e),
         oncely::Error::InProgress { retry_after } => throw(
             env,
             Ctor::Error,
@@ -169,29 +172,35 @@ pub(crate) fn core_error(env: sys::napi_env, e: &oncely::Error) -> napi::Error {
                 retry_after.as_millis()
             ),
             &[
-                Prop::Str(c"kind", "in_progress"),
+                Prop::Str(c"kind", e.kind()),
+                Prop::Num(c"httpStatus", f64::from(e.http_status())),
                 Prop::Num(c"retryAfterMs", retry_after.as_secs_f64() * 1000.0),
             ],
         ),
-        oncely::Error::LeaseLost => simple(env, code, e, "lease_lost"),
+        oncely::Error::LeaseLost => simple(env, code, e),
         oncely::Error::Capacity { max_entries } => throw(
             env,
             Ctor::Error,
             code,
             &e.to_string(),
             &[
-                Prop::Str(c"kind", "capacity"),
+                Prop::Str(c"kind", e.kind()),
+                Prop::Num(c"httpStatus", f64::from(e.http_status())),
                 Prop::Num(c"maxEntries", *max_entries as f64),
             ],
         ),
-        oncely::Error::Unavailable(_) => simple(env, code, e, "unavailable"),
-        oncely::Error::LeaderPanicked(_) => simple(env, code, e, "leader_panicked"),
+        oncely::Error::Unavailable(_) => simple(env, code, e),
+        oncely::Error::LeaderPanicked(_) => simple(env, code, e),
         oncely::Error::Reentrant { key } => throw(
             env,
             Ctor::Error,
             code,
             &e.to_string(),
-            &[Prop::Str(c"kind", "reentrant"), Prop::Str(c"key", key)],
+            &[
+                Prop::Str(c"kind", e.kind()),
+                Prop::Num(c"httpStatus", f64::from(e.http_status())),
+                Prop::Str(c"key", key),
+            ],
         ),
         oncely::Error::ResultNotStored { key, type_name } => throw(
             env,
@@ -199,22 +208,37 @@ pub(crate) fn core_error(env: sys::napi_env, e: &oncely::Error) -> napi::Error {
             code,
             &e.to_string(),
             &[
-                Prop::Str(c"kind", "result_not_stored"),
+                Prop::Str(c"kind", e.kind()),
+                Prop::Num(c"httpStatus", f64::from(e.http_status())),
                 Prop::Str(c"key", key),
                 Prop::Str(c"typeName", type_name),
             ],
         ),
-        _ => simple(env, code, e, "other"),
+        _ => simple(env, code, e),
     }
 }
 
-fn simple(env: sys::napi_env, code: &str, e: &oncely::Error, kind: &str) -> napi::Error {
+fn simple(env: sys::napi_env, code: &str, e: &oncely::Error) -> napi::Error {
     throw(
         env,
         Ctor::Error,
         code,
         &e.to_string(),
-        &[Prop::Str(c"kind", kind)],
+        &[
+            Prop::Str(c"kind", e.kind()),
+            Prop::Num(c"httpStatus", f64::from(e.http_status())),
+        ],
+    )
+}
+
+/// The HTTP status of an INVALID_ARGUMENT error (the core's `Error::http_status`).
+pub(crate) fn invalid_argument_status() -> f64 {
+    f64::from(
+        oncely::Error::InvalidArgument {
+            field: "",
+            reason: String::new(),
+        }
+        .http_status(),
     )
 }
 
@@ -226,5 +250,24 @@ pub(crate) trait OrThrow<T> {
 impl<T> OrThrow<T> for Result<T, oncely::Error> {
     fn or_throw(self, env: sys::napi_env) -> napi::Result<T> {
         self.map_err(|e| core_error(env, &e))
+    }
+}
+
+/// The HTTP statuses of the errors the JavaScript layer makes itself (the core's
+/// `Error::http_status` of the same kinds).
+#[napi_derive::napi(object)]
+pub struct JsErrorStatus {
+    /// `invalid_argument`.
+    pub invalid_argument: f64,
+    /// `unavailable`.
+    pub unavailable: f64,
+}
+
+/// See [`JsErrorStatus`].
+#[napi_derive::napi]
+pub fn js_error_status() -> JsErrorStatus {
+    JsErrorStatus {
+        invalid_argument: invalid_argument_status(),
+        unavailable: f64::from(oncely::Error::Unavailable(String::new()).http_status()),
     }
 }

@@ -613,3 +613,95 @@ impl ReasonCodes {
         self.inner.resolve(&reason).map(|c| c as u32)
     }
 }
+
+/// What the JavaScript layer read off one error of a chain (the error, then its
+/// `cause`s), unjudged; the core's `extract` decides what it means.
+#[napi(object)]
+pub struct RawLevel {
+    /// The error's `code`.
+    pub code: Option<Either<String, f64>>,
+    /// The error's `status`, or its response's.
+    pub status: Option<Either<String, f64>>,
+    /// The error's `statusCode`, or its response's.
+    pub status_code: Option<Either<String, f64>>,
+    /// The error's `name` and its constructors' names, most specific first.
+    pub type_names: Option<Vec<String>>,
+    /// `[name, value]` pairs of headers and gRPC metadata (binary values in base64).
+    pub headers: Option<Vec<Vec<String>>>,
+    /// A delay the error states itself (`retryAfterMs`).
+    pub delay_ms: Option<f64>,
+}
+
+/// The failure `extractFailure` found: a code and the server's delay, if any.
+#[napi(object)]
+pub struct Extracted {
+    /// The gRPC code.
+    #[napi(ts_type = "Code")]
+    pub code: u32,
+    /// The server's delay in ms, if it asked for one.
+    pub delay_ms: Option<f64>,
+    /// The server said not to retry.
+    pub do_not_retry: bool,
+}
+
+fn raw_value(v: Option<Either<String, f64>>) -> Option<oncely::RawValue> {
+    match v? {
+        Either::A(s) => Some(oncely::RawValue::Text(s)),
+        Either::B(n) if n.is_finite() && n.fract() == 0.0 && n.abs() < 9.0e15 => {
+            Some(oncely::RawValue::Int(n as i64))
+        }
+        Either::B(_) => None,
+    }
+}
+
+/// The header and metadata names the core reads off a failure.
+#[napi]
+pub fn extract_headers() -> Vec<&'static str> {
+    oncely::RawFailure::HEADERS.to_vec()
+}
+
+/// The failure an error stands for, by the core's rules (SPEC §3, "Extraction"), from
+/// the raw facts of the error and its causes.
+#[napi]
+pub fn extract_failure(levels: Vec<RawLevel>, reasons: Option<&ReasonCodes>) -> Extracted {
+    let mut raw: Option<oncely::RawFailure> = None;
+    for level in levels.into_iter().rev() {
+        raw = Some(oncely::RawFailure {
+            code: raw_value(level.code),
+            status: raw_value(level.status),
+            status_code: raw_value(level.status_code),
+            errno: None,
+            type_names: level.type_names.unwrap_or_default(),
+            headers: level
+                .headers
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|mut p| {
+                    (p.len() == 2).then(|| {
+                        let v = p.pop().unwrap_or_default();
+                        (p.pop().unwrap_or_default(), v)
+                    })
+                })
+                .collect(),
+            delay: level
+                .delay_ms
+                .filter(|d| d.is_finite() && *d >= 0.0)
+                .and_then(|d| oncely::duration_from_millis_f64("retry_after", d).ok()),
+            cause: raw.take().map(Box::new),
+        });
+    }
+    let raw = raw.unwrap_or_default();
+    let default = oncely::ReasonCodes::default();
+    let reasons = reasons.map_or(&default, |r| &r.inner);
+    let f = oncely::extract(&raw, reasons, SystemTime::now());
+    let (delay_ms, do_not_retry) = match f.server_delay {
+        Some(ServerDelay::After(d)) => (Some(ms(d)), false),
+        Some(ServerDelay::DoNotRetry) => (None, true),
+        None => (None, false),
+    };
+    Extracted {
+        code: f.code as u32,
+        delay_ms,
+        do_not_retry,
+    }
+}

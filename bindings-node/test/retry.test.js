@@ -171,8 +171,8 @@ test('onRetry sees each retry: attempt, delay, error, rule, code', async () => {
   )
   assert.equal(v, 'done')
   assert.deepEqual(events, [
-    { attempt: 1, delayMs: 1, error: errors[0], reason: 'transient_safe', code: Code.UNAVAILABLE },
-    { attempt: 2, delayMs: 0, error: errors[1], reason: 'rate_limited', code: Code.RESOURCE_EXHAUSTED },
+    { attempt: 1, delayMs: 1, error: errors[0], rule: 'transient_safe', reason: 'transient_safe', code: Code.UNAVAILABLE },
+    { attempt: 2, delayMs: 0, error: errors[1], rule: 'rate_limited', reason: 'rate_limited', code: Code.RESOURCE_EXHAUSTED },
   ])
 })
 
@@ -245,12 +245,12 @@ test('seeded jitter: the same delays as RetryPolicy.delayAfter (the core decides
 
 test('error extraction: fetch Responses, system and undici errors, grpc-js, objects with codes', () => {
   const response = new Response('busy', { status: 503, headers: { 'Retry-After': '2' } })
-  assert.deepEqual({ ...failureOf(response) }, { code: Code.UNAVAILABLE, delayMs: undefined, doNotRetry: undefined, pushback: undefined, retryAfter: '2' })
+  assert.deepEqual({ ...failureOf(response) }, { code: Code.UNAVAILABLE, delayMs: 2000, doNotRetry: undefined, pushback: undefined, retryAfter: undefined })
   const carrying = Object.assign(new Error('HTTP 429'), { response: new Response('', { status: 429, headers: { 'retry-after': '1' } }) })
   assert.equal(failureOf(carrying).code, Code.RESOURCE_EXHAUSTED)
-  assert.equal(failureOf(carrying).retryAfter, '1')
+  assert.equal(failureOf(carrying).delayMs, 1000)
   const axiosLike = Object.assign(new Error('x'), { response: { status: 502, headers: { 'retry-after': '3' } } })
-  assert.deepEqual([failureOf(axiosLike).code, failureOf(axiosLike).retryAfter], [Code.UNAVAILABLE, '3'])
+  assert.deepEqual([failureOf(axiosLike).code, failureOf(axiosLike).delayMs], [Code.UNAVAILABLE, 3000])
   for (const [code, want] of [
     ['ECONNRESET', 'UNAVAILABLE'],
     ['EPIPE', 'UNAVAILABLE'],
@@ -272,7 +272,7 @@ test('error extraction: fetch Responses, system and undici errors, grpc-js, obje
   // @grpc/grpc-js: numeric code, pushback in metadata (as a Buffer or a string).
   const md = { get: (k) => (k === 'grpc-retry-pushback-ms' ? [Buffer.from('250')] : []) }
   const g = failureOf(Object.assign(new Error('8 RESOURCE_EXHAUSTED'), { code: 8, metadata: md }))
-  assert.deepEqual([g.code, g.pushback], [Code.RESOURCE_EXHAUSTED, '250'])
+  assert.deepEqual([g.code, g.delayMs], [Code.RESOURCE_EXHAUSTED, 250])
   // oncely's own in-progress error carries retryAfterMs.
   const inProgress = Object.assign(new Error('in progress'), { code: 'ABORTED', kind: 'in_progress', retryAfterMs: 1000 })
   assert.deepEqual([failureOf(inProgress).code, failureOf(inProgress).delayMs], [Code.ABORTED, 1000])
@@ -331,4 +331,54 @@ test('bad options are TypeErrors naming the field', async () => {
   await assert.rejects(retry(async () => 1, { onRetry: 1 }), { name: 'TypeError', field: 'onRetry' })
   await assert.rejects(retry(async () => 1, { classify: {} }), { name: 'TypeError', field: 'classify' })
   await assert.rejects(retry(async () => 1, { _clock: {} }), { name: 'TypeError', field: '_clock' })
+})
+
+test('errors of oncely carry kind and httpStatus from the core', async () => {
+  const bad = (fn) => {
+    try {
+      fn()
+    } catch (e) {
+      return e
+    }
+    assert.fail('no error')
+  }
+  const short = bad(() => oncely.validateKey('short'))
+  assert.deepEqual([short.kind, short.httpStatus, oncely.httpStatusOf(short)], ['invalid_argument', 400, 400])
+  const missing = bad(() => oncely.validateKey(''))
+  assert.deepEqual([missing.kind, missing.httpStatus], ['missing_key', 400])
+  const badOption = bad(() => new oncely.RetryPolicy({ maxAttempts: 0 }))
+  assert.deepEqual([badOption.kind, badOption.httpStatus], ['invalid_argument', 400])
+  const jsSide = await oncely.retry('not a function').catch((e) => e)
+  assert.deepEqual([jsSide.kind, jsSide.httpStatus], ['invalid_argument', 400])
+
+  const store = new oncely.IdempotencyStore()
+  const key = oncely.scope('acme', 'Charge', oncely.newKey())
+  await store.execute(key, oncely.fingerprint({ a: 1 }), async () => 'done')
+  const mismatch = await store.execute(key, oncely.fingerprint({ a: 2 }), async () => 'never').catch((e) => e)
+  assert.deepEqual([mismatch.kind, mismatch.httpStatus, oncely.httpStatusOf(mismatch)], ['fingerprint_mismatch', 422, 422])
+  const key2 = oncely.scope('acme', 'Charge', oncely.newKey())
+  let release
+  const running = store.execute(key2, oncely.fingerprint({ a: 1 }), () => new Promise((r) => (release = r)))
+  const busy = await store.execute(key2, oncely.fingerprint({ a: 1 }), async () => 'x', { wait: false }).catch((e) => e)
+  assert.deepEqual([busy.kind, busy.httpStatus], ['in_progress', 409])
+  release('done')
+  await running
+  assert.equal(oncely.httpStatusOf(new Error('not ours')), undefined)
+  assert.equal(oncely.httpStatusOf({ httpStatus: 400 }), undefined)
+})
+
+test('one name per fact: err.attempts, err.stopReason, event.rule (old names kept)', async () => {
+  const events = []
+  const err = Object.assign(new Error('down'), { code: 'UNAVAILABLE' })
+  await assert.rejects(
+    oncely.retry(
+      () => {
+        throw err
+      },
+      { safe: true, policy: { maxAttempts: 2, baseDelayMs: 1, jitter: 0 }, _clock: new ManualClock(), onRetry: (e) => events.push(e) },
+    ),
+    (e) => e === err && e.attempts === 2 && e.attemptNumber === 2 && e.stopReason === 'attempts_exhausted',
+  )
+  assert.equal(events.length, 1)
+  assert.deepEqual([events[0].attempt, events[0].rule, events[0].reason], [1, 'transient_safe', 'transient_safe'])
 })

@@ -213,3 +213,61 @@ test('result_codec.json: the stored form of a RedisStore result', () => {
     else assert.deepEqual(oncely.decodeResult(record, (body) => ['decoded', body]), ['decoded', payload], c.comment)
   }
 })
+
+// A JavaScript error of the shape an extraction vector describes.
+function foreign(shape) {
+  const names = shape.names ?? []
+  let Cls = Error
+  for (const name of [...names].reverse()) {
+    const Base = Cls
+    Cls = { [name]: class extends Base {} }[name]
+  }
+  const err = new Cls('a foreign error')
+  if (names.length > 0) err.name = names[0]
+  if ('code' in shape) err.code = shape.code
+  if ('status' in shape) err.status = shape.status
+  if ('status_code' in shape) err.statusCode = shape.status_code
+  if ('headers' in shape) err.headers = shape.headers
+  if ('response' in shape) {
+    const r = shape.response
+    err.response = { status: r.status, statusCode: r.status_code, headers: r.headers === undefined ? undefined : new Headers(r.headers) }
+  }
+  if ('metadata' in shape) {
+    // @grpc/grpc-js Metadata: get(key) gives every value, binary ones as Buffers.
+    const md = new Map(Object.entries(shape.metadata).map(([k, v]) => [k.toLowerCase(), k.endsWith('-bin') && /^[A-Za-z0-9+/]*=*$/.test(v) ? Buffer.from(v, 'base64') : v]))
+    err.metadata = { get: (k) => (md.has(k) ? [md.get(k)] : []) }
+  }
+  if ('cause' in shape) err.cause = foreign(shape.cause)
+  return err
+}
+
+test('extraction.json: foreign errors read by the core', async () => {
+  const cases = load('extraction.json')
+  assert.ok(cases.length > 100)
+  for (const [i, c] of cases.entries()) {
+    const reasons = new oncely.ReasonCodes()
+    for (const [name, code] of Object.entries(c.reasons ?? {})) reasons.register(name, code)
+    const f = oncely.failureOf(foreign(c.error), { reasons })
+    assert.deepEqual(
+      { code: Code[f.code], delayMs: f.delayMs ?? null, doNotRetry: f.doNotRetry === true },
+      { code: c.code, delayMs: c.delay_ms, doNotRetry: c.do_not_retry },
+      label(i, c),
+    )
+    assert.deepEqual(oncely.classify(f.code, { safe: true }), { retryable: c.retryable, rule: c.rule }, label(i, c))
+    // Retried with safe and 2 attempts: the second attempt happens exactly when the
+    // code is retryable and the server did not say no.
+    let calls = 0
+    await assert.rejects(
+      oncely.retry(
+        () => {
+          calls++
+          throw foreign(c.error)
+        },
+        { safe: true, reasons, policy: { maxAttempts: 2, baseDelayMs: 1, jitter: 0 }, _clock: new ManualClock() },
+      ),
+      /a foreign error/,
+      label(i, c),
+    )
+    assert.equal(calls, c.retryable && !c.do_not_retry ? 2 : 1, label(i, c))
+  }
+})

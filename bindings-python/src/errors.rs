@@ -89,6 +89,8 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         }
     };
     let exc = cls.call((message,), Some(&kwargs))?;
+    exc.setattr("kind", err.kind())?;
+    exc.setattr("http_status", err.http_status())?;
     Ok(PyErr::from_value(exc))
 }
 

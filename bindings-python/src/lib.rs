@@ -31,6 +31,9 @@ fn _oncely(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<retry::BudgetSnapshot>()?;
     m.add_class::<retry::Failure>()?;
     m.add_class::<retry::RetryState>()?;
+    m.add_class::<retry::ReasonCodes>()?;
+    m.add_function(wrap_pyfunction!(retry::extract, m)?)?;
+    m.add_function(wrap_pyfunction!(retry::extract_headers, m)?)?;
 
     m.add_function(wrap_pyfunction!(keys::new_key, m)?)?;
     m.add_function(wrap_pyfunction!(keys::derive_key, m)?)?;

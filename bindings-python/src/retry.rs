@@ -617,3 +617,91 @@ pub fn parse_pushback_ms(py: Python<'_>, value: &str) -> PyResult<Option<f64>> {
         ServerDelay::DoNotRetry => Ok(None),
     }
 }
+
+/// Domain reason codes (`"RATE_LIMITED"`, …) and the gRPC code each one means; starts
+/// with the built-in ones, callers add their own.
+#[pyclass(module = "oncely")]
+#[derive(Clone, Default)]
+pub struct ReasonCodes {
+    inner: oncely::ReasonCodes,
+}
+
+#[pymethods]
+impl ReasonCodes {
+    #[new]
+    fn new() -> Self {
+        ReasonCodes::default()
+    }
+    /// Adds a reason (`[A-Z][A-Z0-9_]{0,63}`) meaning `code` (a `Code`, an int or a name).
+    fn register(&mut self, py: Python<'_>, reason: &str, code: &Bound<'_, PyAny>) -> PyResult<()> {
+        let code = match code.extract::<String>() {
+            Ok(name) => name.parse::<Code>().py(py)?,
+            Err(_) => code_of(py, code)?,
+        };
+        self.inner.register(reason, code).py(py)
+    }
+    /// The code a reason means (an int), or None.
+    fn resolve(&self, reason: &str) -> Option<u8> {
+        self.inner.resolve(reason).map(|c| c as u8)
+    }
+    fn __repr__(&self) -> String {
+        "ReasonCodes()".to_owned()
+    }
+}
+
+/// The header and metadata names the core reads off a failure.
+#[pyfunction]
+pub fn extract_headers() -> Vec<&'static str> {
+    oncely::RawFailure::HEADERS.to_vec()
+}
+
+fn raw_value(v: &Bound<'_, PyAny>) -> Option<oncely::RawValue> {
+    if v.is_none() || v.is_instance_of::<pyo3::types::PyBool>() {
+        return None;
+    }
+    if let Ok(s) = v.cast::<PyString>() {
+        return s.extract::<String>().ok().map(oncely::RawValue::Text);
+    }
+    v.extract::<i64>().ok().map(oncely::RawValue::Int)
+}
+
+/// The failure a foreign error stands for, by the core's rules, from the raw facts the
+/// Python layer read off it: `levels` is the error and its causes, each a tuple
+/// `(code, status, status_code, errno_name, type_names, headers, delay_seconds)`.
+#[pyfunction]
+#[pyo3(signature = (levels, reasons=None))]
+pub fn extract(
+    levels: &Bound<'_, pyo3::types::PyList>,
+    reasons: Option<&Bound<'_, ReasonCodes>>,
+) -> PyResult<Failure> {
+    let mut raw: Option<oncely::RawFailure> = None;
+    let items: Vec<_> = levels.iter().collect();
+    for level in items.iter().rev() {
+        let t = level.cast::<PyTuple>()?;
+        let delay = t.get_item(6)?;
+        let r = oncely::RawFailure {
+            code: raw_value(&t.get_item(0)?),
+            status: raw_value(&t.get_item(1)?),
+            status_code: raw_value(&t.get_item(2)?),
+            errno: t.get_item(3)?.extract::<Option<String>>()?,
+            type_names: t.get_item(4)?.extract::<Vec<String>>()?,
+            headers: t.get_item(5)?.extract::<Vec<(String, String)>>()?,
+            delay: if delay.is_none() {
+                None
+            } else {
+                Some(
+                    oncely::duration_from_secs_f64("retry_after", delay.extract::<f64>()?)
+                        .py(levels.py())?,
+                )
+            },
+            cause: raw.take().map(Box::new),
+        };
+        raw = Some(r);
+    }
+    let raw = raw.unwrap_or_default();
+    let f = match reasons {
+        Some(r) => oncely::extract(&raw, &r.borrow().inner, SystemTime::now()),
+        None => oncely::extract(&raw, &oncely::ReasonCodes::default(), SystemTime::now()),
+    };
+    Ok(Failure { inner: f })
+}

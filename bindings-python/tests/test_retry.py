@@ -4,6 +4,7 @@ the extraction of codes from client exceptions."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 from datetime import timedelta
 from typing import Any
@@ -297,8 +298,8 @@ def test_extraction_table() -> None:
     assert oncely.code_of(FakeRpcError(Code.UNAVAILABLE)) == Code.UNAVAILABLE
     assert _delay(oncely.failure_of(FakeRpcError(Code.RESOURCE_EXHAUSTED, (("grpc-retry-pushback-ms", "250"),)))) == (8, 0.25, False)
     assert _delay(oncely.failure_of(FakeRpcError(Code.UNAVAILABLE, (("grpc-retry-pushback-ms", "-1"),)))) == (14, None, True)
-    # a malformed pushback is ignored: local backoff applies
-    assert _delay(oncely.failure_of(FakeRpcError(Code.UNAVAILABLE, (("grpc-retry-pushback-ms", "soon"),)))) == (14, None, False)
+    # a malformed pushback means do not retry (gRFC A6)
+    assert _delay(oncely.failure_of(FakeRpcError(Code.UNAVAILABLE, (("grpc-retry-pushback-ms", "soon"),)))) == (14, None, True)
     assert oncely.code_of(FakeHTTPStatusError(503)) == Code.UNAVAILABLE
     assert _delay(oncely.failure_of(FakeHTTPStatusError(429, {"Retry-After": "3"}))) == (8, 3.0, False)
     assert _delay(oncely.failure_of(FakeClientResponseError(429, {"Retry-After": "1"}))) == (8, 1.0, False)
@@ -320,6 +321,39 @@ def test_extraction_table() -> None:
     assert oncely.code_of(WithStatusCode()) == Code.RESOURCE_EXHAUSTED
     err = oncely.InProgressError("busy", retry_after=2.0)
     assert _delay(oncely.failure_of(err)) == (10, 2.0, False)
+
+    # an OSError's errno, by its name
+    assert oncely.code_of(OSError(errno.ETIMEDOUT, "timed out")) == Code.DEADLINE_EXCEEDED
+    # the __cause__ chain: a wrapper raised from a socket error
+    wrapper = RuntimeError("request failed")
+    wrapper.__cause__ = ConnectionResetError()
+    assert oncely.code_of(wrapper) == Code.UNAVAILABLE
+    # reason codes: built-in and registered
+    assert oncely.code_of(WithCode("RATE_LIMITED")) == Code.RESOURCE_EXHAUSTED
+    reasons = oncely.ReasonCodes()
+    reasons.register("PAYMENT_PENDING", "UNAVAILABLE")
+    assert oncely.code_of(WithCode("PAYMENT_PENDING")) == Code.UNKNOWN
+    assert oncely.code_of(WithCode("PAYMENT_PENDING"), reasons) == Code.UNAVAILABLE
+    with pytest.raises(oncely.InvalidArgumentError):
+        reasons.register("RATE_LIMITED", Code.UNAVAILABLE)
+
+
+def test_retry_understands_registered_reasons() -> None:
+    reasons = oncely.ReasonCodes()
+    reasons.register("PAYMENT_PENDING", Code.UNAVAILABLE)
+    calls = []
+
+    class Pending(Exception):
+        code = "PAYMENT_PENDING"
+
+    def pending() -> str:
+        calls.append(1)
+        if len(calls) < 2:
+            raise Pending()
+        return "paid"
+
+    assert oncely.retry_sync(pending, safe=True, reasons=reasons, _sleep=lambda _s: None) == "paid"
+    assert len(calls) == 2
 
 
 def test_real_client_exceptions_when_installed() -> None:

@@ -3,6 +3,9 @@ the Python API: the same results as the Rust core's own test (core/tests/vectors
 
 from __future__ import annotations
 
+import base64
+import builtins
+from types import SimpleNamespace
 from typing import Any
 
 import oncely
@@ -247,3 +250,87 @@ def test_result_codec(case: dict[str, Any]) -> None:
         assert info.value.type_name == payload
     else:
         assert decode_result(record, lambda body: ("decoded", body)) == ("decoded", payload)
+
+
+def _foreign(shape: dict[str, Any]) -> BaseException:
+    """A Python exception of the shape an extraction vector describes."""
+    names: list[str] = shape.get("names") or []
+    cls: type[BaseException] = Exception
+    for i, name in enumerate(reversed(names)):
+        module, _, short = name.rpartition(".")
+        builtin = getattr(builtins, name, None) if not module else None
+        if i == 0 and isinstance(builtin, type) and issubclass(builtin, BaseException):
+            cls = builtin
+        else:
+            cls = type(short, (cls,), {"__module__": module or "builtins"})
+    exc = cls("a foreign error")
+    attrs: dict[str, Any] = {}
+    if "metadata" in shape:
+        pairs = tuple(
+            (k, base64.b64decode(v + "=" * (-len(v) % 4)) if k.endswith("-bin") and _is_b64(v) else v)
+            for k, v in shape["metadata"].items()
+        )
+        code = shape.get("code")
+        attrs["code"] = lambda: code
+        attrs["trailing_metadata"] = lambda: pairs
+    elif "code" in shape:
+        attrs["code"] = shape["code"]
+    for key in ("status", "status_code", "headers"):
+        if key in shape:
+            attrs[key] = shape[key]
+    if "response" in shape:
+        attrs["response"] = SimpleNamespace(**shape["response"])
+    for key, value in attrs.items():
+        setattr(exc, key, value)
+    if "cause" in shape:
+        exc.__cause__ = _foreign(shape["cause"])
+    return exc
+
+
+def _is_b64(v: str) -> bool:
+    try:
+        base64.b64decode(v + "=" * (-len(v) % 4), validate=True)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("case", load_vectors("extraction.json"), ids=case_id)
+def test_extraction(case: dict[str, Any]) -> None:
+    reasons = oncely.ReasonCodes()
+    for name, code in (case.get("reasons") or {}).items():
+        reasons.register(name, code)
+    exc = _foreign(case["error"])
+    f = oncely.failure_of(exc, reasons)
+    code = f if isinstance(f, int) else f.code
+    delay = None if isinstance(f, int) or f.delay is None else _ms(f.delay)
+    do_not_retry = False if isinstance(f, int) else f.do_not_retry
+    assert (Code(code).name, delay, do_not_retry) == (
+        case["code"],
+        case["delay_ms"],
+        case["do_not_retry"],
+    )
+    got = oncely.classify(code, safe=True)
+    assert (got.retryable, got.rule) == (case["retryable"], case["rule"])
+
+    # Retried with safe=True and 2 attempts: the second attempt happens exactly when
+    # the code is retryable and the server did not say no.
+    calls = []
+
+    def fail() -> None:
+        calls.append(1)
+        raise _foreign(case["error"])
+
+    try:
+        oncely.retry_sync(
+            fail,
+            policy=RetryPolicy(max_attempts=2, base_delay=0.001, jitter=0),
+            safe=True,
+            reasons=reasons,
+            _sleep=lambda _s: None,
+        )
+    except Exception as e:
+        assert str(e) == "a foreign error"
+    else:
+        pytest.fail("the last error was not raised")
+    assert len(calls) == (2 if case["retryable"] and not case["do_not_retry"] else 1)

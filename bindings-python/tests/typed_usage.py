@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import assert_type
+from typing import Optional, Union, assert_type
 
 import oncely
 from oncely import Code, Executed, IdempotencyStore, RetryEvent, RetryPolicy
@@ -91,6 +91,22 @@ async def redis_usage() -> None:
     assert_type(shared.counters(), dict[str, int])
     own = oncely.RedisStore("redis://127.0.0.1:6379", dumps=lambda v: repr(v), loads=lambda s: s)
     assert own.dumps is not None and own.loads is not None
+
+
+def extraction_and_errors() -> None:
+    reasons = oncely.ReasonCodes()
+    reasons.register("PAYMENT_PENDING", "UNAVAILABLE")
+    reasons.register("CARD_DECLINED", oncely.Code.FAILED_PRECONDITION)
+    assert_type(reasons.resolve("PAYMENT_PENDING"), Optional[int])
+    assert_type(oncely.code_of(ConnectionResetError(), reasons), oncely.Code)
+    failure = oncely.failure_of(TimeoutError(), reasons)
+    assert_type(failure, Union[int, oncely.Failure])
+    try:
+        oncely.validate_key("short")
+    except oncely.OncelyError as e:
+        assert_type(e.kind, str)
+        assert_type(e.http_status, int)
+    oncely.retry_sync(lambda: 1, safe=True, reasons=reasons)
 
 
 if __name__ == "__main__":

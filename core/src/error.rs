@@ -99,29 +99,51 @@ impl Error {
         }
     }
 
-    /// The HTTP status an HTTP server answers with for this error (SPEC §8).
+    /// A stable snake_case name of the variant, the same in every language (Node's
+    /// `err.kind`, Python's `exc.kind`): `invalid_argument`, `missing_key`,
+    /// `fingerprint_mismatch`, `in_progress`, `lease_lost`, `capacity`, `unavailable`,
+    /// `leader_panicked`, `reentrant`, `result_not_stored`.
+    ///
+    /// ```
+    /// assert_eq!(oncely::Error::MissingKey.kind(), "missing_key");
+    /// ```
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidArgument { .. } => "invalid_argument",
+            Error::MissingKey => "missing_key",
+            Error::FingerprintMismatch => "fingerprint_mismatch",
+            Error::InProgress { .. } => "in_progress",
+            Error::LeaseLost => "lease_lost",
+            Error::Capacity { .. } => "capacity",
+            Error::Unavailable(_) => "unavailable",
+            Error::LeaderPanicked(_) => "leader_panicked",
+            Error::Reentrant { .. } => "reentrant",
+            Error::ResultNotStored { .. } => "result_not_stored",
+        }
+    }
+
+    /// The HTTP status a server answers with this error:
     ///
     /// | error | status |
     /// |---|---|
-    /// | `InvalidArgument`, `MissingKey` | 400 |
+    /// | `InvalidArgument` (a malformed or too short key among them), `MissingKey` | 400 |
     /// | `FingerprintMismatch` | 422 |
-    /// | `InProgress`, `LeaseLost` | 409 |
+    /// | `InProgress` (send `Retry-After`), `LeaseLost` | 409 |
     /// | `Capacity`, `Unavailable` | 503 |
     /// | `LeaderPanicked`, `Reentrant`, `ResultNotStored` | 500 |
     ///
     /// ```
-    /// use oncely::Error;
-    /// assert_eq!(Error::MissingKey.http_status(), 400);
+    /// use oncely::{Error, IdempotencyKey};
+    /// assert_eq!(IdempotencyKey::parse("short").unwrap_err().http_status(), 400);
     /// assert_eq!(Error::FingerprintMismatch.http_status(), 422);
     /// ```
-    pub fn http_status(&self) -> u16 {
+    pub const fn http_status(&self) -> u16 {
+        use crate::key::http_status as h;
         match self {
-            Error::InvalidArgument { .. } | Error::MissingKey => 400,
-            Error::FingerprintMismatch => 422,
-            Error::InProgress { .. } | Error::LeaseLost => 409,
+            Error::InvalidArgument { .. } | Error::MissingKey => h::MISSING_KEY,
+            Error::FingerprintMismatch => h::FINGERPRINT_MISMATCH,
+            Error::InProgress { .. } | Error::LeaseLost => h::IN_PROGRESS,
             Error::Capacity { .. } | Error::Unavailable(_) => 503,
-            // Faults of the server itself: its action panicked, called itself with its
-            // own key, or gave a result the store cannot hold.
             Error::LeaderPanicked(_) | Error::Reentrant { .. } | Error::ResultNotStored { .. } => {
                 500
             }
@@ -141,5 +163,47 @@ impl Error {
             field,
             reason: reason.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_has_a_kind_and_an_http_status() {
+        let all = [
+            Error::invalid("max_attempts", "0"),
+            Error::MissingKey,
+            Error::FingerprintMismatch,
+            Error::InProgress {
+                retry_after: Duration::from_secs(1),
+            },
+            Error::LeaseLost,
+            Error::Capacity { max_entries: 1 },
+            Error::Unavailable("down".into()),
+            Error::LeaderPanicked("boom".into()),
+            Error::Reentrant { key: "k".into() },
+            Error::ResultNotStored {
+                key: "k".into(),
+                type_name: "Set".into(),
+            },
+        ];
+        let got: Vec<_> = all.iter().map(|e| (e.kind(), e.http_status())).collect();
+        assert_eq!(
+            got,
+            [
+                ("invalid_argument", 400),
+                ("missing_key", 400),
+                ("fingerprint_mismatch", 422),
+                ("in_progress", 409),
+                ("lease_lost", 409),
+                ("capacity", 503),
+                ("unavailable", 503),
+                ("leader_panicked", 500),
+                ("reentrant", 500),
+                ("result_not_stored", 500),
+            ]
+        );
     }
 }

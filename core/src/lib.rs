@@ -7,6 +7,8 @@
 //!   20 ms, ×2, 1 s cap, ±20 % by default), deterministic when seeded;
 //! - **classification** — [`classify`], [`Code`], [`Failure`]: which failures may be
 //!   retried, under a [`Deadline`] and a [`RetryBudget`], with server-provided delays;
+//!   [`extract`] reads a foreign error's raw facts ([`RawFailure`]) into a [`Failure`]
+//!   by the one set of rules every binding uses;
 //!   driven by the sans-IO [`RetryState`] behind [`retry`], [`retry_blocking`] and
 //!   [`simulate`];
 //! - **dedup** — [`IdempotencyKey`], [`ScopedKey`], [`fingerprint`] and the
@@ -55,6 +57,7 @@ mod classify;
 mod clock;
 mod code;
 mod error;
+mod extract;
 pub mod http;
 mod http_date;
 mod key;
@@ -77,6 +80,7 @@ pub use classify::{
 pub use clock::{Clock, Deadline, ManualClock, SharedClock, SystemClock};
 pub use code::{Code, ReasonCodes};
 pub use error::Error;
+pub use extract::{extract, RawFailure, RawValue};
 pub use key::{
     canonical_json, fingerprint, fingerprint_bytes, headers, http_status, IdempotencyKey,
     ScopedKey, KEY_MAX_LEN, KEY_MIN_LEN, SCOPE_PART_MAX_LEN,

@@ -90,3 +90,67 @@ proptest! {
         prop_assert!(matches!(&k.as_str()[19..20], "8" | "9" | "a" | "b"));
     }
 }
+
+fn raw_value() -> impl Strategy<Value = Option<oncely::RawValue>> {
+    prop_oneof![
+        Just(None),
+        any::<i64>().prop_map(|n| Some(oncely::RawValue::Int(n))),
+        (-20i64..700).prop_map(|n| Some(oncely::RawValue::Int(n))),
+        ".{0,80}".prop_map(|s| Some(oncely::RawValue::Text(s))),
+        "[A-Za-z_0-9 ]{0,20}".prop_map(|s| Some(oncely::RawValue::Text(s))),
+    ]
+}
+
+fn raw_failure() -> impl Strategy<Value = oncely::RawFailure> {
+    let header = (
+        prop_oneof![
+            Just("Retry-After".to_owned()),
+            Just("grpc-retry-pushback-ms".to_owned()),
+            Just("grpc-status-details-bin".to_owned()),
+            ".{0,20}",
+        ],
+        prop_oneof![".{0,40}", "[A-Za-z0-9+/=_-]{0,120}", "-?[0-9]{0,25}"],
+    );
+    let leaf = (
+        raw_value(),
+        raw_value(),
+        raw_value(),
+        proptest::option::of("[A-Z_]{0,16}"),
+        proptest::collection::vec(".{0,30}", 0..4),
+        proptest::collection::vec(header, 0..5),
+    )
+        .prop_map(|(code, status, status_code, errno, type_names, headers)| {
+            oncely::RawFailure {
+                code,
+                status,
+                status_code,
+                errno,
+                type_names,
+                headers,
+                ..oncely::RawFailure::default()
+            }
+        });
+    leaf.prop_recursive(8, 16, 1, |inner| {
+        (inner.clone(), inner).prop_map(|(mut outer, cause)| {
+            outer.cause = Some(Box::new(cause));
+            outer
+        })
+    })
+}
+
+proptest! {
+    // Whatever a binding hands over, extraction answers (never panics), and the answer
+    // depends only on the first level of the chain that names a code.
+    #[test]
+    fn extraction_is_total_and_reads_the_first_level_that_names_a_code(raw in raw_failure()) {
+        let reasons = oncely::ReasonCodes::default();
+        let now = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let f = oncely::extract(&raw, &reasons, now);
+        let alone = oncely::RawFailure { cause: None, ..raw.clone() };
+        let own = oncely::extract(&alone, &reasons, now);
+        if own.code != oncely::Code::Unknown || own.server_delay.is_some() {
+            // This level named a code (UNKNOWN with a delay also means it did).
+            prop_assert_eq!(f, own);
+        }
+    }
+}

@@ -13,9 +13,10 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use oncely::{
-    canonical_json, classify, duration_from_millis_f64, fingerprint, fingerprint_bytes,
+    canonical_json, classify, duration_from_millis_f64, extract, fingerprint, fingerprint_bytes,
     parse_pushback_ms, parse_retry_after, CallFacts, Code, Error, Failure, IdempotencyKey,
-    RetryPolicy, ScopedKey, Scripted, ServerDelay, Simulation, Timeline,
+    RawFailure, RawValue, ReasonCodes, RetryPolicy, ScopedKey, Scripted, ServerDelay, Simulation,
+    Timeline,
 };
 use serde_json::{json, Value};
 
@@ -595,6 +596,113 @@ fn retry_decisions() {
         r.check(i, case, "attempt numbers", &json!(numbers), &json!(want));
     }
     r.finish();
+}
+
+// ----------------------------------------------------------------------------------------
+// extraction.json
+// ----------------------------------------------------------------------------------------
+
+fn raw_value(v: Option<&Value>) -> Option<RawValue> {
+    match v? {
+        Value::String(s) => Some(RawValue::Text(s.clone())),
+        Value::Number(n) => {
+            Some(RawValue::Int(n.as_i64().unwrap_or_else(|| {
+                panic!("vector number {n} must be an integer")
+            })))
+        }
+        Value::Null => None,
+        other => panic!("vector code/status must be a string or a number, not {other}"),
+    }
+}
+
+fn pairs(v: Option<&Value>) -> Vec<(String, String)> {
+    v.and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.as_str().expect("header values are strings").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What a binding reads off the foreign error a vector shape describes.
+fn raw_of(shape: &Value) -> RawFailure {
+    let response = shape.get("response");
+    let of = |key: &str| shape.get(key).or_else(|| response.and_then(|r| r.get(key)));
+    let mut headers = pairs(shape.get("headers"));
+    headers.extend(pairs(response.and_then(|r| r.get("headers"))));
+    headers.extend(pairs(shape.get("metadata")));
+    RawFailure {
+        code: raw_value(shape.get("code")),
+        status: raw_value(of("status")),
+        status_code: raw_value(of("status_code")),
+        type_names: shape
+            .get("names")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(|n| n.as_str().unwrap().to_owned()).collect())
+            .unwrap_or_default(),
+        headers,
+        cause: shape.get("cause").map(|c| Box::new(raw_of(c))),
+        ..RawFailure::default()
+    }
+}
+
+#[test]
+fn extraction() {
+    let cases = load("extraction.json");
+    let mut report = Report::new("extraction.json", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let mut reasons = ReasonCodes::default();
+        if let Some(extra) = case.get("reasons").and_then(Value::as_object) {
+            for (name, code) in extra {
+                reasons
+                    .register(name, code_of(code.as_str().unwrap()))
+                    .unwrap();
+            }
+        }
+        let f = extract(&raw_of(field(case, "error")), &reasons, SystemTime::now());
+        report.check(
+            i,
+            case,
+            "code",
+            &json!(f.code.as_str()),
+            field(case, "code"),
+        );
+        let c = classify(f.code, CallFacts::SAFE);
+        report.check(
+            i,
+            case,
+            "retryable",
+            &json!(c.retryable),
+            field(case, "retryable"),
+        );
+        report.check(
+            i,
+            case,
+            "rule",
+            &json!(c.rule.as_str()),
+            field(case, "rule"),
+        );
+        let (delay, dnr) = match f.server_delay {
+            Some(ServerDelay::After(d)) => (ms_json(d), false),
+            Some(ServerDelay::DoNotRetry) => (Value::Null, true),
+            None => (Value::Null, false),
+        };
+        report.check(i, case, "delay_ms", &delay, field(case, "delay_ms"));
+        report.check(
+            i,
+            case,
+            "do_not_retry",
+            &json!(dnr),
+            field(case, "do_not_retry"),
+        );
+    }
+    report.finish();
 }
 
 // ----------------------------------------------------------------------------------------

@@ -1234,6 +1234,357 @@ def result_codec_cases():
     return d
 
 
+# --------------------------------------------------------------------------------------
+# extraction.json: foreign error shapes -> code, retry decision, server delay (SPEC §3,
+# "Extraction")
+# --------------------------------------------------------------------------------------
+
+BUILTIN_REASONS = {"UPSTREAM_UNAVAILABLE": "UNAVAILABLE", "RATE_LIMITED": "RESOURCE_EXHAUSTED",
+                   "STOCK_CONFLICT": "ABORTED"}
+OS_ERRORS = {
+    "ECONNRESET": "UNAVAILABLE", "EPIPE": "UNAVAILABLE", "ECONNABORTED": "UNAVAILABLE",
+    "ECONNREFUSED": "UNAVAILABLE", "EHOSTUNREACH": "UNAVAILABLE", "EHOSTDOWN": "UNAVAILABLE",
+    "ENETUNREACH": "UNAVAILABLE", "ENETDOWN": "UNAVAILABLE", "ENETRESET": "UNAVAILABLE",
+    "EAI_AGAIN": "UNAVAILABLE", "ENOTFOUND": "UNAVAILABLE",
+    "ETIMEDOUT": "DEADLINE_EXCEEDED", "ESOCKETTIMEDOUT": "DEADLINE_EXCEEDED",
+    "UND_ERR_CONNECT_TIMEOUT": "UNAVAILABLE", "UND_ERR_HEADERS_TIMEOUT": "DEADLINE_EXCEEDED",
+    "UND_ERR_BODY_TIMEOUT": "DEADLINE_EXCEEDED", "UND_ERR_ABORTED": "CANCELLED",
+    "ABORT_ERR": "CANCELLED", "UND_ERR_INVALID_ARG": "INVALID_ARGUMENT",
+    "UND_ERR_INVALID_RETURN_VALUE": "INVALID_ARGUMENT", "UND_ERR_NOT_SUPPORTED": "UNIMPLEMENTED",
+    "UND_ERR_SOCKET": "UNAVAILABLE", "UND_ERR_CLOSED": "UNAVAILABLE",
+}
+TYPE_NAMES = {
+    "TimeoutError": "DEADLINE_EXCEEDED", "AbortError": "CANCELLED",
+    "ConnectionResetError": "UNAVAILABLE", "ConnectionAbortedError": "UNAVAILABLE",
+    "ConnectionRefusedError": "UNAVAILABLE", "BrokenPipeError": "UNAVAILABLE",
+    "ConnectionError": "UNAVAILABLE", "socket.gaierror": "UNAVAILABLE",
+    "socket.timeout": "DEADLINE_EXCEEDED", "asyncio.TimeoutError": "DEADLINE_EXCEEDED",
+    "httpx.TimeoutException": "DEADLINE_EXCEEDED", "httpx.TransportError": "UNAVAILABLE",
+    "requests.Timeout": "DEADLINE_EXCEEDED", "requests.ConnectionError": "UNAVAILABLE",
+    "aiohttp.ServerTimeoutError": "DEADLINE_EXCEEDED",
+    "aiohttp.ConnectionTimeoutError": "DEADLINE_EXCEEDED",
+    "aiohttp.SocketTimeoutError": "DEADLINE_EXCEEDED",
+    "aiohttp.ClientConnectionError": "UNAVAILABLE", "urllib3.TimeoutError": "DEADLINE_EXCEEDED",
+    "urllib3.NewConnectionError": "UNAVAILABLE", "urllib3.ProtocolError": "UNAVAILABLE",
+    "grpc.FutureTimeoutError": "DEADLINE_EXCEEDED",
+}
+
+
+def x_number(n):
+    if isinstance(n, bool) or not isinstance(n, int):
+        return None
+    if 0 <= n <= 16:
+        return CODES[n]
+    if 100 <= n <= 599:
+        return http_code(n)
+    return None
+
+
+def x_int_text(t):
+    t = t.strip(" \t\n\r\f\v")
+    if t and (t.isascii() and (t.isdigit() or (t[0] in "+-" and t[1:].isdigit()))):
+        return int(t)
+    return None
+
+
+def x_os(name):
+    u = name.strip().upper()
+    if u in OS_ERRORS:
+        return OS_ERRORS[u]
+    return "UNAVAILABLE" if u.startswith("UND_ERR") else None
+
+
+def x_text(t, reasons):
+    t = t.strip()
+    if not t or len(t.encode()) > 64:
+        return None
+    n = x_int_text(t)
+    if n is not None:
+        return x_number(n)
+    u = t.upper() if t.isascii() else None
+    if u is None:
+        return None
+    if u in CODES:
+        return u
+    if u in reasons:
+        return reasons[u]
+    return x_os(u)
+
+
+def x_value(v, reasons, text_rules):
+    if v is None:
+        return None
+    if isinstance(v, str):
+        if text_rules:
+            return x_text(v, reasons)
+        n = x_int_text(v)
+        return None if n is None else x_number(n)
+    return x_number(v)
+
+
+def x_level_code(shape, reasons):
+    resp = shape.get("response") or {}
+    status = shape.get("status", resp.get("status"))
+    status_code = shape.get("status_code", resp.get("status_code"))
+    return (x_value(shape.get("code"), reasons, True)
+            or x_value(status, reasons, False)
+            or x_value(status_code, reasons, False)
+            or next((TYPE_NAMES[n] for n in shape.get("names", []) if n in TYPE_NAMES), None))
+
+
+def x_header(shape, name):
+    pairs = []
+    for src in (shape.get("headers"), (shape.get("response") or {}).get("headers"),
+                shape.get("metadata")):
+        for k, v in (src or {}).items():
+            pairs.append((k, v))
+    for k, v in pairs:
+        if k.strip().lower() == name:
+            return v
+    return None
+
+
+def x_pushback(v):
+    v = v.strip()
+    digits = v[1:] if v.startswith("-") else v
+    if not digits or not (digits.isascii() and digits.isdigit()):
+        return "do_not_retry"  # unparseable: do not retry (gRFC A6)
+    if v.startswith("-"):
+        return "do_not_retry"
+    return int(digits)
+
+
+def pb_varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def pb_field(num, wire, payload):
+    if wire == 0:
+        return pb_varint(num << 3) + pb_varint(payload)
+    return pb_varint((num << 3) | 2) + pb_varint(len(payload)) + payload
+
+
+def status_details_bin(code, message, details, padded=True):
+    """A google.rpc.Status with `details` [(type_url, payload bytes)], base64."""
+    body = pb_field(1, 0, code) + pb_field(2, 2, message.encode())
+    for type_url, payload in details:
+        body += pb_field(3, 2, pb_field(1, 2, type_url.encode()) + pb_field(2, 2, payload))
+    text = __import__("base64").b64encode(body).decode()
+    return text if padded else text.rstrip("=")
+
+
+def retry_info(seconds, nanos=0):
+    duration = (pb_field(1, 0, seconds) if seconds else b"") + (pb_field(2, 0, nanos) if nanos else b"")
+    return ("type.googleapis.com/google.rpc.RetryInfo", pb_field(1, 2, duration))
+
+
+def x_retry_info(value):
+    """Independent reading of the fixtures built above: decode and look for RetryInfo."""
+    import base64 as b64
+    v = value.strip().rstrip("=")
+    try:
+        raw = b64.b64decode(v + "=" * (-len(v) % 4), altchars=b"-_" if ("-" in v or "_" in v) else None,
+                            validate=True)
+    except Exception:
+        return None
+
+    def fields(b):
+        i, out = 0, []
+        while i < len(b):
+            tag, i = rd(b, i)
+            if tag & 7 == 0:
+                val, i = rd(b, i)
+            elif tag & 7 == 2:
+                n, i = rd(b, i)
+                val, i = b[i:i + n], i + n
+                if i > len(b):
+                    raise ValueError
+            else:
+                raise ValueError
+            out.append((tag >> 3, val))
+        return out
+
+    def rd(b, i):
+        n, shift = 0, 0
+        while True:
+            c = b[i]
+            i += 1
+            n |= (c & 0x7F) << shift
+            shift += 7
+            if not c & 0x80:
+                return n, i
+    try:
+        for f, any_ in fields(raw):
+            if f != 3:
+                continue
+            d = dict(fields(any_))
+            if d.get(1) != b"type.googleapis.com/google.rpc.RetryInfo":
+                continue
+            dur = dict(fields(d.get(2, b""))).get(1, b"")
+            dd = dict(fields(dur))
+            return dd.get(1, 0) * 1000 + dd.get(2, 0) // 1_000_000
+    except (ValueError, IndexError):
+        return None
+    return None
+
+
+def x_delay(shape):
+    """(delay_ms or None, do_not_retry) of the level that named the code."""
+    p = x_header(shape, "grpc-retry-pushback-ms")
+    if p is not None:
+        r = x_pushback(p)
+        return (None, True) if r == "do_not_retry" else (r, False)
+    d = x_header(shape, "grpc-status-details-bin")
+    if d is not None:
+        ms = x_retry_info(d)
+        if ms is not None:
+            return ms, False
+    ra = x_header(shape, "retry-after")
+    if ra is not None:
+        ra = ra.strip(" \t")
+        if ra and ra.isascii() and ra.isdigit():
+            return int(ra) * 1000, False
+    return None, False
+
+
+def x_extract(shape, reasons):
+    level = shape
+    for _ in range(5):
+        if level is None:
+            break
+        code = x_level_code(level, reasons)
+        if code is not None:
+            return (code,) + x_delay(level)
+        level = level.get("cause")
+    return "UNKNOWN", None, False
+
+
+def extraction_cases():
+    c = []
+
+    def case(comment, error, reasons=None):
+        all_reasons = dict(BUILTIN_REASONS)
+        all_reasons.update(reasons or {})
+        code, delay_ms, dnr = x_extract(error, all_reasons)
+        retryable, rule = spec_classify(code, True, False, False)
+        out = {"comment": comment, "error": error}
+        if reasons:
+            out["reasons"] = reasons
+        out.update({"code": code, "retryable": retryable, "rule": rule,
+                    "delay_ms": delay_ms, "do_not_retry": dnr})
+        c.append(out)
+
+    # The shapes of a `code` that Python and Node once read differently.
+    for v in ["RATE_LIMITED", 503, "unavailable", "14", "ECONNRESET", "ETIMEDOUT",
+              "ECONNREFUSED", "EPIPE", 429, 502, "UNAVAILABLE", 14, "Unavailable", "503",
+              "ENOTFOUND", "EAI_AGAIN", "RESOURCE_EXHAUSTED", 8, 4, "INTERNAL", 500,
+              "UPSTREAM_UNAVAILABLE"]:
+        case(f"code={v!r}", {"code": v})
+    # Rule 3: numbers.
+    for v in [0, 16, 17, 99, 100, 200, 404, 409, 599, 600, -1, 65535]:
+        case(f"code={v}: 0-16 gRPC, 100-599 HTTP, else nothing", {"code": v})
+    for v in ["0", " 14 ", "429", "+14", "-1", "600", "1e2", "14.0"]:
+        case(f"code={v!r}: a number as text", {"code": v})
+    # Every row of the §3 table, by the code's number and by the HTTP table.
+    for n, name in enumerate(CODES):
+        case(f"code={n} ({name})", {"code": n})
+    for st in [400, 401, 403, 404, 408, 409, 412, 418, 429, 499, 500, 501, 502, 503, 504, 505, 204, 302]:
+        case(f"status={st}: the HTTP table", {"status": st})
+    case("status: an HTTP status", {"status": 503})
+    case("status: 0-16 is a gRPC code", {"status": 14})
+    case("status as text", {"status": "429"})
+    case("status_code: an HTTP status", {"status_code": 429})
+    case("status text that is not a number names nothing", {"status": "Service Unavailable"})
+    case("code first, then status", {"code": "NOT_FOUND", "status": 503})
+    case("an unknown code falls back to status", {"code": "ERR_BAD_RESPONSE", "status": 503})
+    case("status before status_code", {"status": 404, "status_code": 503})
+    case("a response's status", {"response": {"status": 502}})
+    case("a response's status with Retry-After", {"response": {"status": 429, "headers": {"Retry-After": "3"}}})
+    case("a response's status_code", {"response": {"status_code": 503}})
+    # Rule 4: texts.
+    for v in ["deadline_exceeded", "Aborted", "STOCK_CONFLICT", "stock_conflict", "rate_limited",
+              "econnreset", "ECONNABORTED", "EHOSTUNREACH", "ENETUNREACH", "ESOCKETTIMEDOUT",
+              "UND_ERR_SOCKET", "UND_ERR_HEADERS_TIMEOUT", "UND_ERR_SOMETHING_NEW",
+              "UND_ERR_ABORTED", "ABORT_ERR", "UND_ERR_NOT_SUPPORTED", "ERR_SOMETHING", "",
+              "   ", "NO_SUCH_REASON", "OK", "DATA_LOSS", "unauthenticated", "A" * 65]:
+        case(f"code={v!r}", {"code": v})
+    case("a registered reason", {"code": "PAYMENT_PENDING"}, reasons={"PAYMENT_PENDING": "UNAVAILABLE"})
+    case("a registered reason, lower case", {"code": "payment_pending"},
+         reasons={"PAYMENT_PENDING": "UNAVAILABLE"})
+    case("a registered reason meaning a permanent code", {"code": "CARD_DECLINED"},
+         reasons={"CARD_DECLINED": "FAILED_PRECONDITION"})
+    # Type names (Python classes along the MRO, a JavaScript error's name).
+    for names in [["TimeoutError"], ["AbortError"], ["ConnectionResetError"],
+                  ["ConnectionRefusedError"], ["ConnectionAbortedError"], ["BrokenPipeError"],
+                  ["ConnectionError"], ["socket.gaierror"],
+                  ["httpx.ConnectTimeout", "httpx.TimeoutException", "httpx.TransportError"],
+                  ["httpx.ConnectError", "httpx.NetworkError", "httpx.TransportError"],
+                  ["requests.ConnectTimeout", "requests.ConnectionError", "requests.Timeout"],
+                  ["requests.ReadTimeout", "requests.Timeout"],
+                  ["aiohttp.ServerTimeoutError", "aiohttp.ServerConnectionError",
+                   "aiohttp.ClientConnectionError"],
+                  ["aiohttp.ClientConnectorError", "aiohttp.ClientOSError",
+                   "aiohttp.ClientConnectionError"],
+                  ["urllib3.NewConnectionError", "urllib3.TimeoutError"],
+                  ["urllib3.ReadTimeoutError", "urllib3.TimeoutError"],
+                  ["ValueError"], ["SomeAppError"]]:
+        case(f"type names {names}", {"names": names})
+    case("a code wins over the type names", {"code": "NOT_FOUND", "names": ["TimeoutError"]})
+    # Chains.
+    case("fetch failed: the cause is the socket error",
+         {"names": ["TypeError"], "cause": {"code": "ECONNRESET"}})
+    case("an outer code wins over its cause", {"code": "NOT_FOUND", "cause": {"code": "ECONNRESET"}})
+    case("the delay is read from the level that named the code",
+         {"headers": {"Retry-After": "9"}, "cause": {"code": 429, "headers": {"Retry-After": "2"}}})
+    deep = {"code": "ECONNRESET"}
+    for _ in range(4):
+        deep = {"cause": deep}
+    case("a cause four levels down is read", deep)
+    case("a cause five levels down is not", {"cause": deep})
+    case("nothing known: UNKNOWN", {})
+    # Rule 5: server delays.
+    case("Retry-After delta-seconds", {"status": 503, "headers": {"Retry-After": "120"}})
+    case("Retry-After name in any case", {"status": 429, "headers": {"retry-after": "1"}})
+    case("Retry-After zero", {"status": 429, "headers": {"Retry-After": "0"}})
+    case("Retry-After with surrounding whitespace", {"status": 429, "headers": {"Retry-After": " 4\t"}})
+    case("an unparseable Retry-After is ignored", {"status": 429, "headers": {"Retry-After": "soon"}})
+    case("a negative Retry-After is ignored", {"status": 429, "headers": {"Retry-After": "-5"}})
+    case("Retry-After on a permanent code", {"status": 400, "headers": {"Retry-After": "5"}})
+    case("gRPC code with pushback", {"code": 14, "metadata": {"grpc-retry-pushback-ms": "250"}})
+    case("pushback zero", {"code": 8, "metadata": {"grpc-retry-pushback-ms": "0"}})
+    case("negative pushback: do not retry", {"code": 14, "metadata": {"grpc-retry-pushback-ms": "-1"}})
+    case("unparseable pushback: do not retry (gRFC A6)",
+         {"code": 14, "metadata": {"grpc-retry-pushback-ms": "soon"}})
+    case("empty pushback: do not retry", {"code": 8, "metadata": {"grpc-retry-pushback-ms": ""}})
+    case("pushback before Retry-After",
+         {"code": 8, "headers": {"Retry-After": "9"}, "metadata": {"grpc-retry-pushback-ms": "100"}})
+    ri = status_details_bin(8, "slow down", [retry_info(1, 500_000_000)])
+    case("RetryInfo in grpc-status-details-bin", {"code": 8, "metadata": {"grpc-status-details-bin": ri}})
+    case("RetryInfo, base64 without padding",
+         {"code": 8, "metadata": {"grpc-status-details-bin": status_details_bin(8, "x", [retry_info(2)], padded=False)}})
+    case("RetryInfo among other details",
+         {"code": 14, "metadata": {"grpc-status-details-bin": status_details_bin(
+             14, "busy", [("type.googleapis.com/google.rpc.ErrorInfo", pb_field(1, 2, b"QUOTA")),
+                          retry_info(0, 250_000_000)])}})
+    case("status details without RetryInfo: no delay",
+         {"code": 14, "metadata": {"grpc-status-details-bin": status_details_bin(14, "busy", [])}})
+    case("malformed status details are ignored",
+         {"code": 14, "metadata": {"grpc-status-details-bin": "not base64!"}})
+    case("pushback before RetryInfo",
+         {"code": 8, "metadata": {"grpc-retry-pushback-ms": "50", "grpc-status-details-bin": ri}})
+    case("RetryInfo before Retry-After",
+         {"code": 8, "headers": {"Retry-After": "9"}, "metadata": {"grpc-status-details-bin": ri}})
+    return c
+
+
 def write(name, cases):
     path = os.path.join(HERE, name)
     # One case per line: readable, and diffs show the cases that changed.
@@ -1256,6 +1607,7 @@ def main():
         "retry_decisions.json": retry_decision_cases(),
         "result_codec.json": result_codec_cases(),
         "http_server.json": http_server_cases(),
+        "extraction.json": extraction_cases(),
     }
     for name, cases in files.items():
         path, n = write(name, cases)

@@ -136,6 +136,20 @@ class Failure:
     def do_not_retry(self) -> bool: ...
 
 @final
+class ReasonCodes:
+    def __new__(cls) -> ReasonCodes: ...
+    def register(self, reason: str, code: Union[int, str]) -> None: ...
+    def resolve(self, reason: str) -> Optional[int]: ...
+
+def extract_headers() -> list[str]: ...
+def extract(
+    levels: list[
+        tuple[Any, Any, Any, Optional[str], list[str], list[tuple[str, str]], Optional[float]]
+    ],
+    reasons: Optional[ReasonCodes] = None,
+) -> Failure: ...
+
+@final
 class RetryState:
     def __new__(
         cls,

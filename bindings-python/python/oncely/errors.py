@@ -13,10 +13,16 @@ from ._codes import Code
 
 
 class OncelyError(Exception):
-    """Root of every exception oncely itself raises. ``code`` is its gRPC code."""
+    """Root of every exception oncely itself raises. ``code`` is its gRPC code,
+    ``kind`` the stable snake_case name of the error (the same in Rust and Node) and
+    ``http_status`` the status a server answers with it."""
 
     default_code: ClassVar[Code] = Code.UNKNOWN
     code: Code
+    #: Stable name of the error, e.g. ``"in_progress"`` (Rust ``Error::kind``).
+    kind: str = "other"
+    #: The HTTP status a server answers with this error (Rust ``Error::http_status``).
+    http_status: int = 500
 
     def __init__(self, message: str, *, code: Optional[int] = None) -> None:
         super().__init__(message)
@@ -29,6 +35,9 @@ class OncelyError(Exception):
 
 class InvalidArgumentError(OncelyError, ValueError):
     """A setting or argument is out of range (INVALID_ARGUMENT). ``field`` names it."""
+
+    kind = "invalid_argument"
+    http_status = 400
 
     default_code = Code.INVALID_ARGUMENT
 
@@ -44,9 +53,15 @@ class InvalidKeyError(InvalidArgumentError):
 class MissingKeyError(InvalidKeyError):
     """A write arrived without an idempotency key (INVALID_ARGUMENT)."""
 
+    kind = "missing_key"
+    http_status = 400
+
 
 class FingerprintMismatchError(OncelyError):
     """One key was reused with different request parameters (FAILED_PRECONDITION)."""
+
+    kind = "fingerprint_mismatch"
+    http_status = 422
 
     default_code = Code.FAILED_PRECONDITION
 
@@ -54,6 +69,9 @@ class FingerprintMismatchError(OncelyError):
 class InProgressError(OncelyError):
     """A call with this key is still running and the caller chose not to wait (ABORTED).
     ``retry_after`` is the suggested wait in seconds (HTTP 409 + ``Retry-After``)."""
+
+    kind = "in_progress"
+    http_status = 409
 
     default_code = Code.ABORTED
 
@@ -65,11 +83,17 @@ class InProgressError(OncelyError):
 class LeaseLostError(OncelyError):
     """The leader's claim on a key was taken over; its result was not stored (ABORTED)."""
 
+    kind = "lease_lost"
+    http_status = 409
+
     default_code = Code.ABORTED
 
 
 class CapacityError(OncelyError):
     """The store is full of running operations (RESOURCE_EXHAUSTED)."""
+
+    kind = "capacity"
+    http_status = 503
 
     default_code = Code.RESOURCE_EXHAUSTED
 
@@ -81,11 +105,17 @@ class CapacityError(OncelyError):
 class StoreUnavailableError(OncelyError):
     """The store could not be reached; nothing was executed (UNAVAILABLE)."""
 
+    kind = "unavailable"
+    http_status = 503
+
     default_code = Code.UNAVAILABLE
 
 
 class LeaderPanickedError(OncelyError):
     """The call this one waited for failed without an exception to share (INTERNAL)."""
+
+    kind = "leader_panicked"
+    http_status = 500
 
     default_code = Code.INTERNAL
 
@@ -93,6 +123,9 @@ class LeaderPanickedError(OncelyError):
 class ReentrantCallError(OncelyError):
     """An action called ``execute`` with the key it is leading; it would wait for
     itself forever (FAILED_PRECONDITION). ``key`` is the scoped key."""
+
+    kind = "reentrant"
+    http_status = 500
 
     default_code = Code.FAILED_PRECONDITION
     key: str
@@ -105,6 +138,9 @@ class ReentrantCallError(OncelyError):
 class ResultNotStoredError(OncelyError):
     """The operation ran once, but its result could not be encoded by the store, so it
     cannot be replayed; it is not run again (DATA_LOSS). ``type_name`` names the type."""
+
+    kind = "result_not_stored"
+    http_status = 500
 
     default_code = Code.DATA_LOSS
     key: str

@@ -27,7 +27,7 @@ from typing import (
     overload,
 )
 
-from ._oncely import Deadline, ManualClock, RetryBudget, RetryPolicy, RetryState
+from ._oncely import Deadline, ManualClock, ReasonCodes, RetryBudget, RetryPolicy, RetryState
 from .extract import Classifier, classify_exception
 
 if sys.version_info >= (3, 10):
@@ -132,10 +132,11 @@ def _decide(
     exc: BaseException,
     classify: Optional[Classifier],
     on_retry: Optional[OnRetry],
+    reasons: Optional[ReasonCodes] = None,
 ) -> Optional[float]:
     """The delay before the next attempt, or None after annotating ``exc`` (stop)."""
     attempt = state.attempt
-    decision = state.on_failure(classify_exception(exc, classify))
+    decision = state.on_failure(classify_exception(exc, classify, reasons))
     if isinstance(decision, str):
         _give_up(exc, attempt, decision)
         return None
@@ -157,6 +158,7 @@ async def retry(
     budget: Optional[RetryBudget] = None,
     on_retry: Optional[OnRetry] = None,
     classify: Optional[Classifier] = None,
+    reasons: Optional[ReasonCodes] = None,
     _clock: Optional[ManualClock] = None,
     pass_attempt: bool = False,
     _sleep: Optional[Callable[[float], Awaitable[object]]] = None,
@@ -169,7 +171,9 @@ async def retry(
     before writing (ABORTED may be retried). ``deadline``: seconds (or a ``Deadline``)
     for the whole call. ``budget``: a shared ``RetryBudget``. ``on_retry``: called with
     a :class:`RetryEvent` before each retry. ``classify``: maps an exception to a code
-    or ``Failure`` (None: the built-in extraction). ``pass_attempt``: ``fn`` also gets
+    or ``Failure`` (None: the built-in extraction). ``reasons``: the domain reason codes
+    the extraction understands (a :class:`ReasonCodes`; default the built-in ones).
+    ``pass_attempt``: ``fn`` also gets
     ``attempt=Attempt(number, remaining)``.
 
     On giving up, the last exception is re-raised unchanged, with ``attempts`` and
@@ -188,7 +192,7 @@ async def retry(
         except Exception as exc:
             if state is None:
                 state = _state(policy, safe, rereads, transient_internal, None, None, _clock)
-            delay = _decide(state, exc, classify, on_retry)
+            delay = _decide(state, exc, classify, on_retry, reasons)
             if delay is None:
                 raise
         if delay > 0.0:
@@ -207,6 +211,7 @@ def retry_sync(
     budget: Optional[RetryBudget] = None,
     on_retry: Optional[OnRetry] = None,
     classify: Optional[Classifier] = None,
+    reasons: Optional[ReasonCodes] = None,
     _clock: Optional[ManualClock] = None,
     pass_attempt: bool = False,
     _sleep: Optional[Callable[[float], object]] = None,
@@ -227,7 +232,7 @@ def retry_sync(
         except Exception as exc:
             if state is None:
                 state = _state(policy, safe, rereads, transient_internal, None, None, _clock)
-            delay = _decide(state, exc, classify, on_retry)
+            delay = _decide(state, exc, classify, on_retry, reasons)
             if delay is None:
                 raise
         if delay > 0.0:
@@ -279,6 +284,7 @@ def retrying(
     budget: Optional[RetryBudget] = None,
     on_retry: Optional[OnRetry] = None,
     classify: Optional[Classifier] = None,
+    reasons: Optional[ReasonCodes] = None,
 ) -> _Retrying:
     """A decorator that retries the function (``async def`` or plain) like
     :func:`retry` / :func:`retry_sync`, keeping its signature for type checkers.
@@ -295,6 +301,7 @@ def retrying(
             "budget": budget,
             "on_retry": on_retry,
             "classify": classify,
+            "reasons": reasons,
         }
     )
 

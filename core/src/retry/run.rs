@@ -108,6 +108,12 @@ pub struct RetryError<E> {
 }
 
 impl<E> RetryError<E> {
+    /// Why no further attempt was made (the field `reason`), under the name the
+    /// bindings use: Python `exc.stop_reason`, Node `err.stopReason`.
+    pub const fn stop_reason(&self) -> StopReason {
+        self.reason
+    }
+
     /// The last error, unchanged.
     pub fn into_inner(self) -> E {
         self.error
