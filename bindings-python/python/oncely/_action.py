@@ -98,7 +98,25 @@ async def call(fn: Callable[[], Any]) -> Any:
     return value
 
 
-_RUNNING: set[asyncio.Task[Any]] = set()
+# The running actions' tasks (the loop keeps only weak references to tasks), in a set held
+# by their loop itself, not by this module: a loop closed and dropped with an action still
+# pending could never run it again, and its task, collected with the loop, closes the
+# action (abandoning its lease) instead of holding its key for ever.
+_RUNNING: set[asyncio.Task[Any]] = set()  # for loops that take no attributes
+
+
+def _keep(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+    running: Optional[set[asyncio.Task[Any]]] = getattr(loop, "_oncely_actions", None)
+    if running is None:
+        running = set()
+        try:
+            loop._oncely_actions = running  # type: ignore[attr-defined]
+        except AttributeError:
+            running = _RUNNING
+    running.add(task)
+    task.add_done_callback(running.discard)
+
+
 # From Python 3.12 the action's task starts at once, on the caller's turn of the loop: an
 # action that finishes without waiting costs no turn of the loop.
 _EAGER: dict[str, Any] = {"eager_start": True} if sys.version_info >= (3, 12) else {}
@@ -148,8 +166,7 @@ async def lead(ident: Hashable, run: Callable[[Leading], Coroutine[Any, Any, T]]
     finally:
         _LEADING.reset(token)
     if not task.done():
-        _RUNNING.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(_RUNNING.discard)
+        _keep(loop, task)
     out = await outcome
     if isinstance(out, _Escaped):
         raise out.exc
