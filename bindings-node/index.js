@@ -379,7 +379,12 @@ const ABANDONED = Object.freeze({ oncelyAbandoned: true })
 const LEAD = Object.freeze({ oncelyLead: true })
 
 function abortable(promise, signal) {
-  if (signal.aborted) return Promise.reject(signal.reason)
+  if (signal.aborted) {
+    // Nobody waits for `promise` any more (an action can abort its own caller before it
+    // fails): its rejection must not become an unhandled one, which ends the process.
+    promise.then(noop, noop)
+    return Promise.reject(signal.reason)
+  }
   return new Promise((resolve, reject) => {
     const onAbort = () => reject(signal.reason)
     signal.addEventListener('abort', onAbort, { once: true })
