@@ -550,6 +550,12 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 record.clone(),
                 token.clone(),
             );
+            let (lost_rt, lost_scripts, lost_record, lost_token) = (
+                rt.clone(),
+                inner.scripts.clone(),
+                record.clone(),
+                token.clone(),
+            );
             rt.pool.call_or_undo(
                 move |c| {
                     scripts
@@ -574,6 +580,10 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                         release_in_background(&later_rt, &later_scripts, later_record, later_token);
                     }
                 },
+                // The answer was lost (timed out, connection broken) after Redis may
+                // have run the claim: the caller gets UNAVAILABLE and will not use it.
+                // The token is this call's own, so releasing it touches nothing else.
+                move || release_in_background(&lost_rt, &lost_scripts, lost_record, lost_token),
             )
         }
         .await?;
