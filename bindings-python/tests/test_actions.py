@@ -600,3 +600,31 @@ def test_an_action_left_on_a_closed_loop_hands_the_key_on(store_kind: str) -> No
     gc.collect()
     got = _lead_when_free(store, k, lambda: "ran")
     assert (got.value, got.source) == ("ran", "led")
+
+
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+def test_an_action_that_exits_after_its_caller_left_still_stops_the_loop(
+    exc: type[BaseException],
+) -> None:
+    store = IdempotencyStore()
+    k = key()
+
+    async def main() -> str:
+        gate = asyncio.Event()
+
+        async def action() -> str:
+            await gate.wait()
+            raise exc()
+
+        caller = asyncio.ensure_future(store.execute(k, FP, action))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        gate.set()
+        await asyncio.sleep(2)  # the exit ends the loop before this
+        return "the exit was swallowed"
+
+    with pytest.raises(exc):
+        asyncio.run(main())
+    # The action stopped: its key goes on.
+    got = store.execute_sync(k, FP, lambda: "ran", wait=False)
+    assert (got.value, got.source) == ("ran", "led")

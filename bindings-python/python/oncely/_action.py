@@ -125,7 +125,8 @@ _EAGER: dict[str, Any] = {"eager_start": True} if sys.version_info >= (3, 12) el
 class _Escaped:
     """A ``KeyboardInterrupt`` or ``SystemExit`` raised by an action. asyncio lets
     those out of a task straight through the event loop; carried back instead, it is
-    raised in the caller's task, as it was when the action ran there."""
+    raised in the caller's task, as it was when the action ran there. When the caller
+    has gone, it goes out through the loop (never swallowed)."""
 
     __slots__ = ("exc",)
 
@@ -139,6 +140,8 @@ async def _drive(run: Coroutine[Any, Any, Any], outcome: asyncio.Future[Any]) ->
     try:
         out = await run
     except (KeyboardInterrupt, SystemExit) as exc:
+        if outcome.done():
+            raise  # its caller has gone: out through the event loop, as asyncio does
         out = _Escaped(exc)
     except asyncio.CancelledError:
         outcome.cancel()  # the action's own task was cancelled: so is its caller
