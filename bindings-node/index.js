@@ -498,6 +498,7 @@ class Flight {
   #gone = false
 
   constructor(store, callers, fingerprint) {
+    /** The store (a RedisStore: the string naming its records, shared by instances). */
     this.store = store
     this.callers = callers
     this.key = callers.key
@@ -923,6 +924,8 @@ class RedisStore {
   #native
   #encode
   #decode
+  /** What the re-entrancy check compares (see `reentry`). */
+  #identity
   /** The callers of each key waiting here, by scoped key. */
   #callers = new Map()
 
@@ -941,6 +944,9 @@ class RedisStore {
     this.#native = new NativeRedisStore(options)
     this.#encode = encode
     this.#decode = decode
+    // Instances on one Redis and prefix share their records: for the re-entrancy check
+    // they are one store.
+    this.#identity = `redis\n${options.url}\n${this.#native.prefix}`
   }
 
   /**
@@ -966,7 +972,7 @@ class RedisStore {
       }
     }
     if (signal !== undefined && signal.aborted) throw signal.reason
-    const reentrant = reentry(this, scoped, fingerprint)
+    const reentrant = reentry(this.#identity, scoped, fingerprint)
     if (reentrant !== undefined) throw reentrant
     // Every caller here counts until it leaves: one that waits on another process's
     // leader may join this process's flight when that leader goes and this one leads.
@@ -1002,7 +1008,7 @@ class RedisStore {
               this.#native.abandon(r[1]) // the action has not started
               throw signal.reason
             }
-            flight = new Flight(this, c, fingerprint)
+            flight = new Flight(this.#identity, c, fingerprint)
             return await this.#lead(flight, r[1], fn, signal)
           default:
             continue // the leader went away: claim again

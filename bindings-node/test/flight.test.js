@@ -657,3 +657,24 @@ for (const kind of kinds) {
     }
   })
 }
+
+test('RedisStore: an action calling another instance on its Redis and prefix with its own key fails fast', needsRedis, async () => {
+  const prefix = redisPrefix()
+  const a = new RedisStore({ url: URL, prefix })
+  const b = new RedisStore({ url: URL, prefix })
+  const elsewhere = new RedisStore({ url: URL, prefix: `${prefix}-other` })
+  const k = key()
+  const out = await within(
+    a.execute(k, fp, async () => {
+      const inner = await b.execute(k, fp, async () => 'x').then(
+        () => 'ran',
+        (e) => e.kind,
+      )
+      const other = await elsewhere.execute(k, fp, async () => 'y')
+      return [inner, other.source]
+    }),
+    10_000,
+    'the outer call',
+  )
+  assert.deepEqual(out.value, ['reentrant', 'led'])
+})
