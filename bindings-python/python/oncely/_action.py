@@ -9,7 +9,8 @@ cancelled").
   that stops when cancelled from one that waits on a thread (``asyncio.to_thread``,
   ``run_in_executor``), whose work would go on after the cancellation; so oncely never
   cancels an action. Its key goes on when it has ended: returned, raised, or its own
-  task was cancelled (by its code or at loop shutdown), which counts as stopped.
+  task was cancelled (by its code or at loop shutdown) or left pending on a loop that
+  was closed and dropped, which counts as stopped.
 - While an action runs, a context variable names the key it leads; a call on that key
   from the action (or from anything started in its context: tasks, ``to_thread``)
   would wait for itself, and fails at once with ``ReentrantCallError`` instead.
