@@ -382,7 +382,12 @@ const ABANDONED = Object.freeze({ oncelyAbandoned: true })
 const LEAD = Object.freeze({ oncelyLead: true })
 
 function abortable(promise, signal) {
-  if (signal.aborted) return Promise.reject(signal.reason)
+  if (signal.aborted) {
+    // Nobody waits for `promise` any more (an action can abort its own caller before it
+    // fails): its rejection must not become an unhandled one, which ends the process.
+    promise.then(noop, noop)
+    return Promise.reject(signal.reason)
+  }
   return new Promise((resolve, reject) => {
     const onAbort = () => reject(signal.reason)
     signal.addEventListener('abort', onAbort, { once: true })
@@ -496,6 +501,7 @@ class Flight {
   #gone = false
 
   constructor(store, callers, fingerprint) {
+    /** The store (a RedisStore: the string naming its records, shared by instances). */
     this.store = store
     this.callers = callers
     this.key = callers.key
@@ -916,6 +922,8 @@ class RedisStore {
   #native
   #encode
   #decode
+  /** What the re-entrancy check compares (see `reentry`). */
+  #identity
   /** The callers of each key waiting here, by scoped key. */
   #callers = new Map()
 
@@ -934,6 +942,9 @@ class RedisStore {
     this.#native = new NativeRedisStore(options)
     this.#encode = encode
     this.#decode = decode
+    // Instances on one Redis and prefix share their records: for the re-entrancy check
+    // they are one store.
+    this.#identity = `redis\n${options.url}\n${this.#native.prefix}`
   }
 
   /**
@@ -959,7 +970,7 @@ class RedisStore {
       }
     }
     if (signal !== undefined && signal.aborted) throw signal.reason
-    const reentrant = reentry(this, scoped, fingerprint)
+    const reentrant = reentry(this.#identity, scoped, fingerprint)
     if (reentrant !== undefined) throw reentrant
     // Every caller here counts until it leaves: one that waits on another process's
     // leader may join this process's flight when that leader goes and this one leads.
@@ -995,7 +1006,7 @@ class RedisStore {
               this.#native.abandon(r[1]) // the action has not started
               throw signal.reason
             }
-            flight = new Flight(this, c, fingerprint)
+            flight = new Flight(this.#identity, c, fingerprint)
             return await this.#lead(flight, r[1], fn, signal)
           default:
             continue // the leader went away: claim again

@@ -616,3 +616,65 @@ test('IdempotencyStore: aborted callers, stopped actions and re-entrant calls ke
   assert.ok(grown < 4_000_000, `heap grew by ${grown} bytes`)
   assert.equal(s.pendingWaiters, 0)
 })
+
+for (const kind of kinds) {
+  test(`${kind.name}: an action that aborts its own caller and then fails leaves no unhandled rejection`, kind.opts, async () => {
+    const [store] = kind.make({ leaseMs: 3000, ioTimeoutMs: 500 })
+    const unhandled = []
+    const onUnhandled = (reason) => unhandled.push(reason)
+    process.on('unhandledRejection', onUnhandled)
+    try {
+      const k = key()
+      const ac = new AbortController()
+      const failure = new Error('the action failed after its caller left')
+      const call = store.execute(
+        k,
+        fp,
+        () => {
+          ac.abort() // e.g. one controller shared by a group of calls, aborted from inside
+          return Promise.reject(failure)
+        },
+        { signal: ac.signal },
+      )
+      await assert.rejects(within(call, 5000, 'the aborted call'), { name: 'AbortError' })
+      // The failure releases the key: the next call runs (one that joined the failing
+      // action first gets its failure).
+      let next
+      for (let i = 0; next === undefined; i++) {
+        try {
+          next = await within(store.execute(k, fp, async () => 'ran'), 5000, 'the next call')
+        } catch (e) {
+          if (e !== failure || i > 100) throw e
+          await delay(10)
+        }
+      }
+      assert.deepEqual([next.value, next.source], ['ran', 'led'])
+      await delay(20)
+      await tick()
+      assert.deepEqual(unhandled, [])
+    } finally {
+      process.off('unhandledRejection', onUnhandled)
+    }
+  })
+}
+
+test('RedisStore: an action calling another instance on its Redis and prefix with its own key fails fast', needsRedis, async () => {
+  const prefix = redisPrefix()
+  const a = new RedisStore({ url: URL, prefix })
+  const b = new RedisStore({ url: URL, prefix })
+  const elsewhere = new RedisStore({ url: URL, prefix: `${prefix}-other` })
+  const k = key()
+  const out = await within(
+    a.execute(k, fp, async () => {
+      const inner = await b.execute(k, fp, async () => 'x').then(
+        () => 'ran',
+        (e) => e.kind,
+      )
+      const other = await elsewhere.execute(k, fp, async () => 'y')
+      return [inner, other.source]
+    }),
+    10_000,
+    'the outer call',
+  )
+  assert.deepEqual(out.value, ['reentrant', 'led'])
+})

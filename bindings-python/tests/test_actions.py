@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import os
 import random
 import threading
@@ -551,3 +552,79 @@ async def test_retry_gives_up_on_an_unreadable_exception_unchanged() -> None:
     with pytest.raises(Unreadable) as info:
         await oncely.retry(fail)
     assert info.value is boom and calls == 1
+
+
+# ---------------------------------------------------------------------------------------
+# An event loop closed while an action runs
+# ---------------------------------------------------------------------------------------
+
+
+def _lead_when_free(store: Store, k: oncely.ScopedKey, fn: Callable[[], str]) -> oncely.Executed[str]:
+    """``execute_sync(wait=False)`` until the key is free (bounded: a held key fails)."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            return store.execute_sync(k, FP, fn, wait=False)
+        except oncely.InProgressError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("store_kind", ["memory", pytest.param("redis", marks=needs_redis)])
+def test_an_action_left_on_a_closed_loop_hands_the_key_on(store_kind: str) -> None:
+    """A loop closed (and dropped) with the action's task still pending can never run
+    that action again: the action has stopped, so its key goes on."""
+    store: Store = (
+        IdempotencyStore()
+        if store_kind == "memory"
+        else redis_store("pytest-" + oncely.new_key(), lease=1.2, io_timeout=0.35)
+    )
+    k = key()
+    started = threading.Event()
+
+    async def stuck() -> str:
+        started.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    async def caller() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(store.execute(k, FP, stuck), 0.2)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(caller())
+    assert started.is_set()
+    loop.close()  # the action's task is left pending on it
+    del loop
+    gc.collect()
+    got = _lead_when_free(store, k, lambda: "ran")
+    assert (got.value, got.source) == ("ran", "led")
+
+
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+def test_an_action_that_exits_after_its_caller_left_still_stops_the_loop(
+    exc: type[BaseException],
+) -> None:
+    store = IdempotencyStore()
+    k = key()
+
+    async def main() -> str:
+        gate = asyncio.Event()
+
+        async def action() -> str:
+            await gate.wait()
+            raise exc()
+
+        caller = asyncio.ensure_future(store.execute(k, FP, action))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        gate.set()
+        await asyncio.sleep(2)  # the exit ends the loop before this
+        return "the exit was swallowed"
+
+    with pytest.raises(exc):
+        asyncio.run(main())
+    # The action stopped: its key goes on.
+    got = store.execute_sync(k, FP, lambda: "ran", wait=False)
+    assert (got.value, got.source) == ("ran", "led")

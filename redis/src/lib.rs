@@ -329,8 +329,16 @@ impl<E> RedisStoreBuilder<E> {
                 )
             })?
         };
+        // The state lives in Redis: every instance on one URL and prefix shares it.
+        let identity = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (config.url.as_str(), config.prefix.as_str()).hash(&mut h);
+            h.finish() as usize
+        };
         Ok(RedisStore {
             inner: Arc::new(Inner {
+                identity,
                 runtime,
                 scripts: Arc::new(Scripts::new()),
                 link,
@@ -392,6 +400,8 @@ fn bump(c: &AtomicU64) {
 }
 
 struct Inner<E> {
+    /// [`DedupStore::identity`]: the same for every instance on one URL and prefix.
+    identity: usize,
     counters: AtomicCounters,
     config: Config,
     link: Link,
@@ -550,6 +560,12 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 record.clone(),
                 token.clone(),
             );
+            let (lost_rt, lost_scripts, lost_record, lost_token) = (
+                rt.clone(),
+                inner.scripts.clone(),
+                record.clone(),
+                token.clone(),
+            );
             rt.pool.call_or_undo(
                 move |c| {
                     scripts
@@ -574,6 +590,10 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                         release_in_background(&later_rt, &later_scripts, later_record, later_token);
                     }
                 },
+                // The answer was lost (timed out, connection broken) after Redis may
+                // have run the claim: the caller gets UNAVAILABLE and will not use it.
+                // The token is this call's own, so releasing it touches nothing else.
+                move || release_in_background(&lost_rt, &lost_scripts, lost_record, lost_token),
             )
         }
         .await?;
@@ -986,8 +1006,11 @@ impl<E: Send + Sync + 'static> DedupStore<Vec<u8>, E> for RedisStore<E> {
         RedisStore::begin(self, key, fingerprint, options)
     }
 
+    /// The same for every instance on one Redis URL and prefix (they share their
+    /// records): an action that calls another instance with its own key would wait for
+    /// itself just the same.
     fn identity(&self) -> Option<usize> {
-        Some(Arc::as_ptr(&self.inner) as *const () as usize)
+        Some(self.inner.identity)
     }
 }
 

@@ -46,6 +46,8 @@ pub(crate) enum Failure {
     NotSent,
     /// Redis could not be reached or answered with an error.
     Redis(redis::RedisError),
+    /// Connecting failed: nothing was sent.
+    NotConnected(redis::RedisError),
 }
 
 impl From<redis::RedisError> for Failure {
@@ -62,7 +64,7 @@ impl Failure {
                  ({io_timeout:?}), taken by the calls ahead of it or by connecting; it \
                  was not sent"
             )),
-            Failure::Redis(e) => unavailable(&e),
+            Failure::Redis(e) | Failure::NotConnected(e) => unavailable(&e),
         }
     }
 }
@@ -146,7 +148,8 @@ impl Conn {
             let con = self
                 .link
                 .client
-                .get_connection_with_timeout(self.link.connect_timeout.min(time))?;
+                .get_connection_with_timeout(self.link.connect_timeout.min(time))
+                .map_err(Failure::NotConnected)?;
             self.con = Some(con);
         }
         let Some(con) = self.con.as_mut() else {
@@ -321,11 +324,16 @@ impl Pool {
     /// on the worker with `f`'s value; when the answer came but was never read,
     /// `undo_later` gets it when the future is dropped. A claim nobody will use is
     /// released at once instead of blocking the key for a lease.
+    ///
+    /// When `f` fails in a way that may come after Redis ran it (its reply timed out,
+    /// or the connection broke), `undo_unknown` runs on the worker: a claim whose
+    /// answer was lost is released (best effort) rather than left to its lease.
     pub(crate) fn call_or_undo<T: Send + 'static>(
         &self,
         f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
         undo: impl FnOnce(&mut redis::Connection, T) -> redis::RedisResult<()> + Send + 'static,
         undo_later: impl FnOnce(T) + Send + 'static,
+        undo_unknown: impl FnOnce() + Send + 'static,
     ) -> Reply<T> {
         let deadline = Instant::now() + self.io_timeout;
         let (tx, rx) = futures_channel::oneshot::channel();
@@ -333,7 +341,11 @@ impl Pool {
             if tx.is_canceled() {
                 return;
             }
-            if let Err(Ok(v)) = tx.send(conn.run(deadline, f)) {
+            let r = conn.run(deadline, f);
+            if matches!(&r, Err(Failure::Redis(e)) if e.is_timeout() || e.is_io_error()) {
+                undo_unknown();
+            }
+            if let Err(Ok(v)) = tx.send(r) {
                 // Within the same deadline, so the jobs behind this one keep theirs;
                 // past it the claim lapses with its lease.
                 let mut undo = Some((undo, v));

@@ -823,3 +823,65 @@ fn lease_shorter_than_three_io_timeouts_is_invalid() {
         .build()
         .unwrap();
 }
+
+/// A claim that Redis ran but whose reply came too late (past the I/O timeout) fails
+/// with UNAVAILABLE; the claim it left is released at once, so another instance leads
+/// without waiting out the lease.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn timed_out_claim_leaves_no_claim() {
+    bounded(Duration::from_secs(60), || {
+        let proxy = Proxy::new(Some(redis_addr()));
+        let lease = Duration::from_secs(20);
+        let io_timeout = Duration::from_millis(300);
+        let s: RedisStore<Boom> = RedisStore::builder(proxy.url())
+            .prefix(fresh_prefix())
+            .lease(lease)
+            .io_timeout(io_timeout)
+            .build()
+            .unwrap();
+        let peer: RedisStore<Boom> = RedisStore::builder(url())
+            .prefix(s.prefix())
+            .lease(lease)
+            .build()
+            .unwrap();
+        block_on(s.execute(&key(), "warm", || async { Ok(vec![1]) })).unwrap();
+        let k = key();
+        proxy.faults.lock().unwrap().latency = io_timeout * 2;
+        let err = block_on(s.begin(&k, "f", ExecuteOptions::default())).unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        proxy.faults.lock().unwrap().latency = Duration::ZERO;
+        let mut r = raw();
+        let token: Option<String> = redis::cmd("HGET")
+            .arg(s.record_key(&k))
+            .arg("token")
+            .query(&mut r)
+            .unwrap();
+        let t = Instant::now();
+        let ran = AtomicUsize::new(0);
+        loop {
+            let out =
+                block_on(
+                    peer.execute_with(&k, "f", ExecuteOptions { wait: false }, || async {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        Ok(b"peer".to_vec())
+                    }),
+                );
+            match out {
+                Ok(e) => {
+                    assert_eq!((e.source, ran.load(Ordering::SeqCst)), (Source::Led, 1));
+                    break;
+                }
+                Err(ExecuteError::Store(Error::InProgress { .. })) => {
+                    assert!(
+                        t.elapsed() < lease / 4,
+                        "the timed-out claim (token {token:?}) still held the key after {:?}",
+                        t.elapsed()
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    });
+}

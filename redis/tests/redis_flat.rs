@@ -26,7 +26,10 @@ fn url() -> String {
 }
 
 fn store() -> RedisStore<Boom> {
-    let prefix = format!("t{}", IdempotencyKey::random().as_str());
+    store_with(&format!("t{}", IdempotencyKey::random().as_str()))
+}
+
+fn store_with(prefix: &str) -> RedisStore<Boom> {
     RedisStore::builder(url()).prefix(prefix).build().unwrap()
 }
 
@@ -143,4 +146,29 @@ fn a_million_replays_of_one_key_keep_memory_flat() {
     });
     eprintln!("RSS grew {grew} kB over {} replays", 1_000_000);
     assert!(grew < ALLOWED_GROWTH_KB, "RSS grew {grew} kB");
+}
+
+/// Two instances on one Redis and prefix share their records: an action of one that
+/// calls the other with its own key would wait for itself, and fails at once too.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn an_action_calling_another_instance_with_its_own_key_fails_at_once() {
+    let got = within(10, || {
+        let prefix = format!("flat-{}", IdempotencyKey::random().as_str());
+        let (a, b) = (store_with(&prefix), store_with(&prefix));
+        let elsewhere = store_with(&format!("{prefix}-other"));
+        let k = key(1);
+        let outer = block_on(a.execute(&k, FP, || async {
+            let same = describe(b.execute(&k, FP, || async { Ok(b"x".to_vec()) }).await);
+            let other_prefix = describe(
+                elsewhere
+                    .execute(&k, FP, || async { Ok(b"y".to_vec()) })
+                    .await,
+            );
+            Ok(format!("{same} | {other_prefix}").into_bytes())
+        }));
+        describe(outer)
+    });
+    assert!(got.starts_with("Led reentrant "), "{got}");
+    assert!(got.ends_with("| Led y"), "{got}");
 }

@@ -9,7 +9,8 @@ cancelled").
   that stops when cancelled from one that waits on a thread (``asyncio.to_thread``,
   ``run_in_executor``), whose work would go on after the cancellation; so oncely never
   cancels an action. Its key goes on when it has ended: returned, raised, or its own
-  task was cancelled (by its code or at loop shutdown), which counts as stopped.
+  task was cancelled (by its code or at loop shutdown) or left pending on a loop that
+  was closed and dropped, which counts as stopped.
 - While an action runs, a context variable names the key it leads; a call on that key
   from the action (or from anything started in its context: tasks, ``to_thread``)
   would wait for itself, and fails at once with ``ReentrantCallError`` instead.
@@ -98,7 +99,25 @@ async def call(fn: Callable[[], Any]) -> Any:
     return value
 
 
-_RUNNING: set[asyncio.Task[Any]] = set()
+# The running actions' tasks (the loop keeps only weak references to tasks), in a set held
+# by their loop itself, not by this module: a loop closed and dropped with an action still
+# pending could never run it again, and its task, collected with the loop, closes the
+# action (abandoning its lease) instead of holding its key for ever.
+_RUNNING: set[asyncio.Task[Any]] = set()  # for loops that take no attributes
+
+
+def _keep(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+    running: Optional[set[asyncio.Task[Any]]] = getattr(loop, "_oncely_actions", None)
+    if running is None:
+        running = set()
+        try:
+            loop._oncely_actions = running  # type: ignore[attr-defined]
+        except AttributeError:
+            running = _RUNNING
+    running.add(task)
+    task.add_done_callback(running.discard)
+
+
 # From Python 3.12 the action's task starts at once, on the caller's turn of the loop: an
 # action that finishes without waiting costs no turn of the loop.
 _EAGER: dict[str, Any] = {"eager_start": True} if sys.version_info >= (3, 12) else {}
@@ -107,7 +126,8 @@ _EAGER: dict[str, Any] = {"eager_start": True} if sys.version_info >= (3, 12) el
 class _Escaped:
     """A ``KeyboardInterrupt`` or ``SystemExit`` raised by an action. asyncio lets
     those out of a task straight through the event loop; carried back instead, it is
-    raised in the caller's task, as it was when the action ran there."""
+    raised in the caller's task, as it was when the action ran there. When the caller
+    has gone, it goes out through the loop (never swallowed)."""
 
     __slots__ = ("exc",)
 
@@ -121,6 +141,8 @@ async def _drive(run: Coroutine[Any, Any, Any], outcome: asyncio.Future[Any]) ->
     try:
         out = await run
     except (KeyboardInterrupt, SystemExit) as exc:
+        if outcome.done():
+            raise  # its caller has gone: out through the event loop, as asyncio does
         out = _Escaped(exc)
     except asyncio.CancelledError:
         outcome.cancel()  # the action's own task was cancelled: so is its caller
@@ -148,8 +170,7 @@ async def lead(ident: Hashable, run: Callable[[Leading], Coroutine[Any, Any, T]]
     finally:
         _LEADING.reset(token)
     if not task.done():
-        _RUNNING.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(_RUNNING.discard)
+        _keep(loop, task)
     out = await outcome
     if isinstance(out, _Escaped):
         raise out.exc

@@ -206,8 +206,9 @@ pub trait DedupStore<V, E> {
     ) -> impl Future<Output = Result<Begin<V, E, Self::Lease, Self::Join>, Error>>;
 
     /// Identifies the state this store shares with its clones: the same value for
-    /// every clone of one store, different values for stores alive at the same time
-    /// (e.g. the address of the shared state). With it, [`execute`] fails at once,
+    /// every clone of one store (and for every instance that shares that state, e.g.
+    /// one kept in a server), different values for stores that do not share it (e.g.
+    /// the address of the shared state). With it, [`execute`] fails at once,
     /// with [`Error::Reentrant`], a call made by an action with the key that action
     /// is leading on the same store, which would otherwise wait for itself forever.
     /// `None` (the default) turns that check off.
