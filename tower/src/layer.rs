@@ -517,10 +517,13 @@ where
                 contract::storable_status(record.status)
             };
             if storable {
-                if let Err(e) = S::complete(lease, record.encode()).await {
-                    return Ok(refuse(&s, grpc, &Problem::from_error(&e)));
+                // The handler has run: its response is the answer even when it could
+                // not be stored (store unreachable, lease lost). A problem instead
+                // would invite a retry, which would run the handler again.
+                match S::complete(lease, record.encode()).await {
+                    Ok(()) => bump(&s.counters.stored),
+                    Err(_) => bump(&s.counters.not_stored),
                 }
-                bump(&s.counters.stored);
             } else {
                 // Waiting duplicates get this response too; a later retry runs again.
                 S::fail(lease, Unstored { response: record }).await;

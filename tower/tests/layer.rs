@@ -15,7 +15,7 @@ use axum::Router;
 use bytes::Bytes;
 use common::send;
 use oncely::MemoryStore;
-use oncely_tower::{IdempotencyLayer, Unstored};
+use oncely_tower::{BoxFuture, IdempotencyLayer, Store, StoreBegin, Unstored};
 use tokio::sync::Semaphore;
 
 fn memory() -> IdempotencyLayer<MemoryStore<Vec<u8>, Unstored>> {
@@ -378,4 +378,57 @@ async fn cancelled_leaders_hand_over_one_at_a_time_and_every_waiter_ends() {
     )
     .await;
     assert_eq!((a.replayed(), &a.body), (true, &bodies[0]));
+}
+
+/// A memory store whose `complete` fails as an unreachable store does: the record is
+/// not written and the claim is released.
+#[derive(Clone, Default)]
+struct Unwritable(MemoryStore<Vec<u8>, Unstored>);
+
+impl Store for Unwritable {
+    type Lease = oncely::Lease<Vec<u8>, Unstored>;
+    type Join = oncely::Join<Vec<u8>, Unstored>;
+    fn begin<'a>(
+        &'a self,
+        key: &'a oncely::ScopedKey,
+        fingerprint: &'a str,
+        options: oncely::ExecuteOptions,
+    ) -> BoxFuture<'a, Result<StoreBegin<Self>, oncely::Error>> {
+        Box::pin(std::future::ready(self.0.begin(key, fingerprint, options)))
+    }
+    fn complete(lease: Self::Lease, _: Vec<u8>) -> BoxFuture<'static, Result<(), oncely::Error>> {
+        drop(lease);
+        Box::pin(std::future::ready(Err(oncely::Error::Unavailable(
+            "the store went away".into(),
+        ))))
+    }
+    fn fail(lease: Self::Lease, unstored: Unstored) -> BoxFuture<'static, Arc<Unstored>> {
+        Box::pin(std::future::ready(lease.fail_now(unstored)))
+    }
+}
+
+/// The handler ran but its response could not be stored: the client still gets that
+/// response (not a retryable 503, whose retry would run the handler again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_the_store_cannot_keep_is_still_the_answer() {
+    let layer = IdempotencyLayer::new(Unwritable::default());
+    let (addr, calls) = common::start(layer.clone()).await;
+    let client = common::client();
+    let a = send(
+        &client,
+        addr,
+        "POST",
+        "/orders",
+        &[("idempotency-key", "order-nostore")],
+        b"x",
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.replayed(), &a.body[..]),
+        (201, false, &br#"{"call":1}"#[..])
+    );
+    assert_eq!(a.header("etag"), Some("\"call-1\""));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let n = layer.counters();
+    assert_eq!((n.led, n.stored, n.not_stored, n.refused), (1, 0, 1, 0));
 }
