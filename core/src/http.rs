@@ -443,6 +443,18 @@ pub fn is_grpc(content_type: &str) -> bool {
     essence == "application/grpc" || essence.starts_with("application/grpc+")
 }
 
+/// Whether a response with this `content_type` is an event stream
+/// (`text/event-stream`, parameters and case ignored): such a response is sent as it
+/// is produced and never stored, since it may stay open long after its first events.
+pub fn is_event_stream(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .eq_ignore_ascii_case("text/event-stream")
+}
+
 /// Whether a gRPC answer with this `grpc-status` value is stored, as HTTP stores 2xx
 /// and the 4xx that are final: OK, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS,
 /// PERMISSION_DENIED, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED. Never the

@@ -843,6 +843,10 @@ fn http_server() {
                 let got = http::is_grpc(str_of(case, "content_type"));
                 r.check(i, case, "grpc", &json!(got), field(case, "grpc"));
             }
+            "is_event_stream" => {
+                let got = http::is_event_stream(str_of(case, "content_type"));
+                r.check(i, case, "event_stream", &json!(got), field(case, "event_stream"));
+            }
             // Run against a real server by the adapters' suites.
             "sequence" => r.checks += 1,
             other => r.fail(i, case, &format!("unknown op {other:?}")),

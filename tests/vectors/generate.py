@@ -1095,6 +1095,10 @@ def http_server_cases():
                      ("Application/GRPC; charset=x", True), ("application/grpc-web", False),
                      ("application/json", False)]:
         c.append({"op": "is_grpc", "content_type": ct, "grpc": grpc})
+    for ct, streams in [("text/event-stream", True), ("Text/Event-Stream; charset=utf-8", True),
+                        ("text/plain", False), ("application/json", False),
+                        ("text/event-streams", False)]:
+        c.append({"op": "is_event_stream", "content_type": ct, "event_stream": streams})
 
     # --- request sequences, run against a real server by every adapter ---
     # The test server (see README.md): POST|PATCH|PUT|GET /orders, /orders/{id} and

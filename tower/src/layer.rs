@@ -467,7 +467,22 @@ where
     let run = async move {
         let resp = inner.call(request).await?;
         let (head, body) = resp.into_parts();
-        Ok::<_, Svc::Error>((head, collect(body, cap).await))
+        let streams = head
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(contract::is_event_stream);
+        let collected = if streams {
+            // Sent as it comes, like a body over the cap: waiting for its end (or
+            // the cap) could keep the client waiting for ever.
+            Collected::Over {
+                prefix: VecDeque::new(),
+                rest: Box::pin(body),
+            }
+        } else {
+            collect(body, cap).await
+        };
+        Ok::<_, Svc::Error>((head, collected))
     };
     let (head, collected) = match catch_unwind_async(run).await {
         Ok(Ok(done)) => done,
@@ -535,8 +550,9 @@ where
             ))
         }
         Collected::Over { prefix, rest } => {
-            // Sent, not stored: the key stays claimed until the body has been sent
-            // whole (or dropped), then a waiting duplicate leads.
+            // Sent, not stored (over the cap, or an event stream): the key stays
+            // claimed until the body has been sent whole (or dropped), then a waiting
+            // duplicate leads.
             bump(&s.counters.not_stored);
             Ok(Response::from_parts(
                 head,

@@ -432,3 +432,77 @@ async fn a_response_the_store_cannot_keep_is_still_the_answer() {
     let n = layer.counters();
     assert_eq!((n.led, n.stored, n.not_stored, n.refused), (1, 0, 1, 0));
 }
+
+/// An event stream: one event at once, then the next when the test allows.
+async fn events(State((calls, gate)): State<(Arc<AtomicU64>, Arc<Semaphore>)>) -> Response {
+    calls.fetch_add(1, Ordering::SeqCst);
+    let stream = futures::stream::unfold(0, move |i| {
+        let gate = gate.clone();
+        async move {
+            match i {
+                0 => Some((Ok::<_, Infallible>(Bytes::from_static(b"data: one\n\n")), 1)),
+                1 => {
+                    gate.acquire().await.unwrap().forget();
+                    Some((Ok(Bytes::from_static(b"data: two\n\n")), 2))
+                }
+                _ => None,
+            }
+        }
+    });
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .body(AxumBody::from_stream(stream))
+        .unwrap()
+}
+
+/// An event stream far under the cap reaches its client as it is produced (it is not
+/// held back to be stored), holds its key while it runs and is not stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_is_sent_as_it_comes_and_not_stored() {
+    use http_body_util::BodyExt;
+    let calls = Arc::new(AtomicU64::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let layer = memory();
+    let app = Router::new()
+        .route("/events", post(events))
+        .route_layer(layer.clone())
+        .with_state((calls.clone(), gate.clone()));
+    let addr = common::serve(app).await;
+    let client = common::client();
+    let req = http::Request::post(format!("http://{addr}/events"))
+        .header("idempotency-key", "events-0001")
+        .body(http_body_util::Full::new(Bytes::from_static(b"x")))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+        .await
+        .expect("no response head within 10 s: the stream was held back")
+        .unwrap();
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("no first event within 10 s: the stream was held back")
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(&first[..], b"data: one\n\n");
+    // The stream still runs: a duplicate must not run the handler meanwhile.
+    let dup = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            send(&client, addr, "POST", "/events", &[("idempotency-key", "events-0001")], b"x")
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the key was handed over mid-stream");
+    gate.add_permits(2);
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(&rest[..], b"data: two\n\n");
+    let b = dup.await.unwrap();
+    assert_eq!((b.status, b.replayed()), (200, false));
+    assert_eq!(&b.body[..], b"data: one\n\ndata: two\n\n");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(layer.counters().stored, 0);
+}
