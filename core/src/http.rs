@@ -729,6 +729,24 @@ impl Problem {
         }
     }
 
+    /// The tenant function gave a tenant a key cannot be scoped by (empty, or over
+    /// 1024 bytes): 500 `tenant-unusable`, since the tenant comes from the server's own
+    /// code (e.g. no authenticated principal where one was expected), not from the
+    /// key the client sent. The handler does not run.
+    pub fn tenant_unusable(reason: impl fmt::Display) -> Self {
+        Problem {
+            status: 500,
+            type_uri: "urn:oncely:problem:tenant-unusable",
+            title: "The server could not tell the request's tenant",
+            detail: format!(
+                "the tenant function gave a tenant that cannot scope an Idempotency-Key \
+                 ({reason}); the key itself was not checked"
+            ),
+            code: Code::Internal,
+            retry_after: None,
+        }
+    }
+
     /// The `Retry-After` value in whole seconds (rounded up, at least 1), if any.
     pub fn retry_after_secs(&self) -> Option<u64> {
         self.retry_after.map(|d| {

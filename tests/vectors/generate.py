@@ -1144,6 +1144,9 @@ def http_server_cases():
         {"request": req(tenant="acme"), "expect": ran(1)},
         {"request": req(tenant="globex"), "expect": ran(2)},
         {"request": req(tenant="acme"), "expect": replay(1)}], 2))
+    c.append(seq("an empty tenant from the tenant function: 500 tenant-unusable (not an invalid key), handler not called", [
+        {"request": req(tenant=""), "expect": refused(500, "tenant-unusable")},
+        {"request": req(tenant=""), "expect": refused(500, "tenant-unusable")}], 0))
     c.append(seq("a 5xx is not stored: the retry runs again and its 201 is stored", [
         {"request": req(status=500), "expect": ran(1, status=500)},
         {"request": req(status=503), "expect": ran(2, status=503)},

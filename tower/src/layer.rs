@@ -392,6 +392,10 @@ where
         &key,
     ) {
         Ok(k) => k,
+        Err(Error::InvalidArgument {
+            field: "tenant",
+            reason,
+        }) => return Ok(refuse(&s, grpc, &Problem::tenant_unusable(reason))),
         Err(e) => return Ok(refuse(&s, grpc, &Problem::from_error(&e))),
     };
     let fingerprint = match &s.fingerprint {
