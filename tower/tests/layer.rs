@@ -491,12 +491,23 @@ async fn an_event_stream_is_sent_as_it_comes_and_not_stored() {
     let dup = {
         let client = client.clone();
         tokio::spawn(async move {
-            send(&client, addr, "POST", "/events", &[("idempotency-key", "events-0001")], b"x")
-                .await
+            send(
+                &client,
+                addr,
+                "POST",
+                "/events",
+                &[("idempotency-key", "events-0001")],
+                b"x",
+            )
+            .await
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the key was handed over mid-stream");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the key was handed over mid-stream"
+    );
     gate.add_permits(2);
     let rest = body.collect().await.unwrap().to_bytes();
     assert_eq!(&rest[..], b"data: two\n\n");

@@ -148,3 +148,88 @@ async fn an_unkeyed_post_is_not_resent_after_a_lost_answer() {
     assert!(svc.ready().await.unwrap().call(req).await.is_err());
     assert_eq!(attempts.load(Ordering::SeqCst), 1);
 }
+
+/// A TCP proxy in front of `server`: on its first connection it relays the request,
+/// waits for the first bytes of the answer (the handler has run) and closes the
+/// connection without relaying them; later connections are relayed both ways.
+async fn dropping_proxy(server: SocketAddr) -> (SocketAddr, Arc<AtomicU64>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dropped = Arc::new(AtomicU64::new(0));
+    let seen = dropped.clone();
+    tokio::spawn(async move {
+        let mut n = 0u64;
+        loop {
+            let (mut client, _) = listener.accept().await.unwrap();
+            n += 1;
+            let first = n == 1;
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut upstream = tokio::net::TcpStream::connect(server).await.unwrap();
+                if !first {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                    return;
+                }
+                let (mut up_read, mut up_write) = upstream.into_split();
+                let (mut c_read, _c_write) = client.into_split();
+                let relay = tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        match c_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(k) => {
+                                if up_write.write_all(&buf[..k]).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                });
+                let mut buf = [0u8; 1];
+                let got = up_read.read(&mut buf).await.unwrap();
+                assert!(got > 0, "the server answered");
+                seen.fetch_add(1, Ordering::SeqCst);
+                // Both halves dropped: the client's connection closes unanswered.
+                relay.abort();
+            });
+        }
+    });
+    (addr, dropped)
+}
+
+/// A real connection closed by the network after the server ran the handler (its
+/// answer never reaches the client): the RetryLayer sends the request again with the
+/// key it added, on a new connection, and the server replays the stored answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_after_the_handler_ran_is_retried_to_one_effect() {
+    let (server, calls) = common::start(IdempotencyLayer::new(
+        MemoryStore::<Vec<u8>, Unstored>::new(),
+    ))
+    .await;
+    let (proxy, dropped) = dropping_proxy(server).await;
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new().policy(policy()).unwrap())
+        .service(common::client());
+    let call = async {
+        svc.ready()
+            .await
+            .unwrap()
+            .call(post_orders(proxy))
+            .await
+            .expect("the retry got an answer")
+    };
+    let resp = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("no answer within 20 s: a hang");
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the first answer was dropped"
+    );
+    assert_eq!(resp.status(), 201);
+    assert_eq!(resp.headers()["idempotent-replayed"], "true");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], br#"{"call":1}"#);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one effect");
+}
