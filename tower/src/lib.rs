@@ -55,5 +55,5 @@ mod store;
 
 pub use body::Body;
 pub use layer::{Counters, Idempotency, IdempotencyLayer};
-pub use retry::{RetryLayer, Retrying};
+pub use retry::{RetryError, RetryLayer, Retrying};
 pub use store::{BoxFuture, Store, StoreBegin, Unstored};

@@ -1,7 +1,7 @@
 //! The client side: retries that reuse one idempotency key (SPEC §4 over tower).
 
 use std::fmt;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -31,7 +31,10 @@ use crate::store::BoxFuture;
 /// HEAD, OPTIONS, TRACE, PUT, DELETE). A failed answer is classified by its status
 /// (`Code::from_http`) or, for gRPC, by a `grpc-status` in its headers; an error of the
 /// wrapped service (connection lost) is an unknown outcome (UNAVAILABLE), retried only
-/// when safe. When the loop stops, the last answer (or error) is given back unchanged.
+/// when safe. When the loop stops, the last answer (or error, as
+/// [`RetryError::Service`]) is given back unchanged. With a [`timeout`](Self::timeout),
+/// an attempt still running at the deadline is dropped and the call ends with
+/// [`RetryError::DeadlineExceeded`].
 ///
 /// The request body is sent again on every attempt, so it must be `Clone` (e.g.
 /// `http_body_util::Full<Bytes>`). Sleeps use `futures-timer`: no runtime needed.
@@ -92,7 +95,8 @@ impl RetryLayer {
         Ok(self.with(|c| c.policy = policy))
     }
 
-    /// Bounds each logical call, its retries and sleeps included.
+    /// Bounds each logical call, its attempts, retries and sleeps included: an attempt
+    /// still running at the deadline is dropped ([`RetryError::DeadlineExceeded`]).
     pub fn timeout(self, timeout: Duration) -> Self {
         self.with(|c| c.timeout = Some(timeout))
     }
@@ -158,11 +162,11 @@ where
     RB: Send + 'static,
 {
     type Response = Response<RB>;
-    type Error = Svc::Error;
-    type Future = BoxFuture<'static, Result<Response<RB>, Svc::Error>>;
+    type Error = RetryError<Svc::Error>;
+    type Future = BoxFuture<'static, Result<Response<RB>, RetryError<Svc::Error>>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Svc::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(RetryError::Service)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
@@ -176,7 +180,7 @@ async fn run<Svc, B, RB>(
     config: Arc<RetryConfig>,
     mut inner: Svc,
     req: Request<B>,
-) -> Result<Response<RB>, Svc::Error>
+) -> Result<Response<RB>, RetryError<Svc::Error>>
 where
     Svc: Service<Request<B>, Response = Response<RB>>,
     B: Clone,
@@ -214,31 +218,111 @@ where
         transient_internal: config.transient_internal,
     };
     let mut state = RetryState::new(config.policy).with_facts(facts);
-    if let Some(t) = config.timeout {
-        state = state.with_deadline(Deadline::after(&SystemClock, t));
+    let deadline = config.timeout.map(|t| Deadline::after(&SystemClock, t));
+    if let Some(d) = deadline {
+        state = state.with_deadline(d);
     }
     if let Some(b) = &config.budget {
         state = state.with_budget(b.clone());
     }
+    let mut attempts = 0u32;
     loop {
-        poll_fn(|cx| inner.poll_ready(cx)).await?;
-        let outcome = inner.call(rebuild(&parts, body.clone())).await;
+        attempts += 1;
+        let request = rebuild(&parts, body.clone());
+        let attempt = async {
+            poll_fn(|cx| inner.poll_ready(cx)).await?;
+            inner.call(request).await
+        };
+        let outcome = match deadline {
+            None => attempt.await,
+            Some(d) => match within(d.remaining(&SystemClock), attempt).await {
+                Some(outcome) => outcome,
+                None => return Err(RetryError::DeadlineExceeded { attempts }),
+            },
+        };
         let failure = match &outcome {
             Ok(resp) => match failure_of(resp, grpc) {
-                None => return outcome,
+                None => return outcome.map_err(RetryError::Service),
                 Some(f) => f,
             },
             // The request may have been applied: only a safe call is sent again.
             Err(_) => Failure::outcome_unknown(),
         };
         match state.on_failure(failure, SystemClock.now()) {
-            Decision::Stop(_) => return outcome,
+            Decision::Stop(_) => return outcome.map_err(RetryError::Service),
             Decision::Retry { delay, .. } => {
                 drop(outcome);
                 if !delay.is_zero() {
                     TimerSleeper.sleep(delay).await;
                 }
             }
+        }
+    }
+}
+
+/// `fut`'s output, or `None` when `limit` passes first (`fut` is then dropped).
+async fn within<F: Future>(limit: Duration, fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    let mut timer = std::pin::pin!(TimerSleeper.sleep(limit.max(Duration::from_nanos(1))));
+    poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        timer.as_mut().poll(cx).map(|()| None)
+    })
+    .await
+}
+
+/// The error of a call through [`RetryLayer`].
+#[derive(Debug)]
+pub enum RetryError<E> {
+    /// The wrapped service's error of the last attempt.
+    Service(E),
+    /// The call's deadline ([`RetryLayer::timeout`]) passed while an attempt was
+    /// running; that attempt was dropped. Whether it was applied is unknown: retry the
+    /// call with the same idempotency key to find out.
+    DeadlineExceeded {
+        /// The attempts made, the dropped one included.
+        attempts: u32,
+    },
+}
+
+impl<E> RetryError<E> {
+    /// The wrapped service's error, if that is what this is.
+    pub fn into_service(self) -> Option<E> {
+        match self {
+            RetryError::Service(e) => Some(e),
+            RetryError::DeadlineExceeded { .. } => None,
+        }
+    }
+
+    /// The gRPC code of the error: DEADLINE_EXCEEDED for the deadline, else
+    /// UNAVAILABLE (an error of the wrapped service is an unknown outcome).
+    pub fn code(&self) -> Code {
+        match self {
+            RetryError::Service(_) => Code::Unavailable,
+            RetryError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for RetryError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RetryError::Service(e) => e.fmt(f),
+            RetryError::DeadlineExceeded { attempts } => write!(
+                f,
+                "the call's deadline passed during attempt {attempts}; its outcome is unknown"
+            ),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RetryError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RetryError::Service(e) => Some(e),
+            RetryError::DeadlineExceeded { .. } => None,
         }
     }
 }

@@ -14,7 +14,7 @@ use axum::Router;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use oncely::{MemoryStore, RetryPolicy};
-use oncely_tower::{IdempotencyLayer, RetryLayer, Unstored};
+use oncely_tower::{IdempotencyLayer, RetryError, RetryLayer, Unstored};
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
 
 type Req = http::Request<Full<Bytes>>;
@@ -232,4 +232,36 @@ async fn a_connection_dropped_after_the_handler_ran_is_retried_to_one_effect() {
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], br#"{"call":1}"#);
     assert_eq!(calls.load(Ordering::SeqCst), 1, "one effect");
+}
+
+/// The deadline bounds a running attempt too: a server that does not answer does not
+/// hold the call past its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_ends_an_attempt_that_does_not_answer() {
+    let (addr, calls) = common::start(IdempotencyLayer::new(
+        MemoryStore::<Vec<u8>, Unstored>::new(),
+    ))
+    .await;
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .policy(policy())
+                .unwrap()
+                .timeout(Duration::from_millis(300)),
+        )
+        .service(common::client());
+    let mut req = post_orders(addr);
+    req.headers_mut()
+        .insert("x-respond", r#"{"delay_ms":60000}"#.parse().unwrap());
+    let call = async { svc.ready().await.unwrap().call(req).await };
+    let outcome = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the call outlived its deadline: a hang");
+    match outcome {
+        Err(e @ RetryError::DeadlineExceeded { attempts: 1 }) => {
+            assert_eq!(e.code(), oncely::Code::DeadlineExceeded);
+        }
+        other => panic!("want DeadlineExceeded after one attempt, got {other:?}"),
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
