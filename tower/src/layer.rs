@@ -340,11 +340,14 @@ where
     RB::Error: Send + 'static,
 {
     let (parts, body) = req.into_parts();
-    let grpc = parts
-        .headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(contract::is_grpc);
+    // gRPC calls are POSTs: another method with a gRPC content type is plain HTTP (a
+    // GET stays passed through).
+    let grpc = parts.method == Method::POST
+        && parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(contract::is_grpc);
     let decision = {
         // The first two values are enough to tell none, one and "more than one".
         let mut all = parts

@@ -517,3 +517,27 @@ async fn an_event_stream_is_sent_as_it_comes_and_not_stored() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(layer.counters().stored, 0);
 }
+
+/// A GET is passed through untouched whatever its content type: a gRPC content type
+/// does not make it a covered gRPC call (gRPC calls are POSTs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_with_a_grpc_content_type_is_passed_through() {
+    let layer = memory();
+    let (addr, calls) = common::start(layer.clone()).await;
+    let client = common::client();
+    let grpc = ("content-type", "application/grpc");
+    let a = send(&client, addr, "GET", "/orders", &[grpc], b"").await;
+    assert_eq!(
+        (a.status, a.replayed(), &a.body[..]),
+        (201, false, &br#"{"call":1}"#[..])
+    );
+    let keyed = [grpc, ("x-idempotency-key", "order-get1")];
+    for call in 2..=3 {
+        let a = send(&client, addr, "GET", "/orders", &keyed, b"").await;
+        assert_eq!((a.status, a.replayed()), (201, false));
+        assert_eq!(a.json()["call"], call);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let n = layer.counters();
+    assert_eq!((n.passed_through, n.refused, n.led), (3, 0, 0));
+}
