@@ -31,7 +31,10 @@ use crate::store::BoxFuture;
 /// HEAD, OPTIONS, TRACE, PUT, DELETE). A failed answer is classified by its status
 /// (`Code::from_http`) or, for gRPC, by a `grpc-status` in its headers; an error of the
 /// wrapped service (connection lost) is an unknown outcome (UNAVAILABLE), retried only
-/// when safe. When the loop stops, the last answer (or error, as
+/// when safe. A keyed call answered "in progress" (409 + `Retry-After`, or ABORTED +
+/// `grpc-retry-pushback-ms`, from a server behind `IdempotencyLayer::wait(false)`) is
+/// retried after that delay: an earlier attempt whose answer was lost still runs. When
+/// the loop stops, the last answer (or error, as
 /// [`RetryError::Service`]) is given back unchanged. With a [`timeout`](Self::timeout),
 /// an attempt still running at the deadline is dropped and the call ends with
 /// [`RetryError::DeadlineExceeded`].
@@ -212,8 +215,9 @@ where
                 | Method::PUT
                 | Method::DELETE
         );
+    let keyed = parts.headers.contains_key(key_header);
     let facts = CallFacts {
-        safe: parts.headers.contains_key(key_header) || idempotent_method,
+        safe: keyed || idempotent_method,
         rereads: config.rereads,
         transient_internal: config.transient_internal,
     };
@@ -241,7 +245,7 @@ where
             },
         };
         let failure = match &outcome {
-            Ok(resp) => match failure_of(resp, grpc) {
+            Ok(resp) => match failure_of(resp, grpc, keyed) {
                 None => return outcome.map_err(RetryError::Service),
                 Some(f) => f,
             },
@@ -338,7 +342,7 @@ fn rebuild<B>(parts: &Parts, body: B) -> Request<B> {
 }
 
 /// The failure an answer stands for, or `None` for a success.
-fn failure_of<RB>(resp: &Response<RB>, grpc: bool) -> Option<Failure> {
+fn failure_of<RB>(resp: &Response<RB>, grpc: bool, keyed: bool) -> Option<Failure> {
     let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
     let (code, delay) = if grpc && resp.status().is_success() {
         // Trailers-only answers carry the status in the headers; a status in the
@@ -365,6 +369,14 @@ fn failure_of<RB>(resp: &Response<RB>, grpc: bool) -> Option<Failure> {
     if code == Code::Ok {
         return None;
     }
+    // A keyed call's "in progress" (409 + Retry-After; ABORTED + pushback): an earlier
+    // attempt of this call (its answer lost) still runs on the server. Sending the key
+    // again after the delay gets that attempt's answer; it cannot apply the call twice.
+    let code = if keyed && code == Code::Aborted && delay.is_some() {
+        Code::Unavailable
+    } else {
+        code
+    };
     let mut failure = Failure::new(code);
     failure.server_delay = delay;
     Some(failure)

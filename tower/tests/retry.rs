@@ -265,3 +265,50 @@ async fn the_deadline_ends_an_attempt_that_does_not_answer() {
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// With a server that does not make duplicates wait: the first attempt's answer is
+/// lost while its handler still runs, so the retry (same key) is answered 409 in
+/// progress + Retry-After; the layer waits that long and sends the key again, and
+/// gets the first attempt's answer replayed: one effect, no 409 to the caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_progress_answer_to_a_keyed_retry_is_waited_out() {
+    let (addr, calls) =
+        common::start(IdempotencyLayer::new(MemoryStore::<Vec<u8>, Unstored>::new()).wait(false))
+            .await;
+    let client = common::client();
+    let attempts = Arc::new(AtomicU64::new(0));
+    let a = attempts.clone();
+    let lossy = service_fn(move |req: Req| {
+        let (client, a) = (client.clone(), a.clone());
+        async move {
+            if a.fetch_add(1, Ordering::SeqCst) == 0 {
+                // The request reaches the server, whose handler runs on; its answer is
+                // lost to this caller.
+                let mut req = req;
+                req.headers_mut()
+                    .insert("x-respond", r#"{"delay_ms":500}"#.parse().unwrap());
+                let background = client.request(req);
+                tokio::spawn(background);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return Err::<http::Response<hyper::body::Incoming>, BoxError>(
+                    "connection reset after the request was sent".into(),
+                );
+            }
+            Ok(client.request(req).await?)
+        }
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new().policy(policy()).unwrap())
+        .service(lossy);
+    let call = async { svc.ready().await.unwrap().call(post_orders(addr)).await };
+    let resp = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("no answer within 20 s: a hang")
+        .unwrap();
+    assert_eq!(resp.status(), 201, "the caller got the in-progress answer");
+    assert_eq!(resp.headers()["idempotent-replayed"], "true");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], br#"{"call":1}"#);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one effect");
+    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+}
