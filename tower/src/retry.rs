@@ -99,7 +99,9 @@ impl RetryLayer {
     }
 
     /// Bounds each logical call, its attempts, retries and sleeps included: an attempt
-    /// still running at the deadline is dropped ([`RetryError::DeadlineExceeded`]).
+    /// still running at the deadline is dropped ([`RetryError::DeadlineExceeded`]). A
+    /// gRPC attempt tells the server the time left in `grpc-timeout` (unless the caller
+    /// set a shorter one).
     pub fn timeout(self, timeout: Duration) -> Self {
         self.with(|c| c.timeout = Some(timeout))
     }
@@ -232,7 +234,10 @@ where
     let mut attempts = 0u32;
     loop {
         attempts += 1;
-        let request = rebuild(&parts, body.clone());
+        let mut request = rebuild(&parts, body.clone());
+        if let (true, Some(d)) = (grpc, deadline) {
+            forward_grpc_timeout(request.headers_mut(), d.remaining(&SystemClock));
+        }
         let attempt = async {
             poll_fn(|cx| inner.poll_ready(cx)).await?;
             inner.call(request).await
@@ -262,6 +267,40 @@ where
             }
         }
     }
+}
+
+/// Tells the gRPC server the time left (`grpc-timeout`, in whole milliseconds rounded
+/// up), unless the caller set a shorter one.
+fn forward_grpc_timeout(headers: &mut http::HeaderMap, left: Duration) {
+    const NAME: &str = "grpc-timeout";
+    let ms = left.as_nanos().div_ceil(1_000_000).min(99_999_999) as u64;
+    let theirs = headers
+        .get(NAME)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout);
+    if theirs.is_some_and(|t| t <= Duration::from_millis(ms)) {
+        return;
+    }
+    let v = format!("{ms}m");
+    headers.insert(NAME, HeaderValue::from_str(&v).expect("digits and a unit"));
+}
+
+/// A `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
+fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// `fut`'s output, or `None` when `limit` passes first (`fut` is then dropped).

@@ -312,3 +312,72 @@ async fn an_in_progress_answer_to_a_keyed_retry_is_waited_out() {
     assert_eq!(calls.load(Ordering::SeqCst), 1, "one effect");
     assert_eq!(attempts.load(Ordering::SeqCst), 3);
 }
+
+/// A gRPC call with a deadline tells the server the time left (`grpc-timeout`) on
+/// every attempt; a shorter one set by the caller is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_call_forwards_the_time_left_as_grpc_timeout() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let server = service_fn(move |req: Req| {
+        let s = s.clone();
+        async move {
+            let mut s = s.lock().unwrap();
+            s.push(req.headers().get("grpc-timeout").cloned());
+            // UNAVAILABLE (trailers-only) twice, then OK.
+            let status = if s.len() < 3 { "14" } else { "0" };
+            let resp = http::Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", status)
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            Ok::<_, BoxError>(resp)
+        }
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new()
+                .policy(policy())
+                .unwrap()
+                .timeout(Duration::from_secs(5)),
+        )
+        .service(server);
+    let grpc_call = |timeout: Option<&str>| {
+        let mut req = http::Request::post("http://localhost/pkg.Orders/Create")
+            .header("content-type", "application/grpc");
+        if let Some(t) = timeout {
+            req = req.header("grpc-timeout", t);
+        }
+        req.body(Full::new(Bytes::new())).unwrap()
+    };
+    let resp = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(grpc_call(None))
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["grpc-status"], "0");
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3);
+        for v in seen.iter() {
+            let v = v.as_ref().expect("grpc-timeout sent").to_str().unwrap();
+            let ms: u64 = v
+                .strip_suffix('m')
+                .expect("in milliseconds")
+                .parse()
+                .unwrap();
+            assert!((1..=5000).contains(&ms), "{v}");
+        }
+    }
+    seen.lock().unwrap().clear();
+    svc.ready()
+        .await
+        .unwrap()
+        .call(grpc_call(Some("100m")))
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap();
+    assert!(seen.iter().all(|v| v.as_ref().unwrap() == "100m"));
+}
