@@ -541,3 +541,98 @@ async fn a_get_with_a_grpc_content_type_is_passed_through() {
     let n = layer.counters();
     assert_eq!((n.passed_through, n.refused, n.led), (3, 0, 0));
 }
+
+/// A body over the cap, sent in 5 chunks 5 ms apart; `running` counts the handlers
+/// whose body is not yet finished or dropped.
+async fn guarded_stream(State(state): State<Arc<Guarded>>) -> Response {
+    state.calls.fetch_add(1, Ordering::SeqCst);
+    let now = state.running.fetch_add(1, Ordering::SeqCst) + 1;
+    state.max_running.fetch_max(now, Ordering::SeqCst);
+    struct Done(Arc<Guarded>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.running.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let done = Done(state.clone());
+    let stream = futures::stream::unfold((0, done), |(i, done)| async move {
+        if i == 5 {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        Some((
+            Ok::<_, Infallible>(Bytes::from(vec![b'z'; 400])),
+            (i + 1, done),
+        ))
+    });
+    Response::builder()
+        .status(201)
+        .body(AxumBody::from_stream(stream))
+        .unwrap()
+}
+
+/// 200 same-key requests for a body over the cap whose clients give up at random
+/// moments, many of them mid-body: a body dropped mid-stream releases the key, the
+/// next request leads, two bodies never stream at once, and every request that is not
+/// cancelled gets the whole body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bodies_dropped_mid_stream_hand_the_key_over_one_at_a_time() {
+    use http_body_util::BodyExt;
+    let state = Arc::new(Guarded::default());
+    let app = Router::new()
+        .route("/stream", post(guarded_stream))
+        .route_layer(memory().body_cap(1000))
+        .with_state(state.clone());
+    let addr = common::serve(app).await;
+    let client = common::client();
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut tasks = Vec::new();
+    for i in 0..200u64 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let give_up = (i % 4 != 0).then_some(Duration::from_millis(seed % 80));
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(seed % 50)).await;
+            let req = http::Request::post(format!("http://{addr}/stream"))
+                .header("idempotency-key", "stream-storm")
+                .body(http_body_util::Full::new(Bytes::from_static(b"x")))
+                .unwrap();
+            let whole = async {
+                let resp = client.request(req).await.expect("the request failed");
+                let status = resp.status().as_u16();
+                (status, resp.into_body().collect().await.unwrap().to_bytes())
+            };
+            match give_up {
+                Some(d) => tokio::time::timeout(d, whole).await.ok(),
+                None => Some(
+                    tokio::time::timeout(Duration::from_secs(60), whole)
+                        .await
+                        .expect("no answer within 60 s: a hang"),
+                ),
+            }
+        }));
+    }
+    let mut answered = 0;
+    for t in tasks {
+        if let Some((status, body)) = t.await.unwrap() {
+            assert_eq!((status, body.len()), (201, 2000));
+            answered += 1;
+        }
+    }
+    assert!(answered >= 50, "every fourth request waits for its answer");
+    assert_eq!(
+        state.max_running.load(Ordering::SeqCst),
+        1,
+        "two bodies streamed at once"
+    );
+    // Every body has ended or been dropped, so the key is free again.
+    for _ in 0..100 {
+        if state.running.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state.running.load(Ordering::SeqCst), 0);
+}
