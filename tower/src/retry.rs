@@ -318,6 +318,7 @@ async fn within<F: Future>(limit: Duration, fut: F) -> Option<F::Output> {
 
 /// The error of a call through [`RetryLayer`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum RetryError<E> {
     /// The wrapped service's error of the last attempt.
     Service(E),
