@@ -40,7 +40,8 @@ use crate::store::BoxFuture;
 /// [`RetryError::DeadlineExceeded`].
 ///
 /// The request body is sent again on every attempt, so it must be `Clone` (e.g.
-/// `http_body_util::Full<Bytes>`). Sleeps use `futures-timer`: no runtime needed.
+/// `http_body_util::Full<Bytes>`); for other bodies (tonic's), put
+/// [`BufferBodyLayer`](crate::BufferBodyLayer) above this layer. Sleeps use `futures-timer`: no runtime needed.
 #[derive(Clone)]
 pub struct RetryLayer {
     config: Arc<RetryConfig>,
@@ -362,14 +363,9 @@ impl<E: fmt::Display> fmt::Display for RetryError<E> {
     }
 }
 
-impl<E: std::error::Error + 'static> std::error::Error for RetryError<E> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            RetryError::Service(e) => Some(e),
-            RetryError::DeadlineExceeded { .. } => None,
-        }
-    }
-}
+// For every displayable E, so that a `BoxError` service's RetryError (tower stacks,
+// tonic clients) is an error too; the service's error is in the message.
+impl<E: fmt::Debug + fmt::Display> std::error::Error for RetryError<E> {}
 
 fn rebuild<B>(parts: &Parts, body: B) -> Request<B> {
     let mut req = Request::new(body);
