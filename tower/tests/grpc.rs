@@ -317,3 +317,53 @@ async fn a_tonic_client_retrying_a_lost_answer_gets_one_effect() {
         "one key for both attempts"
     );
 }
+
+/// `/test.Orders/Create` answered with a message but no trailers (no grpc-status): a
+/// broken answer whose outcome is unknown.
+#[derive(Clone)]
+struct NoTrailers(Calls);
+
+impl tower::Service<http::Request<axum::body::Body>> for NoTrailers {
+    type Response = http::Response<axum::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+    fn call(&mut self, _: http::Request<axum::body::Body>) -> Self::Future {
+        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        Box::pin(async move {
+            let message = prost::Message::encode_to_vec(&Order {
+                call: n,
+                sku: "A1".into(),
+            });
+            let mut framed = vec![0u8];
+            framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&message);
+            Ok(http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(axum::body::Body::from(framed))
+                .unwrap())
+        })
+    }
+}
+
+/// An answer whose trailers were never sent has no outcome: it is not stored and never
+/// replayed to a later retry, which runs the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_without_trailers_is_not_stored() {
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let app = Router::new()
+        .route_service("/test.Orders/Create", NoTrailers(calls.clone()))
+        .layer(layer.clone());
+    let c = client(common::serve(app).await);
+    for call in 1..=2 {
+        let (answer, replayed, _) = create(&c, Some("order-notr"), "A1").await;
+        assert!(answer.is_err(), "an answer without grpc-status is an error");
+        assert!(!replayed);
+        assert_eq!(calls.load(Ordering::SeqCst), call);
+    }
+    let n = layer.counters();
+    assert_eq!((n.stored, n.not_stored, n.replayed), (0, 2, 0));
+}
