@@ -381,3 +381,45 @@ async fn a_grpc_call_forwards_the_time_left_as_grpc_timeout() {
     let seen = seen.lock().unwrap();
     assert!(seen.iter().all(|v| v.as_ref().unwrap() == "100m"));
 }
+
+/// One key per logical call: its retries send it again, the next call gets another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_logical_call_has_its_own_key() {
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let k = keys.clone();
+    let server = service_fn(move |req: Req| {
+        let k = k.clone();
+        async move {
+            let mut k = k.lock().unwrap();
+            k.push(req.headers()["idempotency-key"].clone());
+            // Every call's first attempt gets 503.
+            let status = if k.len() % 2 == 1 { 503 } else { 201 };
+            Ok::<_, BoxError>(
+                http::Response::builder()
+                    .status(status)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+        }
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new().policy(policy()).unwrap())
+        .service(server);
+    for _ in 0..3 {
+        let req = http::Request::post("http://localhost/orders")
+            .body(Full::new(Bytes::from_static(b"x")))
+            .unwrap();
+        let resp = svc.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(resp.status(), 201);
+    }
+    let keys = keys.lock().unwrap();
+    assert_eq!(keys.len(), 6);
+    for call in 0..3 {
+        assert_eq!(
+            keys[2 * call],
+            keys[2 * call + 1],
+            "a retry sends its call's key"
+        );
+    }
+    assert!(keys[0] != keys[2] && keys[2] != keys[4] && keys[0] != keys[4]);
+}
