@@ -236,3 +236,108 @@ async fn the_lease_is_renewed_while_a_slow_handler_and_a_slow_body_run() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+#[derive(Default)]
+struct Running {
+    calls: std::sync::atomic::AtomicU64,
+    now: std::sync::atomic::AtomicU64,
+    max: std::sync::atomic::AtomicU64,
+}
+
+/// Counts how many handlers run at once (across both instances).
+async fn counted(State(state): State<std::sync::Arc<Running>>) -> axum::response::Response {
+    let n = state.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    let now = state.now.fetch_add(1, Ordering::SeqCst) + 1;
+    state.max.fetch_max(now, Ordering::SeqCst);
+    struct Done<'a>(&'a std::sync::atomic::AtomicU64);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let _done = Done(&state.now);
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    axum::response::Response::builder()
+        .status(201)
+        .body(axum::body::Body::from(format!("{{\"call\":{n}}}")))
+        .unwrap()
+}
+
+/// 150 same-key requests spread over two instances, most of whose clients give up at
+/// random moments: the handler never runs on both at once, and every request that
+/// waits gets the one stored answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+async fn cancelled_leaders_on_two_instances_hand_over_one_at_a_time() {
+    let prefix = format!("tower-test-{}", oncely::IdempotencyKey::random());
+    let state = std::sync::Arc::new(Running::default());
+    let app = || {
+        axum::Router::new()
+            .route("/orders", axum::routing::post(counted))
+            .route_layer(IdempotencyLayer::new(redis_store(&prefix)))
+            .with_state(state.clone())
+    };
+    let (a, b) = (common::serve(app()).await, common::serve(app()).await);
+    let client = common::client();
+    // A first leader whose client gives up mid-handler: the key must be handed over.
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            send(
+                &client,
+                a,
+                "POST",
+                "/orders",
+                &[("idempotency-key", "order-storm")],
+                b"x",
+            )
+            .await
+        })
+    };
+    while state.calls.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    first.abort();
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut tasks = Vec::new();
+    for i in 0..150u64 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let give_up = (i % 3 != 0).then_some(Duration::from_millis(seed % 150));
+        let addr = if seed % 2 == 0 { a } else { b };
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(seed % 400)).await;
+            let req = send(
+                &client,
+                addr,
+                "POST",
+                "/orders",
+                &[("idempotency-key", "order-storm")],
+                b"x",
+            );
+            match give_up {
+                Some(d) => tokio::time::timeout(d, req).await.ok(),
+                None => Some(req.await),
+            }
+        }));
+    }
+    let mut bodies = Vec::new();
+    for t in tasks {
+        if let Some(x) = t.await.unwrap() {
+            assert_eq!(x.status, 201, "{:?}", x.body);
+            bodies.push(x.body);
+        }
+    }
+    assert!(bodies.len() >= 50);
+    assert!(
+        bodies.iter().all(|x| *x == bodies[0]),
+        "one answer for the key"
+    );
+    assert_eq!(
+        state.max.load(Ordering::SeqCst),
+        1,
+        "two handlers ran at once"
+    );
+}
