@@ -274,6 +274,17 @@ impl ServerConfig {
             .any(|n| n.eq_ignore_ascii_case(name))
     }
 
+    /// Whether the response header `name` (any case) goes with a response that is not
+    /// stored to the duplicates that waited for it (they get that one answer, e.g. a
+    /// 503 with its `Retry-After`): every header but the never-stored ones, and
+    /// `set-cookie` only when [`stores_header`](Self::stores_header) lists it.
+    pub fn shares_header(&self, name: &str) -> bool {
+        if name.eq_ignore_ascii_case("set-cookie") {
+            return self.stores_header(name);
+        }
+        !NEVER_STORED.iter().any(|n| n.eq_ignore_ascii_case(name))
+    }
+
     /// Decides what to do with a request: pass it through, refuse it (the [`Problem`]
     /// to send), or dedup it by the key.
     ///

@@ -732,6 +732,8 @@ fn http_server() {
                 }
                 let got = config.stores_header(str_of(case, "name"));
                 r.check(i, case, "stored", &json!(got), field(case, "stored"));
+                let got = config.shares_header(str_of(case, "name"));
+                r.check(i, case, "shared", &json!(got), field(case, "shared"));
             }
             "record" => {
                 let resp = field(case, "response");

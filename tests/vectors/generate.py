@@ -884,6 +884,13 @@ def http_stores_header(stored, name):
     return n not in NEVER_STORED and n in [h.lower() for h in (stored or DEFAULT_STORED)]
 
 
+def http_shares_header(stored, name):
+    n = name.lower()
+    if n == "set-cookie":
+        return http_stores_header(stored, name)
+    return n not in NEVER_STORED
+
+
 def http_is_json(ct):
     essence = ct.split(";")[0].strip().lower()
     if "/" not in essence:
@@ -1031,9 +1038,11 @@ def http_server_cases():
                          (["content-type", "Set-Cookie", "x-request-id"], "x-request-id"),
                          (["content-type", "Set-Cookie", "x-request-id"], "etag"),
                          (["connection", "content-length", "upgrade"], "connection"),
-                         (["connection", "content-length", "upgrade"], "content-length")]:
+                         (["connection", "content-length", "upgrade"], "content-length"),
+                         (None, "retry-after"), (None, "WWW-Authenticate")]:
         c.append({"op": "header", "stored_headers": stored, "name": name,
-                  "stored": http_stores_header(stored, name)})
+                  "stored": http_stores_header(stored, name),
+                  "shared": http_shares_header(stored, name)})
     for comment, status, headers, body, trailers in [
         ("a JSON 201", 201, [["content-type", "application/json"], ["location", "/orders/1"]], b'{"id":1}', []),
         ("empty", 204, [], b"", []),

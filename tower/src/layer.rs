@@ -505,16 +505,32 @@ where
     };
     match collected {
         Collected::Whole { data, trailers } => {
+            let storable = if grpc {
+                // The outcome is the grpc-status trailer (in the headers when the
+                // answer is trailers-only).
+                let status = trailers
+                    .as_ref()
+                    .and_then(|t| t.get("grpc-status"))
+                    .or_else(|| head.headers.get("grpc-status"));
+                head.status == StatusCode::OK
+                    && status.is_some_and(|v| contract::storable_grpc_status(v.as_bytes()))
+            } else {
+                contract::storable_status(head.status.as_u16())
+            };
             let record = StoredResponse {
                 status: head.status.as_u16(),
                 headers: head
                     .headers
                     .iter()
                     .filter(|(name, _)| {
-                        if grpc {
-                            s.contract.stores_grpc_header(name.as_str())
+                        let name = name.as_str();
+                        if !storable {
+                            // Only for the duplicates waiting now: the whole answer.
+                            s.contract.shares_header(name)
+                        } else if grpc {
+                            s.contract.stores_grpc_header(name)
                         } else {
-                            s.contract.stores_header(name.as_str())
+                            s.contract.stores_header(name)
                         }
                     })
                     .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
@@ -525,18 +541,6 @@ where
                     .flatten()
                     .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
                     .collect(),
-            };
-            let storable = if grpc {
-                // The outcome is the grpc-status trailer (in the headers when the
-                // answer is trailers-only).
-                let status = trailers
-                    .as_ref()
-                    .and_then(|t| t.get("grpc-status"))
-                    .or_else(|| head.headers.get("grpc-status"));
-                record.status == 200
-                    && status.is_some_and(|v| contract::storable_grpc_status(v.as_bytes()))
-            } else {
-                contract::storable_status(record.status)
             };
             if storable {
                 // The handler has run: its response is the answer even when it could

@@ -636,3 +636,49 @@ async fn bodies_dropped_mid_stream_hand_the_key_over_one_at_a_time() {
     }
     assert_eq!(state.running.load(Ordering::SeqCst), 0);
 }
+
+/// A slow 503 with `Retry-After`, a custom header and a cookie.
+async fn busy(State(calls): State<Arc<AtomicU64>>) -> Response {
+    calls.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Response::builder()
+        .status(503)
+        .header("retry-after", "7")
+        .header("x-reason", "maintenance")
+        .header("set-cookie", "session=leader")
+        .body(AxumBody::from("busy"))
+        .unwrap()
+}
+
+/// A duplicate that waited for a response that is not stored gets that whole answer
+/// (its `Retry-After` too), not only the headers a stored response keeps; cookies stay
+/// the first client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_the_whole_unstored_answer() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let app = Router::new()
+        .route("/busy", post(busy))
+        .route_layer(memory())
+        .with_state(calls.clone());
+    let addr = common::serve(app).await;
+    let client = common::client();
+    let key = [("idempotency-key", "busy-0001")];
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move { send(&client, addr, "POST", "/busy", &key, b"x").await })
+    };
+    while calls.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiter = send(&client, addr, "POST", "/busy", &key, b"x").await;
+    let first = first.await.unwrap();
+    assert_eq!((first.status, first.replayed()), (503, false));
+    assert_eq!(
+        (waiter.status, waiter.replayed(), &waiter.body[..]),
+        (503, true, &b"busy"[..])
+    );
+    assert_eq!(waiter.header("retry-after"), Some("7"));
+    assert_eq!(waiter.header("x-reason"), Some("maintenance"));
+    assert_eq!(waiter.header("set-cookie"), None);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
