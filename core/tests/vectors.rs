@@ -847,7 +847,13 @@ fn http_server() {
             }
             "is_event_stream" => {
                 let got = http::is_event_stream(str_of(case, "content_type"));
-                r.check(i, case, "event_stream", &json!(got), field(case, "event_stream"));
+                r.check(
+                    i,
+                    case,
+                    "event_stream",
+                    &json!(got),
+                    field(case, "event_stream"),
+                );
             }
             // Run against a real server by the adapters' suites.
             "sequence" => r.checks += 1,
