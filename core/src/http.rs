@@ -274,6 +274,17 @@ impl ServerConfig {
             .any(|n| n.eq_ignore_ascii_case(name))
     }
 
+    /// Whether the response header `name` (any case) goes with a response that is not
+    /// stored to the duplicates that waited for it (they get that one answer, e.g. a
+    /// 503 with its `Retry-After`): every header but the never-stored ones, and
+    /// `set-cookie` only when [`stores_header`](Self::stores_header) lists it.
+    pub fn shares_header(&self, name: &str) -> bool {
+        if name.eq_ignore_ascii_case("set-cookie") {
+            return self.stores_header(name);
+        }
+        !NEVER_STORED.iter().any(|n| n.eq_ignore_ascii_case(name))
+    }
+
     /// Decides what to do with a request: pass it through, refuse it (the [`Problem`]
     /// to send), or dedup it by the key.
     ///
@@ -441,6 +452,18 @@ pub fn is_grpc(content_type: &str) -> bool {
         .trim()
         .to_ascii_lowercase();
     essence == "application/grpc" || essence.starts_with("application/grpc+")
+}
+
+/// Whether a response with this `content_type` is an event stream
+/// (`text/event-stream`, parameters and case ignored): such a response is sent as it
+/// is produced and never stored, since it may stay open long after its first events.
+pub fn is_event_stream(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .eq_ignore_ascii_case("text/event-stream")
 }
 
 /// Whether a gRPC answer with this `grpc-status` value is stored, as HTTP stores 2xx
@@ -713,6 +736,24 @@ impl Problem {
             title: "The request body could not be read",
             detail: format!("the request body could not be read: {detail}"),
             code: Code::InvalidArgument,
+            retry_after: None,
+        }
+    }
+
+    /// The tenant function gave a tenant a key cannot be scoped by (empty, or over
+    /// 1024 bytes): 500 `tenant-unusable`, since the tenant comes from the server's own
+    /// code (e.g. no authenticated principal where one was expected), not from the
+    /// key the client sent. The handler does not run.
+    pub fn tenant_unusable(reason: impl fmt::Display) -> Self {
+        Problem {
+            status: 500,
+            type_uri: "urn:oncely:problem:tenant-unusable",
+            title: "The server could not tell the request's tenant",
+            detail: format!(
+                "the tenant function gave a tenant that cannot scope an Idempotency-Key \
+                 ({reason}); the key itself was not checked"
+            ),
+            code: Code::Internal,
             retry_after: None,
         }
     }

@@ -840,6 +840,8 @@ fn http_server() {
                 }
                 let got = config.stores_header(str_of(case, "name"));
                 r.check(i, case, "stored", &json!(got), field(case, "stored"));
+                let got = config.shares_header(str_of(case, "name"));
+                r.check(i, case, "shared", &json!(got), field(case, "shared"));
             }
             "record" => {
                 let resp = field(case, "response");
@@ -950,6 +952,16 @@ fn http_server() {
             "is_grpc" => {
                 let got = http::is_grpc(str_of(case, "content_type"));
                 r.check(i, case, "grpc", &json!(got), field(case, "grpc"));
+            }
+            "is_event_stream" => {
+                let got = http::is_event_stream(str_of(case, "content_type"));
+                r.check(
+                    i,
+                    case,
+                    "event_stream",
+                    &json!(got),
+                    field(case, "event_stream"),
+                );
             }
             // Run against a real server by the adapters' suites.
             "sequence" => r.checks += 1,

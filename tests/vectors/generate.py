@@ -884,6 +884,13 @@ def http_stores_header(stored, name):
     return n not in NEVER_STORED and n in [h.lower() for h in (stored or DEFAULT_STORED)]
 
 
+def http_shares_header(stored, name):
+    n = name.lower()
+    if n == "set-cookie":
+        return http_stores_header(stored, name)
+    return n not in NEVER_STORED
+
+
 def http_is_json(ct):
     essence = ct.split(";")[0].strip().lower()
     if "/" not in essence:
@@ -1031,9 +1038,11 @@ def http_server_cases():
                          (["content-type", "Set-Cookie", "x-request-id"], "x-request-id"),
                          (["content-type", "Set-Cookie", "x-request-id"], "etag"),
                          (["connection", "content-length", "upgrade"], "connection"),
-                         (["connection", "content-length", "upgrade"], "content-length")]:
+                         (["connection", "content-length", "upgrade"], "content-length"),
+                         (None, "retry-after"), (None, "WWW-Authenticate")]:
         c.append({"op": "header", "stored_headers": stored, "name": name,
-                  "stored": http_stores_header(stored, name)})
+                  "stored": http_stores_header(stored, name),
+                  "shared": http_shares_header(stored, name)})
     for comment, status, headers, body, trailers in [
         ("a JSON 201", 201, [["content-type", "application/json"], ["location", "/orders/1"]], b'{"id":1}', []),
         ("empty", 204, [], b"", []),
@@ -1095,6 +1104,10 @@ def http_server_cases():
                      ("Application/GRPC; charset=x", True), ("application/grpc-web", False),
                      ("application/json", False)]:
         c.append({"op": "is_grpc", "content_type": ct, "grpc": grpc})
+    for ct, streams in [("text/event-stream", True), ("Text/Event-Stream; charset=utf-8", True),
+                        ("text/plain", False), ("application/json", False),
+                        ("text/event-streams", False)]:
+        c.append({"op": "is_event_stream", "content_type": ct, "event_stream": streams})
 
     # --- request sequences, run against a real server by every adapter ---
     # The test server (see README.md): POST|PATCH|PUT|GET /orders, /orders/{id} and
@@ -1140,6 +1153,9 @@ def http_server_cases():
         {"request": req(tenant="acme"), "expect": ran(1)},
         {"request": req(tenant="globex"), "expect": ran(2)},
         {"request": req(tenant="acme"), "expect": replay(1)}], 2))
+    c.append(seq("an empty tenant from the tenant function: 500 tenant-unusable (not an invalid key), handler not called", [
+        {"request": req(tenant=""), "expect": refused(500, "tenant-unusable")},
+        {"request": req(tenant=""), "expect": refused(500, "tenant-unusable")}], 0))
     c.append(seq("a 5xx is not stored: the retry runs again and its 201 is stored", [
         {"request": req(status=500), "expect": ran(1, status=500)},
         {"request": req(status=503), "expect": ran(2, status=503)},

@@ -340,11 +340,14 @@ where
     RB::Error: Send + 'static,
 {
     let (parts, body) = req.into_parts();
-    let grpc = parts
-        .headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(contract::is_grpc);
+    // gRPC calls are POSTs: another method with a gRPC content type is plain HTTP (a
+    // GET stays passed through).
+    let grpc = parts.method == Method::POST
+        && parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(contract::is_grpc);
     let decision = {
         // The first two values are enough to tell none, one and "more than one".
         let mut all = parts
@@ -392,6 +395,10 @@ where
         &key,
     ) {
         Ok(k) => k,
+        Err(Error::InvalidArgument {
+            field: "tenant",
+            reason,
+        }) => return Ok(refuse(&s, grpc, &Problem::tenant_unusable(reason))),
         Err(e) => return Ok(refuse(&s, grpc, &Problem::from_error(&e))),
     };
     let fingerprint = match &s.fingerprint {
@@ -467,7 +474,22 @@ where
     let run = async move {
         let resp = inner.call(request).await?;
         let (head, body) = resp.into_parts();
-        Ok::<_, Svc::Error>((head, collect(body, cap).await))
+        let streams = head
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(contract::is_event_stream);
+        let collected = if streams {
+            // Sent as it comes, like a body over the cap: waiting for its end (or
+            // the cap) could keep the client waiting for ever.
+            Collected::Over {
+                prefix: VecDeque::new(),
+                rest: Box::pin(body),
+            }
+        } else {
+            collect(body, cap).await
+        };
+        Ok::<_, Svc::Error>((head, collected))
     };
     let (head, collected) = match catch_unwind_async(run).await {
         Ok(Ok(done)) => done,
@@ -483,16 +505,32 @@ where
     };
     match collected {
         Collected::Whole { data, trailers } => {
+            let storable = if grpc {
+                // The outcome is the grpc-status trailer (in the headers when the
+                // answer is trailers-only).
+                let status = trailers
+                    .as_ref()
+                    .and_then(|t| t.get("grpc-status"))
+                    .or_else(|| head.headers.get("grpc-status"));
+                head.status == StatusCode::OK
+                    && status.is_some_and(|v| contract::storable_grpc_status(v.as_bytes()))
+            } else {
+                contract::storable_status(head.status.as_u16())
+            };
             let record = StoredResponse {
                 status: head.status.as_u16(),
                 headers: head
                     .headers
                     .iter()
                     .filter(|(name, _)| {
-                        if grpc {
-                            s.contract.stores_grpc_header(name.as_str())
+                        let name = name.as_str();
+                        if !storable {
+                            // Only for the duplicates waiting now: the whole answer.
+                            s.contract.shares_header(name)
+                        } else if grpc {
+                            s.contract.stores_grpc_header(name)
                         } else {
-                            s.contract.stores_header(name.as_str())
+                            s.contract.stores_header(name)
                         }
                     })
                     .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
@@ -504,23 +542,14 @@ where
                     .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
                     .collect(),
             };
-            let storable = if grpc {
-                // The outcome is the grpc-status trailer (in the headers when the
-                // answer is trailers-only).
-                let status = trailers
-                    .as_ref()
-                    .and_then(|t| t.get("grpc-status"))
-                    .or_else(|| head.headers.get("grpc-status"));
-                record.status == 200
-                    && status.is_some_and(|v| contract::storable_grpc_status(v.as_bytes()))
-            } else {
-                contract::storable_status(record.status)
-            };
             if storable {
-                if let Err(e) = S::complete(lease, record.encode()).await {
-                    return Ok(refuse(&s, grpc, &Problem::from_error(&e)));
+                // The handler has run: its response is the answer even when it could
+                // not be stored (store unreachable, lease lost). A problem instead
+                // would invite a retry, which would run the handler again.
+                match S::complete(lease, record.encode()).await {
+                    Ok(()) => bump(&s.counters.stored),
+                    Err(_) => bump(&s.counters.not_stored),
                 }
-                bump(&s.counters.stored);
             } else {
                 // Waiting duplicates get this response too; a later retry runs again.
                 S::fail(lease, Unstored { response: record }).await;
@@ -532,8 +561,9 @@ where
             ))
         }
         Collected::Over { prefix, rest } => {
-            // Sent, not stored: the key stays claimed until the body has been sent
-            // whole (or dropped), then a waiting duplicate leads.
+            // Sent, not stored (over the cap, or an event stream): the key stays
+            // claimed until the body has been sent whole (or dropped), then a waiting
+            // duplicate leads.
             bump(&s.counters.not_stored);
             Ok(Response::from_parts(
                 head,

@@ -19,7 +19,8 @@
 //!   response has been sent, so a retry runs the handler again.
 //!
 //! On the client side, [`RetryLayer`] retries calls by SPEC §4 and sends one
-//! idempotency key with every attempt of a logical call.
+//! idempotency key with every attempt of a logical call ([`BufferBodyLayer`] above it
+//! for bodies that are not `Clone`, such as a tonic client's).
 //!
 //! The store is a [`Store`]: [`oncely::MemoryStore`] for one process, or (feature
 //! `redis`) `oncely_redis::RedisStore` for a fleet. No async runtime is needed.
@@ -49,11 +50,13 @@
 struct ReadmeDoctests;
 
 mod body;
+mod buffer;
 mod layer;
 mod retry;
 mod store;
 
 pub use body::Body;
+pub use buffer::{BoxError, BufferBody, BufferBodyLayer};
 pub use layer::{Counters, Idempotency, IdempotencyLayer};
-pub use retry::{RetryLayer, Retrying};
+pub use retry::{RetryError, RetryLayer, Retrying};
 pub use store::{BoxFuture, Store, StoreBegin, Unstored};

@@ -1,7 +1,7 @@
 //! The client side: retries that reuse one idempotency key (SPEC §4 over tower).
 
 use std::fmt;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -31,10 +31,17 @@ use crate::store::BoxFuture;
 /// HEAD, OPTIONS, TRACE, PUT, DELETE). A failed answer is classified by its status
 /// (`Code::from_http`) or, for gRPC, by a `grpc-status` in its headers; an error of the
 /// wrapped service (connection lost) is an unknown outcome (UNAVAILABLE), retried only
-/// when safe. When the loop stops, the last answer (or error) is given back unchanged.
+/// when safe. A keyed call answered "in progress" (409 + `Retry-After`, or ABORTED +
+/// `grpc-retry-pushback-ms`, from a server behind `IdempotencyLayer::wait(false)`) is
+/// retried after that delay: an earlier attempt whose answer was lost still runs. When
+/// the loop stops, the last answer (or error, as
+/// [`RetryError::Service`]) is given back unchanged. With a [`timeout`](Self::timeout),
+/// an attempt still running at the deadline is dropped and the call ends with
+/// [`RetryError::DeadlineExceeded`].
 ///
 /// The request body is sent again on every attempt, so it must be `Clone` (e.g.
-/// `http_body_util::Full<Bytes>`). Sleeps use `futures-timer`: no runtime needed.
+/// `http_body_util::Full<Bytes>`); for other bodies (tonic's), put
+/// [`BufferBodyLayer`](crate::BufferBodyLayer) above this layer. Sleeps use `futures-timer`: no runtime needed.
 #[derive(Clone)]
 pub struct RetryLayer {
     config: Arc<RetryConfig>,
@@ -92,7 +99,10 @@ impl RetryLayer {
         Ok(self.with(|c| c.policy = policy))
     }
 
-    /// Bounds each logical call, its retries and sleeps included.
+    /// Bounds each logical call, its attempts, retries and sleeps included: an attempt
+    /// still running at the deadline is dropped ([`RetryError::DeadlineExceeded`]). A
+    /// gRPC attempt tells the server the time left in `grpc-timeout` (unless the caller
+    /// set a shorter one).
     pub fn timeout(self, timeout: Duration) -> Self {
         self.with(|c| c.timeout = Some(timeout))
     }
@@ -158,11 +168,11 @@ where
     RB: Send + 'static,
 {
     type Response = Response<RB>;
-    type Error = Svc::Error;
-    type Future = BoxFuture<'static, Result<Response<RB>, Svc::Error>>;
+    type Error = RetryError<Svc::Error>;
+    type Future = BoxFuture<'static, Result<Response<RB>, RetryError<Svc::Error>>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Svc::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(RetryError::Service)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
@@ -176,7 +186,7 @@ async fn run<Svc, B, RB>(
     config: Arc<RetryConfig>,
     mut inner: Svc,
     req: Request<B>,
-) -> Result<Response<RB>, Svc::Error>
+) -> Result<Response<RB>, RetryError<Svc::Error>>
 where
     Svc: Service<Request<B>, Response = Response<RB>>,
     B: Clone,
@@ -208,31 +218,48 @@ where
                 | Method::PUT
                 | Method::DELETE
         );
+    let keyed = parts.headers.contains_key(key_header);
     let facts = CallFacts {
-        safe: parts.headers.contains_key(key_header) || idempotent_method,
+        safe: keyed || idempotent_method,
         rereads: config.rereads,
         transient_internal: config.transient_internal,
     };
     let mut state = RetryState::new(config.policy).with_facts(facts);
-    if let Some(t) = config.timeout {
-        state = state.with_deadline(Deadline::after(&SystemClock, t));
+    let deadline = config.timeout.map(|t| Deadline::after(&SystemClock, t));
+    if let Some(d) = deadline {
+        state = state.with_deadline(d);
     }
     if let Some(b) = &config.budget {
         state = state.with_budget(b.clone());
     }
+    let mut attempts = 0u32;
     loop {
-        poll_fn(|cx| inner.poll_ready(cx)).await?;
-        let outcome = inner.call(rebuild(&parts, body.clone())).await;
+        attempts += 1;
+        let mut request = rebuild(&parts, body.clone());
+        if let (true, Some(d)) = (grpc, deadline) {
+            forward_grpc_timeout(request.headers_mut(), d.remaining(&SystemClock));
+        }
+        let attempt = async {
+            poll_fn(|cx| inner.poll_ready(cx)).await?;
+            inner.call(request).await
+        };
+        let outcome = match deadline {
+            None => attempt.await,
+            Some(d) => match within(d.remaining(&SystemClock), attempt).await {
+                Some(outcome) => outcome,
+                None => return Err(RetryError::DeadlineExceeded { attempts }),
+            },
+        };
         let failure = match &outcome {
-            Ok(resp) => match failure_of(resp, grpc) {
-                None => return outcome,
+            Ok(resp) => match failure_of(resp, grpc, keyed) {
+                None => return outcome.map_err(RetryError::Service),
                 Some(f) => f,
             },
             // The request may have been applied: only a safe call is sent again.
             Err(_) => Failure::outcome_unknown(),
         };
         match state.on_failure(failure, SystemClock.now()) {
-            Decision::Stop(_) => return outcome,
+            Decision::Stop(_) => return outcome.map_err(RetryError::Service),
             Decision::Retry { delay, .. } => {
                 drop(outcome);
                 if !delay.is_zero() {
@@ -242,6 +269,103 @@ where
         }
     }
 }
+
+/// Tells the gRPC server the time left (`grpc-timeout`, in whole milliseconds rounded
+/// up), unless the caller set a shorter one.
+fn forward_grpc_timeout(headers: &mut http::HeaderMap, left: Duration) {
+    const NAME: &str = "grpc-timeout";
+    let ms = left.as_nanos().div_ceil(1_000_000).min(99_999_999) as u64;
+    let theirs = headers
+        .get(NAME)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout);
+    if theirs.is_some_and(|t| t <= Duration::from_millis(ms)) {
+        return;
+    }
+    let v = format!("{ms}m");
+    headers.insert(NAME, HeaderValue::from_str(&v).expect("digits and a unit"));
+}
+
+/// A `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
+fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// `fut`'s output, or `None` when `limit` passes first (`fut` is then dropped).
+async fn within<F: Future>(limit: Duration, fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    let mut timer = std::pin::pin!(TimerSleeper.sleep(limit.max(Duration::from_nanos(1))));
+    poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        timer.as_mut().poll(cx).map(|()| None)
+    })
+    .await
+}
+
+/// The error of a call through [`RetryLayer`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RetryError<E> {
+    /// The wrapped service's error of the last attempt.
+    Service(E),
+    /// The call's deadline ([`RetryLayer::timeout`]) passed while an attempt was
+    /// running; that attempt was dropped. Whether it was applied is unknown: retry the
+    /// call with the same idempotency key to find out.
+    DeadlineExceeded {
+        /// The attempts made, the dropped one included.
+        attempts: u32,
+    },
+}
+
+impl<E> RetryError<E> {
+    /// The wrapped service's error, if that is what this is.
+    pub fn into_service(self) -> Option<E> {
+        match self {
+            RetryError::Service(e) => Some(e),
+            RetryError::DeadlineExceeded { .. } => None,
+        }
+    }
+
+    /// The gRPC code of the error: DEADLINE_EXCEEDED for the deadline, else
+    /// UNAVAILABLE (an error of the wrapped service is an unknown outcome).
+    pub fn code(&self) -> Code {
+        match self {
+            RetryError::Service(_) => Code::Unavailable,
+            RetryError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for RetryError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RetryError::Service(e) => e.fmt(f),
+            RetryError::DeadlineExceeded { attempts } => write!(
+                f,
+                "the call's deadline passed during attempt {attempts}; its outcome is unknown"
+            ),
+        }
+    }
+}
+
+// For every displayable E, so that a `BoxError` service's RetryError (tower stacks,
+// tonic clients) is an error too; the service's error is in the message.
+impl<E: fmt::Debug + fmt::Display> std::error::Error for RetryError<E> {}
 
 fn rebuild<B>(parts: &Parts, body: B) -> Request<B> {
     let mut req = Request::new(body);
@@ -254,7 +378,7 @@ fn rebuild<B>(parts: &Parts, body: B) -> Request<B> {
 }
 
 /// The failure an answer stands for, or `None` for a success.
-fn failure_of<RB>(resp: &Response<RB>, grpc: bool) -> Option<Failure> {
+fn failure_of<RB>(resp: &Response<RB>, grpc: bool, keyed: bool) -> Option<Failure> {
     let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
     let (code, delay) = if grpc && resp.status().is_success() {
         // Trailers-only answers carry the status in the headers; a status in the
@@ -281,6 +405,14 @@ fn failure_of<RB>(resp: &Response<RB>, grpc: bool) -> Option<Failure> {
     if code == Code::Ok {
         return None;
     }
+    // A keyed call's "in progress" (409 + Retry-After; ABORTED + pushback): an earlier
+    // attempt of this call (its answer lost) still runs on the server. Sending the key
+    // again after the delay gets that attempt's answer; it cannot apply the call twice.
+    let code = if keyed && code == Code::Aborted && delay.is_some() {
+        Code::Unavailable
+    } else {
+        code
+    };
     let mut failure = Failure::new(code);
     failure.server_delay = delay;
     Some(failure)

@@ -239,3 +239,131 @@ async fn calls_not_listed_in_grpc_methods_pass_through() {
     }
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// A tonic client over the RetryLayer (its bodies read whole by BufferBodyLayer): the
+/// first attempt reaches the server, whose handler runs, but its answer is lost; the
+/// retry sends the same `x-idempotency-key` (added by the layer) and gets the answer
+/// replayed with its trailers: one effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tonic_client_retrying_a_lost_answer_gets_one_effect() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use oncely_tower::{BoxError, BufferBodyLayer, RetryLayer};
+    use std::sync::atomic::AtomicU64;
+    use std::sync::{Arc, Mutex};
+    use tower::{service_fn, ServiceBuilder};
+
+    let (addr, calls) = start(IdempotencyLayer::new(MemoryStore::new())).await;
+    let http: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let attempts = Arc::new(AtomicU64::new(0));
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let (a, k) = (attempts.clone(), keys.clone());
+    let lossy = service_fn(move |req: http::Request<Full<Bytes>>| {
+        let (http, a, k) = (http.clone(), a.clone(), k.clone());
+        async move {
+            k.lock()
+                .unwrap()
+                .push(req.headers().get("x-idempotency-key").cloned());
+            let resp = http.request(req).await?;
+            if a.fetch_add(1, Ordering::SeqCst) == 0 {
+                drop(resp);
+                return Err::<_, BoxError>("the connection was lost".into());
+            }
+            Ok(resp)
+        }
+    });
+    let stack = ServiceBuilder::new()
+        .layer(BufferBodyLayer)
+        .layer(
+            RetryLayer::new()
+                .policy(
+                    oncely::RetryPolicy::new()
+                        .with_max_attempts(3)
+                        .with_base_delay(Duration::from_millis(5)),
+                )
+                .unwrap(),
+        )
+        .service(lossy);
+    let mut grpc =
+        tonic::client::Grpc::with_origin(stack, format!("http://{addr}").parse().unwrap());
+    let call = async {
+        grpc.ready().await.unwrap();
+        grpc.unary(
+            tonic::Request::new(CreateOrder { sku: "A1".into() }),
+            PathAndQuery::from_static("/test.Orders/Create"),
+            ProstCodec::<CreateOrder, Order>::default(),
+        )
+        .await
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("no answer within 20 s: a hang")
+        .expect("the retry got the answer");
+    assert_eq!(
+        answer
+            .metadata()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true")
+    );
+    assert_eq!(answer.into_inner().call, 1);
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one effect");
+    let keys = keys.lock().unwrap();
+    assert!(
+        keys[0].is_some() && keys[0] == keys[1],
+        "one key for both attempts"
+    );
+}
+
+/// `/test.Orders/Create` answered with a message but no trailers (no grpc-status): a
+/// broken answer whose outcome is unknown.
+#[derive(Clone)]
+struct NoTrailers(Calls);
+
+impl tower::Service<http::Request<axum::body::Body>> for NoTrailers {
+    type Response = http::Response<axum::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+    fn call(&mut self, _: http::Request<axum::body::Body>) -> Self::Future {
+        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        Box::pin(async move {
+            let message = prost::Message::encode_to_vec(&Order {
+                call: n,
+                sku: "A1".into(),
+            });
+            let mut framed = vec![0u8];
+            framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&message);
+            Ok(http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(axum::body::Body::from(framed))
+                .unwrap())
+        })
+    }
+}
+
+/// An answer whose trailers were never sent has no outcome: it is not stored and never
+/// replayed to a later retry, which runs the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_without_trailers_is_not_stored() {
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let app = Router::new()
+        .route_service("/test.Orders/Create", NoTrailers(calls.clone()))
+        .layer(layer.clone());
+    let c = client(common::serve(app).await);
+    for call in 1..=2 {
+        let (answer, replayed, _) = create(&c, Some("order-notr"), "A1").await;
+        assert!(answer.is_err(), "an answer without grpc-status is an error");
+        assert!(!replayed);
+        assert_eq!(calls.load(Ordering::SeqCst), call);
+    }
+    let n = layer.counters();
+    assert_eq!((n.stored, n.not_stored, n.replayed), (0, 2, 0));
+}

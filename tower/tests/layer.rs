@@ -15,7 +15,7 @@ use axum::Router;
 use bytes::Bytes;
 use common::send;
 use oncely::MemoryStore;
-use oncely_tower::{IdempotencyLayer, Unstored};
+use oncely_tower::{BoxFuture, IdempotencyLayer, Store, StoreBegin, Unstored};
 use tokio::sync::Semaphore;
 
 fn memory() -> IdempotencyLayer<MemoryStore<Vec<u8>, Unstored>> {
@@ -378,4 +378,307 @@ async fn cancelled_leaders_hand_over_one_at_a_time_and_every_waiter_ends() {
     )
     .await;
     assert_eq!((a.replayed(), &a.body), (true, &bodies[0]));
+}
+
+/// A memory store whose `complete` fails as an unreachable store does: the record is
+/// not written and the claim is released.
+#[derive(Clone, Default)]
+struct Unwritable(MemoryStore<Vec<u8>, Unstored>);
+
+impl Store for Unwritable {
+    type Lease = oncely::Lease<Vec<u8>, Unstored>;
+    type Join = oncely::Join<Vec<u8>, Unstored>;
+    fn begin<'a>(
+        &'a self,
+        key: &'a oncely::ScopedKey,
+        fingerprint: &'a str,
+        options: oncely::ExecuteOptions,
+    ) -> BoxFuture<'a, Result<StoreBegin<Self>, oncely::Error>> {
+        Box::pin(std::future::ready(self.0.begin(key, fingerprint, options)))
+    }
+    fn complete(lease: Self::Lease, _: Vec<u8>) -> BoxFuture<'static, Result<(), oncely::Error>> {
+        drop(lease);
+        Box::pin(std::future::ready(Err(oncely::Error::Unavailable(
+            "the store went away".into(),
+        ))))
+    }
+    fn fail(lease: Self::Lease, unstored: Unstored) -> BoxFuture<'static, Arc<Unstored>> {
+        Box::pin(std::future::ready(lease.fail_now(unstored)))
+    }
+}
+
+/// The handler ran but its response could not be stored: the client still gets that
+/// response (not a retryable 503, whose retry would run the handler again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_the_store_cannot_keep_is_still_the_answer() {
+    let layer = IdempotencyLayer::new(Unwritable::default());
+    let (addr, calls) = common::start(layer.clone()).await;
+    let client = common::client();
+    let a = send(
+        &client,
+        addr,
+        "POST",
+        "/orders",
+        &[("idempotency-key", "order-nostore")],
+        b"x",
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.replayed(), &a.body[..]),
+        (201, false, &br#"{"call":1}"#[..])
+    );
+    assert_eq!(a.header("etag"), Some("\"call-1\""));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let n = layer.counters();
+    assert_eq!((n.led, n.stored, n.not_stored, n.refused), (1, 0, 1, 0));
+}
+
+/// An event stream: one event at once, then the next when the test allows.
+async fn events(State((calls, gate)): State<(Arc<AtomicU64>, Arc<Semaphore>)>) -> Response {
+    calls.fetch_add(1, Ordering::SeqCst);
+    let stream = futures::stream::unfold(0, move |i| {
+        let gate = gate.clone();
+        async move {
+            match i {
+                0 => Some((Ok::<_, Infallible>(Bytes::from_static(b"data: one\n\n")), 1)),
+                1 => {
+                    gate.acquire().await.unwrap().forget();
+                    Some((Ok(Bytes::from_static(b"data: two\n\n")), 2))
+                }
+                _ => None,
+            }
+        }
+    });
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .body(AxumBody::from_stream(stream))
+        .unwrap()
+}
+
+/// An event stream far under the cap reaches its client as it is produced (it is not
+/// held back to be stored), holds its key while it runs and is not stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_is_sent_as_it_comes_and_not_stored() {
+    use http_body_util::BodyExt;
+    let calls = Arc::new(AtomicU64::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let layer = memory();
+    let app = Router::new()
+        .route("/events", post(events))
+        .route_layer(layer.clone())
+        .with_state((calls.clone(), gate.clone()));
+    let addr = common::serve(app).await;
+    let client = common::client();
+    let req = http::Request::post(format!("http://{addr}/events"))
+        .header("idempotency-key", "events-0001")
+        .body(http_body_util::Full::new(Bytes::from_static(b"x")))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+        .await
+        .expect("no response head within 10 s: the stream was held back")
+        .unwrap();
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("no first event within 10 s: the stream was held back")
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(&first[..], b"data: one\n\n");
+    // The stream still runs: a duplicate must not run the handler meanwhile.
+    let dup = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            send(
+                &client,
+                addr,
+                "POST",
+                "/events",
+                &[("idempotency-key", "events-0001")],
+                b"x",
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the key was handed over mid-stream"
+    );
+    gate.add_permits(2);
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(&rest[..], b"data: two\n\n");
+    let b = dup.await.unwrap();
+    assert_eq!((b.status, b.replayed()), (200, false));
+    assert_eq!(&b.body[..], b"data: one\n\ndata: two\n\n");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(layer.counters().stored, 0);
+}
+
+/// A GET is passed through untouched whatever its content type: a gRPC content type
+/// does not make it a covered gRPC call (gRPC calls are POSTs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_with_a_grpc_content_type_is_passed_through() {
+    let layer = memory();
+    let (addr, calls) = common::start(layer.clone()).await;
+    let client = common::client();
+    let grpc = ("content-type", "application/grpc");
+    let a = send(&client, addr, "GET", "/orders", &[grpc], b"").await;
+    assert_eq!(
+        (a.status, a.replayed(), &a.body[..]),
+        (201, false, &br#"{"call":1}"#[..])
+    );
+    let keyed = [grpc, ("x-idempotency-key", "order-get1")];
+    for call in 2..=3 {
+        let a = send(&client, addr, "GET", "/orders", &keyed, b"").await;
+        assert_eq!((a.status, a.replayed()), (201, false));
+        assert_eq!(a.json()["call"], call);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let n = layer.counters();
+    assert_eq!((n.passed_through, n.refused, n.led), (3, 0, 0));
+}
+
+/// A body over the cap, sent in 5 chunks 5 ms apart; `running` counts the handlers
+/// whose body is not yet finished or dropped.
+async fn guarded_stream(State(state): State<Arc<Guarded>>) -> Response {
+    state.calls.fetch_add(1, Ordering::SeqCst);
+    let now = state.running.fetch_add(1, Ordering::SeqCst) + 1;
+    state.max_running.fetch_max(now, Ordering::SeqCst);
+    struct Done(Arc<Guarded>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.running.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let done = Done(state.clone());
+    let stream = futures::stream::unfold((0, done), |(i, done)| async move {
+        if i == 5 {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        Some((
+            Ok::<_, Infallible>(Bytes::from(vec![b'z'; 400])),
+            (i + 1, done),
+        ))
+    });
+    Response::builder()
+        .status(201)
+        .body(AxumBody::from_stream(stream))
+        .unwrap()
+}
+
+/// 200 same-key requests for a body over the cap whose clients give up at random
+/// moments, many of them mid-body: a body dropped mid-stream releases the key, the
+/// next request leads, two bodies never stream at once, and every request that is not
+/// cancelled gets the whole body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bodies_dropped_mid_stream_hand_the_key_over_one_at_a_time() {
+    use http_body_util::BodyExt;
+    let state = Arc::new(Guarded::default());
+    let app = Router::new()
+        .route("/stream", post(guarded_stream))
+        .route_layer(memory().body_cap(1000))
+        .with_state(state.clone());
+    let addr = common::serve(app).await;
+    let client = common::client();
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut tasks = Vec::new();
+    for i in 0..200u64 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let give_up = (i % 4 != 0).then_some(Duration::from_millis(seed % 80));
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(seed % 50)).await;
+            let req = http::Request::post(format!("http://{addr}/stream"))
+                .header("idempotency-key", "stream-storm")
+                .body(http_body_util::Full::new(Bytes::from_static(b"x")))
+                .unwrap();
+            let whole = async {
+                let resp = client.request(req).await.expect("the request failed");
+                let status = resp.status().as_u16();
+                (status, resp.into_body().collect().await.unwrap().to_bytes())
+            };
+            match give_up {
+                Some(d) => tokio::time::timeout(d, whole).await.ok(),
+                None => Some(
+                    tokio::time::timeout(Duration::from_secs(60), whole)
+                        .await
+                        .expect("no answer within 60 s: a hang"),
+                ),
+            }
+        }));
+    }
+    let mut answered = 0;
+    for t in tasks {
+        if let Some((status, body)) = t.await.unwrap() {
+            assert_eq!((status, body.len()), (201, 2000));
+            answered += 1;
+        }
+    }
+    assert!(answered >= 50, "every fourth request waits for its answer");
+    assert_eq!(
+        state.max_running.load(Ordering::SeqCst),
+        1,
+        "two bodies streamed at once"
+    );
+    // Every body has ended or been dropped, so the key is free again.
+    for _ in 0..100 {
+        if state.running.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state.running.load(Ordering::SeqCst), 0);
+}
+
+/// A slow 503 with `Retry-After`, a custom header and a cookie.
+async fn busy(State(calls): State<Arc<AtomicU64>>) -> Response {
+    calls.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Response::builder()
+        .status(503)
+        .header("retry-after", "7")
+        .header("x-reason", "maintenance")
+        .header("set-cookie", "session=leader")
+        .body(AxumBody::from("busy"))
+        .unwrap()
+}
+
+/// A duplicate that waited for a response that is not stored gets that whole answer
+/// (its `Retry-After` too), not only the headers a stored response keeps; cookies stay
+/// the first client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_the_whole_unstored_answer() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let app = Router::new()
+        .route("/busy", post(busy))
+        .route_layer(memory())
+        .with_state(calls.clone());
+    let addr = common::serve(app).await;
+    let client = common::client();
+    let key = [("idempotency-key", "busy-0001")];
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move { send(&client, addr, "POST", "/busy", &key, b"x").await })
+    };
+    while calls.load(Ordering::SeqCst) < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiter = send(&client, addr, "POST", "/busy", &key, b"x").await;
+    let first = first.await.unwrap();
+    assert_eq!((first.status, first.replayed()), (503, false));
+    assert_eq!(
+        (waiter.status, waiter.replayed(), &waiter.body[..]),
+        (503, true, &b"busy"[..])
+    );
+    assert_eq!(waiter.header("retry-after"), Some("7"));
+    assert_eq!(waiter.header("x-reason"), Some("maintenance"));
+    assert_eq!(waiter.header("set-cookie"), None);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }

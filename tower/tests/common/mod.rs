@@ -25,7 +25,7 @@ pub type Calls = Arc<AtomicU64>;
 /// Answers call n per the request header `x-respond` (JSON: `status`, `bytes`,
 /// `delay_ms`, `panic` after the delay): status (default 201), body `{"call":n}` or `bytes` bytes of `x`,
 /// headers `etag: "call-n"`, `x-call: n`, `set-cookie: call=n`.
-async fn handler(State(calls): State<Calls>, req: Request) -> Response {
+pub async fn handler(State(calls): State<Calls>, req: Request) -> Response {
     let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
     let respond: Value = req
         .headers()
