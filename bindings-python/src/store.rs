@@ -245,6 +245,13 @@ impl PyStore {
         })
     }
 
+    /// In a child after `fork()`: forgets the running entries, whose actions stayed
+    /// with the parent's threads (see `MemoryStore::forget_running`). Called by the
+    /// package's `os.register_at_fork` hook; returns how many were forgotten.
+    fn _forget_running(&self) -> usize {
+        self.inner.forget_running()
+    }
+
     /// Looks the key up: an `Executed` (replay), a `(exception, traceback)` tuple (a
     /// cached failure), a `Lease` (run the action, then settle it) or a `Join` (wait).
     #[pyo3(signature = (scoped, fingerprint, wait=true))]

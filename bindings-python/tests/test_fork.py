@@ -379,3 +379,39 @@ def test_idempotency_store_in_a_forked_child() -> None:
     wait_child(fork(child))
     assert done.value == "warm"
     asyncio.run(joiners())
+
+
+def test_idempotency_store_child_leads_a_key_a_parent_thread_was_running() -> None:
+    """A key that a parent thread was running at the fork: its action stayed in the
+    parent, so the child's store forgets that call and the child's caller leads (it
+    used to join a flight nothing settles, and hang). What the parent completed is
+    still replayed in the child; the parent's own call is unaffected."""
+    s = IdempotencyStore()
+    done_key = key()
+    assert s.execute_sync(done_key, FP, lambda: "parent").value == "parent"
+    k = key()
+    started, go = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        started.set()
+        go.wait()
+        return "parent-running"
+
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(s.execute_sync(k, FP, slow)))
+    t.start()
+    assert started.wait(5)
+
+    def child() -> None:
+        got = s.execute_sync(k, FP, lambda: "child")
+        assert (got.value, got.source) == ("child", "led"), got
+        assert s.execute_sync(k, FP, lambda: "again").value == "child"
+        assert s.execute_sync(done_key, FP, lambda: "rerun").value == "parent"
+
+    try:
+        wait_child(fork(child))
+    finally:
+        go.set()
+        t.join()
+    assert out[0].value == "parent-running" and out[0].source == "led"
+    assert s.execute_sync(k, FP, lambda: "x").value == "parent-running"

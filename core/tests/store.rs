@@ -825,3 +825,50 @@ fn a_panicking_clock_while_settling_ends_every_waiter() {
         assert!(store.is_empty());
     }
 }
+
+#[test]
+fn forget_running_hands_running_keys_on_and_keeps_completed_ones() {
+    let store: MemoryStore<u32, String> = MemoryStore::new();
+    let done = ScopedKey::new("t", "m", &oncely::IdempotencyKey::random()).unwrap();
+    let running = ScopedKey::new("t", "m", &oncely::IdempotencyKey::random()).unwrap();
+    match store.begin(&done, "fp", ExecuteOptions::default()).unwrap() {
+        Begin::Lead(lease) => lease.complete_now(1),
+        other => panic!("expected a lead, got {other:?}"),
+    }
+    let Begin::Lead(old) = store
+        .begin(&running, "fp", ExecuteOptions::default())
+        .unwrap()
+    else {
+        panic!("expected a lead")
+    };
+    let Begin::Join(join) = store
+        .begin(&running, "fp", ExecuteOptions::default())
+        .unwrap()
+    else {
+        panic!("expected a join")
+    };
+    assert_eq!(store.forget_running(), 1);
+    // The waiter is told the leader went away (it does not hang).
+    assert!(matches!(join.wait(), Joined::Abandoned));
+    // The next caller leads; the forgotten lease can no longer settle the key.
+    let Begin::Lead(new) = store
+        .begin(&running, "fp", ExecuteOptions::default())
+        .unwrap()
+    else {
+        panic!("expected a new lead")
+    };
+    old.complete_now(7);
+    new.complete_now(2);
+    match store
+        .begin(&running, "fp", ExecuteOptions::default())
+        .unwrap()
+    {
+        Begin::Replay(Ok(v)) => assert_eq!(v, 2),
+        other => panic!("expected the new leader's replay, got {other:?}"),
+    }
+    match store.begin(&done, "fp", ExecuteOptions::default()).unwrap() {
+        Begin::Replay(Ok(v)) => assert_eq!(v, 1),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert_eq!(store.forget_running(), 0);
+}

@@ -25,16 +25,32 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import weakref
+from datetime import timedelta
 from typing import Any, Awaitable, Callable, Optional, TypeVar, overload
 
 from ._action import Leading, call, check_reentrant, check_sync_action, lead, run_sync
 from ._codes import Code
-from ._oncely import Executed, Join, Lease, ScopedKey, _Store
+from ._oncely import Executed, Join, Lease, ManualClock, ScopedKey, _Store
 from .extract import code_of
 
 __all__ = ["IdempotencyStore", "Executed"]
 
 T = TypeVar("T")
+
+# Every live store, so that a child made by fork() can forget the running entries it
+# copied: their actions stayed with the parent's threads and would never settle here.
+_LIVE: "weakref.WeakSet[IdempotencyStore]" = weakref.WeakSet()
+
+
+def _forget_running_after_fork() -> None:
+    for store in list(_LIVE):
+        store._forget_running()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_running_after_fork)
 
 
 class IdempotencyStore(_Store):
@@ -47,7 +63,23 @@ class IdempotencyStore(_Store):
     ``counters().evictions``; running ones never); ``cache_permanent_failures`` stores
     failures whose code is permanent (e.g. INVALID_ARGUMENT) like results, until cleared
     with :meth:`remove`.
+
+    A store made before ``fork()`` works in the child: it keeps the completed results,
+    and forgets the calls that were running in the parent (their actions stayed there),
+    so their keys lead again in the child instead of waiting for ever.
     """
+
+    def __init__(
+        self,
+        ttl: Optional[float | timedelta] = None,
+        max_entries: Optional[int] = None,
+        *,
+        in_progress_retry_after: Optional[float | timedelta] = None,
+        cache_permanent_failures: bool = False,
+        _clock: Optional[ManualClock] = None,
+    ) -> None:
+        # The native __new__ has built the store from the same arguments.
+        _LIVE.add(self)
 
     @overload
     async def execute(

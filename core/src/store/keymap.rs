@@ -65,6 +65,11 @@ impl<T> KeyMap<T> {
         self.remove_h(self.hash(key), key)
     }
 
+    /// Keeps only the entries for which `keep` is true.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        self.table.retain(|(_, e)| keep(&e.1));
+    }
+
     /// Inserts `key`, which must be absent, with hash `h`.
     pub(crate) fn insert_new_h(&mut self, h: u64, key: Arc<str>, value: T) {
         self.table

@@ -377,6 +377,38 @@ impl<V, E> MemoryStore<V, E> {
     }
 }
 
+impl<V: Clone, E> MemoryStore<V, E> {
+    /// Forgets every running entry, for a child process made by `fork()`: the threads
+    /// that ran those actions stayed in the parent, so nothing here would ever settle
+    /// them and every caller of their keys would wait for ever. Their waiters (if any)
+    /// are told the leader went away, and the next caller of such a key leads in this
+    /// process. Completed entries are kept, so nothing that ran is run again here.
+    /// Returns how many running entries were forgotten.
+    ///
+    /// Call it only in the child, right after the fork (the Python binding does, through
+    /// `os.register_at_fork`); called in a process whose actions are running, it would
+    /// let their keys run twice.
+    pub fn forget_running(&self) -> usize {
+        let mut flights = Vec::new();
+        let forgotten = {
+            let mut t = self.shared.lock();
+            let before = t.map.len();
+            t.map.retain(|slot| match slot {
+                Slot::Running { flight, .. } => {
+                    flights.extend(flight.clone());
+                    false
+                }
+                Slot::Done { .. } => true,
+            });
+            before - t.map.len()
+        };
+        for f in flights {
+            f.settle(Joined::Abandoned);
+        }
+        forgotten
+    }
+}
+
 impl<V, E> Default for MemoryStore<V, E> {
     fn default() -> Self {
         Self::new()
