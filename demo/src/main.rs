@@ -29,7 +29,7 @@
 //! 2 on bad flags.
 //!
 //! ```text
-//! scripts/demo                       # or: cargo run --release -p oncely --example demo
+//! scripts/demo                       # or: cargo run --release -p oncely-demo
 //! scripts/demo --clients 1000 --drop-rate 0.3 --seed 7
 //! scripts/demo --redis redis://127.0.0.1:6379 --processes 3
 //! scripts/demo --help
@@ -60,7 +60,7 @@ oncely demo: effectively-once against a simulated flaky service
 
 USAGE:
     scripts/demo [FLAGS]
-    cargo run --release -p oncely --example demo -- [FLAGS]
+    cargo run --release -p oncely-demo -- [FLAGS]
 
 FLAGS:
     --clients N          concurrent clients, one intent each        [default: 200]
