@@ -130,6 +130,16 @@ def server_adapters() -> None:
     )
     IdempotencyMiddleware(app, store=oncely.RedisStore("redis://127.0.0.1:6379"), tenant="acme")
     assert_type(mw.counters(), Counters)
+    from oncely import wsgi
+
+    def wsgi_app(environ: wsgi.Environ, start_response: wsgi.StartResponse) -> list[bytes]:
+        start_response("201 Created", [("content-type", "text/plain")])
+        return [b"ok"]
+
+    guarded = wsgi.IdempotencyMiddleware(
+        wsgi_app, store=oncely.IdempotencyStore(), tenant=lambda environ: "acme", methods=["POST"]
+    )
+    assert_type(guarded.counters(), Counters)
     config = http.ServerConfig(methods=["POST"], body_cap=1024)
     decision = config.read_key("POST", [b"order-0001"])
     assert_type(decision, Union[None, str, http.Problem])
