@@ -140,6 +140,15 @@ def server_adapters() -> None:
         wsgi_app, store=oncely.IdempotencyStore(), tenant=lambda environ: "acme", methods=["POST"]
     )
     assert_type(guarded.counters(), Counters)
+    import oncely.grpc
+    import oncely.grpc.aio
+
+    sync_interceptor = oncely.grpc.IdempotencyInterceptor(
+        store=oncely.IdempotencyStore(), tenant=lambda context: "acme", methods=["/shop.Orders/Create"]
+    )
+    aio_interceptor = oncely.grpc.aio.IdempotencyInterceptor(store=oncely.IdempotencyStore(), wait=False)
+    assert_type(sync_interceptor.counters(), Counters)
+    assert_type(aio_interceptor.counters(), Counters)
     config = http.ServerConfig(methods=["POST"], body_cap=1024)
     decision = config.read_key("POST", [b"order-0001"])
     assert_type(decision, Union[None, str, http.Problem])
