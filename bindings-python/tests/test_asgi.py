@@ -352,3 +352,40 @@ def test_a_foreign_record_is_503_not_a_rerun() -> None:
         return sent[0]["status"], calls
 
     assert asyncio.run(main()) == (503, 0)
+
+
+@pytest.mark.skipif(not REDIS_URL, reason="needs ONCELY_REDIS_URL (scripts/with-redis)")
+async def test_redis_store_across_two_server_processes(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    effects = tmp_path / "effects"
+    effects.write_text("")
+    env = {**os.environ, "EFFECTS": str(effects), "PREFIX": f"asgi-procs-{uuid.uuid4().hex}"}
+    script = os.path.join(os.path.dirname(__file__), "asgi_process_app.py")
+    procs = [
+        subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        for _ in range(2)
+    ]
+    try:
+        ports = []
+        for p in procs:
+            assert p.stdout is not None
+            ports.append(int(p.stdout.readline()))
+        limits = httpx.Limits(max_connections=100)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+            resps = await asyncio.gather(
+                *(
+                    client.post(f"http://127.0.0.1:{ports[i % 2]}/orders", headers=POST, content=b"{}")
+                    for i in range(40)
+                )
+            )
+    finally:
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.close()
+        for p in procs:
+            p.wait(20)
+    assert len(effects.read_text().splitlines()) == 1  # one effect across both processes
+    assert len({(r.status_code, r.content) for r in resps}) == 1 and resps[0].status_code == 201
+    assert sum(r.headers.get("idempotent-replayed") == "true" for r in resps) == 39

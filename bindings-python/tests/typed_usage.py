@@ -140,13 +140,13 @@ def server_adapters() -> None:
         wsgi_app, store=oncely.IdempotencyStore(), tenant=lambda environ: "acme", methods=["POST"]
     )
     assert_type(guarded.counters(), Counters)
-    import oncely.grpc
-    import oncely.grpc.aio
+    from oncely.grpc import IdempotencyInterceptor as SyncInterceptor
+    from oncely.grpc.aio import IdempotencyInterceptor as AioInterceptor
 
-    sync_interceptor = oncely.grpc.IdempotencyInterceptor(
+    sync_interceptor = SyncInterceptor(
         store=oncely.IdempotencyStore(), tenant=lambda context: "acme", methods=["/shop.Orders/Create"]
     )
-    aio_interceptor = oncely.grpc.aio.IdempotencyInterceptor(store=oncely.IdempotencyStore(), wait=False)
+    aio_interceptor = AioInterceptor(store=oncely.IdempotencyStore(), wait=False)
     assert_type(sync_interceptor.counters(), Counters)
     assert_type(aio_interceptor.counters(), Counters)
     config = http.ServerConfig(methods=["POST"], body_cap=1024)
