@@ -149,6 +149,16 @@ def server_adapters() -> None:
     aio_interceptor = AioInterceptor(store=oncely.IdempotencyStore(), wait=False)
     assert_type(sync_interceptor.counters(), Counters)
     assert_type(aio_interceptor.counters(), Counters)
+    import httpx
+
+    from oncely.httpx import AsyncRetryTransport, RetryTransport
+    from oncely.requests import IdempotentAdapter
+
+    policy = oncely.RetryPolicy(max_attempts=3)
+    async_client = httpx.AsyncClient(transport=AsyncRetryTransport(policy=policy, deadline=5.0))
+    sync_client = httpx.Client(transport=RetryTransport(methods=["POST"], budget=oncely.RetryBudget()))
+    adapter = IdempotentAdapter(policy=policy)
+    assert async_client is not None and sync_client is not None and adapter is not None
     config = http.ServerConfig(methods=["POST"], body_cap=1024)
     decision = config.read_key("POST", [b"order-0001"])
     assert_type(decision, Union[None, str, http.Problem])
