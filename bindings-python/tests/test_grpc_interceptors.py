@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
+import uuid
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
@@ -109,8 +111,18 @@ def sync_orders() -> Iterator[Callable[..., Any]]:
         s.stop(None)
 
 
-def test_sync_concurrent_duplicates_run_once(sync_orders: Callable[..., Any]) -> None:
-    orders, call, interceptor = sync_orders()
+def _store(kind: str) -> Any:
+    if kind == "redis":
+        url = os.environ.get("ONCELY_REDIS_URL")
+        if not url:
+            pytest.skip("needs ONCELY_REDIS_URL (scripts/with-redis)")
+        return oncely.RedisStore(url, prefix=f"grpc-{uuid.uuid4().hex}")
+    return oncely.IdempotencyStore()
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+def test_sync_concurrent_duplicates_run_once(sync_orders: Callable[..., Any], store_kind: str) -> None:
+    orders, call, interceptor = sync_orders(store=_store(store_kind))
     md = ((KEY, "order-0001"),)
 
     def one(_: int) -> Any:
@@ -183,9 +195,10 @@ def test_sync_dropped_call_retried_gives_one_effect(sync_orders: Callable[..., A
     assert got == {"call": 1, "sku": "A1"} and orders.calls == 1
 
 
-async def test_aio_concurrent_duplicates_and_problems() -> None:
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+async def test_aio_concurrent_duplicates_and_problems(store_kind: str) -> None:
     orders = Orders()
-    server, port, interceptor = await aio_server(orders)
+    server, port, interceptor = await aio_server(orders, store=_store(store_kind))
     try:
         async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
