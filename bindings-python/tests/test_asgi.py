@@ -230,7 +230,7 @@ async def test_an_app_that_raises_answers_waiters_500_and_releases_the_key(
         nonlocal calls
         calls += 1
         if calls == 1:
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(1.0)  # the duplicates arrive meanwhile
             raise RuntimeError("the app failed")
         return Response(b"ok", status_code=201)
 

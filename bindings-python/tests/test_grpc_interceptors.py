@@ -175,11 +175,11 @@ def test_sync_no_wait_is_aborted_with_pushback(sync_orders: Callable[..., Any]) 
     orders, call, _ = sync_orders(wait=False)
     md = ((KEY, "order-0001"),)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        first = pool.submit(call, {"sleep": 0.5}, metadata=md, timeout=10)
+        first = pool.submit(call, {"sleep": 1.5}, metadata=md, timeout=10)
         while orders.calls == 0:
             time.sleep(0.005)
         with pytest.raises(grpc.RpcError) as info:
-            call({"sleep": 0.5}, metadata=md, timeout=10)
+            call({"sleep": 1.5}, metadata=md, timeout=10)
         assert info.value.code() == grpc.StatusCode.ABORTED
         assert any(k == "grpc-retry-pushback-ms" for k, _ in info.value.trailing_metadata())
         assert first.result(10) == {"call": 1, "sku": None}
@@ -252,11 +252,11 @@ async def test_aio_no_wait_is_aborted_with_pushback() -> None:
         async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
             md = ((KEY, "order-0001"),)
-            first = asyncio.ensure_future(call({"sleep": 0.5}, metadata=md, timeout=10))
+            first = asyncio.ensure_future(call({"sleep": 1.5}, metadata=md, timeout=10))
             while orders.calls == 0:
                 await asyncio.sleep(0.005)
             with pytest.raises(aio.AioRpcError) as info:
-                await call({"sleep": 0.5}, metadata=md, timeout=10)
+                await call({"sleep": 1.5}, metadata=md, timeout=10)
             assert info.value.code() == grpc.StatusCode.ABORTED
             assert any(k == "grpc-retry-pushback-ms" for k, _ in info.value.trailing_metadata())
             assert await first == {"call": 1, "sku": None}
