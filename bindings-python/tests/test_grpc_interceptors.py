@@ -9,8 +9,8 @@ import asyncio
 import json
 import os
 import threading
-import uuid
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 

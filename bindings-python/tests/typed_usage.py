@@ -150,7 +150,6 @@ def server_adapters() -> None:
     assert_type(sync_interceptor.counters(), Counters)
     assert_type(aio_interceptor.counters(), Counters)
     import httpx
-
     from oncely.httpx import AsyncRetryTransport, RetryTransport
     from oncely.requests import IdempotentAdapter
 
