@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import socket
+import threading
 import uuid
 from typing import Any, Iterator, Optional
 
@@ -389,3 +390,80 @@ async def test_redis_store_across_two_server_processes(tmp_path: Any) -> None:
     assert len(effects.read_text().splitlines()) == 1  # one effect across both processes
     assert len({(r.status_code, r.content) for r in resps}) == 1 and resps[0].status_code == 201
     assert sum(r.headers.get("idempotent-replayed") == "true" for r in resps) == 39
+
+
+class HypercornServer:
+    """A hypercorn server on 127.0.0.1 in a thread with its own event loop."""
+
+    def __init__(self, app: Any) -> None:
+        from hypercorn.config import Config
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.config = Config()
+        self.config.bind = [f"127.0.0.1:{self.port}"]
+        self.config.loglevel = "ERROR"
+        self.config.accesslog = None
+        self.app = app
+        self.loop = asyncio.new_event_loop()
+        self.stop: Optional[asyncio.Event] = None
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        from hypercorn.asyncio import serve
+
+        async def main() -> None:
+            self.stop = asyncio.Event()
+            await serve(self.app, self.config, shutdown_trigger=self.stop.wait)
+
+        self.loop.run_until_complete(main())
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        for _ in range(2000):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                threading.Event().wait(0.01)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.stop is not None
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(20)
+        self.loop.close()
+
+
+async def test_hypercorn_concurrent_duplicates_and_a_client_that_goes_away() -> None:
+    pytest.importorskip("hypercorn")
+    handler = Handler()
+    app = _middleware_app(starlette_app(handler), oncely.IdempotencyStore(), {})
+    with HypercornServer(app) as url:
+        limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
+        respond = json.dumps({"delay_ms": 100})
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+            resps = await asyncio.gather(
+                *(client.post("/orders", headers={**POST, "x-respond": respond}, content=b"{}") for _ in range(100))
+            )
+            assert handler.calls == 1
+            assert {(r.status_code, r.content) for r in resps} == {(201, b'{"call":1}')}
+            assert sum(r.headers.get("idempotent-replayed") == "true" for r in resps) == 99
+        # Hypercorn cancels the request's task when its client goes away: the app runs
+        # on in its own task, and the retry gets its answer.
+        body = b"{}"
+        raw = (
+            b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: order-0002\r\n"
+            b"content-type: application/json\r\nx-respond: {\"delay_ms\": 300}\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as s:
+            s.sendall(raw)
+            for _ in range(4000):
+                if handler.calls == 2:
+                    break
+                await asyncio.sleep(0.005)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            retry = await client.post("/orders", headers={**POST, "idempotency-key": "order-0002"}, content=body)
+        assert (retry.status_code, retry.json(), handler.calls) == (201, {"call": 2}, 2)
