@@ -144,3 +144,16 @@ def test_constants_and_config() -> None:
         http.ServerConfig(methods=["bad method"])
     too_large = http.Problem.request_too_large(5)
     assert (too_large.status, too_large.type) == (413, "urn:oncely:problem:request-too-large")
+
+
+def test_optional_frameworks_are_not_imported() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, oncely, oncely.http, oncely.asgi, oncely.wsgi\n"
+        "print([m for m in ('starlette', 'fastapi', 'flask', 'werkzeug', 'grpc', 'httpx',"
+        " 'requests', 'uvicorn', 'hypercorn') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
+    assert out.stdout.strip() == "[]"

@@ -5,8 +5,10 @@ Retry with capped, jittered backoff (:func:`retry`, :func:`retry_sync`,
 make idempotency keys (:func:`new_key`, :func:`derive_key`, :func:`scope`,
 :func:`fingerprint`) and deduplicate by them on the server
 (:class:`IdempotencyStore`, or :class:`RedisStore` shared by many processes),
-with the server contract in :mod:`oncely.http` and the middleware in :mod:`oncely.asgi`
-and :mod:`oncely.wsgi` (optional frameworks are never imported by ``import oncely``). All the logic is in the Rust core; this package is a thin
+with the server contract in :mod:`oncely.http`, the server adapters :mod:`oncely.asgi`,
+:mod:`oncely.wsgi`, :mod:`oncely.grpc` and :mod:`oncely.grpc.aio`, and the client
+adapters :mod:`oncely.httpx` and :mod:`oncely.requests` (optional frameworks are never
+imported by ``import oncely``). All the logic is in the Rust core; this package is a thin
 layer over its native module ``oncely._oncely``. Durations are seconds (``float``;
 ``datetime.timedelta`` is accepted too).
 """
