@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod errors;
+mod http;
 mod keys;
 mod redis_store;
 mod retry;
@@ -57,5 +58,6 @@ fn _oncely(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<redis_store::RedisLease>()?;
     m.add_function(wrap_pyfunction!(redis_store::_encode_record, m)?)?;
     m.add_function(wrap_pyfunction!(redis_store::_decode_record, m)?)?;
+    http::add(m)?;
     Ok(())
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Optional, Union, assert_type
+from typing import Any, Optional, Union, assert_type
 
 import oncely
 from oncely import Code, Executed, IdempotencyStore, RetryEvent, RetryPolicy
@@ -107,6 +107,65 @@ def extraction_and_errors() -> None:
         assert_type(e.kind, str)
         assert_type(e.http_status, int)
     oncely.retry_sync(lambda: 1, safe=True, reasons=reasons)
+
+
+def server_adapters() -> None:
+    from oncely import http
+    from oncely.asgi import Counters, CounterSet, IdempotencyMiddleware, Scope
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        return None
+
+    def tenant(scope: Scope) -> str:
+        return str(scope.get("user", "anonymous"))
+
+    counters = CounterSet()
+    mw = IdempotencyMiddleware(
+        app,
+        store=oncely.IdempotencyStore(),
+        tenant=tenant,
+        wait=False,
+        on_replay=lambda scope, key: None,
+        counters=counters,
+    )
+    IdempotencyMiddleware(app, store=oncely.RedisStore("redis://127.0.0.1:6379"), tenant="acme")
+    assert_type(mw.counters(), Counters)
+    from oncely import wsgi
+
+    def wsgi_app(environ: wsgi.Environ, start_response: wsgi.StartResponse) -> list[bytes]:
+        start_response("201 Created", [("content-type", "text/plain")])
+        return [b"ok"]
+
+    guarded = wsgi.IdempotencyMiddleware(
+        wsgi_app, store=oncely.IdempotencyStore(), tenant=lambda environ: "acme", methods=["POST"]
+    )
+    assert_type(guarded.counters(), Counters)
+    from oncely.grpc import IdempotencyInterceptor as SyncInterceptor
+    from oncely.grpc.aio import IdempotencyInterceptor as AioInterceptor
+
+    sync_interceptor = SyncInterceptor(
+        store=oncely.IdempotencyStore(), tenant=lambda context: "acme", methods=["/shop.Orders/Create"]
+    )
+    aio_interceptor = AioInterceptor(store=oncely.IdempotencyStore(), wait=False)
+    assert_type(sync_interceptor.counters(), Counters)
+    assert_type(aio_interceptor.counters(), Counters)
+    import httpx
+    from oncely.httpx import AsyncRetryTransport, RetryTransport
+    from oncely.requests import IdempotentAdapter
+
+    policy = oncely.RetryPolicy(max_attempts=3)
+    async_client = httpx.AsyncClient(transport=AsyncRetryTransport(policy=policy, deadline=5.0))
+    sync_client = httpx.Client(transport=RetryTransport(methods=["POST"], budget=oncely.RetryBudget()))
+    adapter = IdempotentAdapter(policy=policy)
+    assert async_client is not None and sync_client is not None and adapter is not None
+    config = http.ServerConfig(methods=["POST"], body_cap=1024)
+    decision = config.read_key("POST", [b"order-0001"])
+    assert_type(decision, Union[None, str, http.Problem])
+    if isinstance(decision, http.Problem):
+        assert_type(decision.body(), bytes)
+    assert_type(http.request_fingerprint("POST", "/orders", None, b"{}"), str)
+    record = http.encode_response(201, [("content-type", b"application/json")], b"{}")
+    assert_type(http.decode_response(record)[0], int)
 
 
 if __name__ == "__main__":

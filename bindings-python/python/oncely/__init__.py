@@ -4,14 +4,18 @@ Retry with capped, jittered backoff (:func:`retry`, :func:`retry_sync`,
 :func:`retrying`), decide which failures may be retried (:func:`classify`, :class:`Code`),
 make idempotency keys (:func:`new_key`, :func:`derive_key`, :func:`scope`,
 :func:`fingerprint`) and deduplicate by them on the server
-(:class:`IdempotencyStore`, or :class:`RedisStore` shared by many processes). All the logic is in the Rust core; this package is a thin
+(:class:`IdempotencyStore`, or :class:`RedisStore` shared by many processes),
+with the server contract in :mod:`oncely.http`, the server adapters :mod:`oncely.asgi`,
+:mod:`oncely.wsgi`, :mod:`oncely.grpc` and :mod:`oncely.grpc.aio`, and the client
+adapters :mod:`oncely.httpx` and :mod:`oncely.requests` (optional frameworks are never
+imported by ``import oncely``). All the logic is in the Rust core; this package is a thin
 layer over its native module ``oncely._oncely``. Durations are seconds (``float``;
 ``datetime.timedelta`` is accepted too).
 """
 
 from __future__ import annotations
 
-from . import headers
+from . import headers, http
 from ._codes import Code
 from ._oncely import (
     DEFAULT_TTL,
@@ -101,6 +105,7 @@ __all__ = [
     "fingerprint",
     "fingerprint_bytes",
     "headers",
+    "http",
     "new_key",
     "parse_pushback_ms",
     "parse_retry_after",

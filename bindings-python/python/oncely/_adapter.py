@@ -1,0 +1,203 @@
+"""What the ASGI and WSGI adapters share: the settings, the counters, the outcomes an
+action hands back through the store when its response is not stored, and the record of
+a response. Every decision is the core's (:mod:`oncely.http`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol, Sequence, Union
+
+from . import http
+from ._codes import Code
+from ._oncely import Executed, ScopedKey
+from .errors import LeaderPanickedError, OncelyError
+
+log = logging.getLogger("oncely")
+
+Headers = list[tuple[str, bytes]]
+
+
+class AsyncStore(Protocol):
+    """A dedup store as the ASGI middleware uses it (``IdempotencyStore``, ``RedisStore``)."""
+
+    async def execute(
+        self, scoped: ScopedKey, fingerprint: str, fn: Callable[[], Any], /, *, wait: bool = True
+    ) -> Executed[Any]: ...
+
+
+class SyncStore(Protocol):
+    """A dedup store as the WSGI middleware uses it (``IdempotencyStore``, ``RedisStore``)."""
+
+    def execute_sync(
+        self, scoped: ScopedKey, fingerprint: str, fn: Callable[[], Any], /, *, wait: bool = True
+    ) -> Executed[Any]: ...
+
+
+@dataclass(frozen=True)
+class Counters:
+    """What a middleware has done (a snapshot)."""
+
+    #: Requests passed to the app untouched (not covered, or no key and none required).
+    passed_through: int = 0
+    #: Requests refused with a problem before the app ran (missing or invalid key, body
+    #: too large, reused key, in progress, store unavailable).
+    refused: int = 0
+    #: Requests whose app ran under a key.
+    led: int = 0
+    #: Responses stored.
+    stored: int = 0
+    #: Responses not stored (status, size, an app that raised).
+    not_stored: int = 0
+    #: Requests answered with another request's response.
+    replayed: int = 0
+
+
+class CounterSet:
+    """The live counters of one middleware (thread-safe); :meth:`snapshot` reads them."""
+
+    _NAMES = ("passed_through", "refused", "led", "stored", "not_stored", "replayed")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(self._NAMES, 0)
+
+    def bump(self, name: str) -> None:
+        with self._lock:
+            self._values[name] += 1
+
+    def snapshot(self) -> Counters:
+        """The counts so far."""
+        with self._lock:
+            return Counters(**self._values)
+
+
+class Unstored(Exception):
+    """An action's response that is not stored but was read whole (a 5xx, a 409, ...):
+    the leader sends it, the duplicates that waited get it too, and the key is
+    released (SPEC §8)."""
+
+    # Read by the stores' failure extraction: never a permanent failure to cache.
+    code = Code.UNAVAILABLE
+
+    def __init__(self, owner: object, record: bytes) -> None:
+        super().__init__("the response is not stored")
+        self.owner = owner
+        self.record = record
+
+
+class Streamed(Exception):
+    """An action whose response went over the body cap and was sent as it came: not
+    stored, the key is released once it has ended, and a duplicate that waited runs
+    the app itself (SPEC §8). ``error`` is what the app raised after it began sending,
+    if anything."""
+
+    code = Code.UNAVAILABLE
+
+    def __init__(self, owner: object, error: Optional[BaseException]) -> None:
+        super().__init__("the response was streamed, not stored")
+        self.owner = owner
+        self.error = error
+
+
+class AppFailed(Exception):
+    """The app raised (``error``) while leading: nothing is stored, the key is released,
+    the leader's server sees ``error`` and the duplicates that waited get 500
+    ``internal`` (the app is not run again for them)."""
+
+    code = Code.UNAVAILABLE
+
+    def __init__(self, owner: object, error: BaseException) -> None:
+        super().__init__(f"the app raised {type(error).__name__}")
+        self.owner = owner
+        self.error = error
+
+
+class Settings:
+    """The options both middlewares take (see :class:`oncely.asgi.IdempotencyMiddleware`)."""
+
+    def __init__(
+        self,
+        *,
+        tenant: Union[str, Callable[[Any], str], None],
+        methods: Optional[Sequence[str]],
+        required: bool,
+        wait: bool,
+        body_cap: int,
+        request_cap: int,
+        stored_headers: Optional[Sequence[str]],
+        fingerprint: Optional[Callable[[Any, bytes], str]],
+        route: Optional[Callable[[Any], Optional[str]]],
+        on_replay: Optional[Callable[[Any, ScopedKey], None]],
+        counters: Optional[CounterSet],
+    ) -> None:
+        self.contract = http.ServerConfig(
+            methods=None if methods is None else list(methods),
+            required=required,
+            wait=wait,
+            body_cap=body_cap,
+            stored_headers=None if stored_headers is None else list(stored_headers),
+        )
+        if request_cap < 0:
+            raise ValueError("request_cap must not be negative")
+        self.request_cap = request_cap
+        self.tenant = tenant
+        self.fingerprint = fingerprint
+        self.route = route
+        self.on_replay = on_replay
+        self.counters = counters if counters is not None else CounterSet()
+
+    def tenant_of(self, request: Any) -> str:
+        t = self.tenant
+        if t is None:
+            return http.DEFAULT_TENANT
+        if isinstance(t, str):
+            return t
+        return t(request)
+
+    def record(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> bytes:
+        """The stored-response record of a response: the headers the contract keeps."""
+        kept: Headers = []
+        for name, value in headers:
+            n = name.decode("latin-1").lower()
+            if self.contract.stores_header(n):
+                kept.append((n, bytes(value)))
+        return http.encode_response(status, kept, body)
+
+    def replayed(self, request: Any, scoped: ScopedKey) -> None:
+        self.counters.bump("replayed")
+        if self.on_replay is not None:
+            try:
+                self.on_replay(request, scoped)
+            except Exception:
+                log.exception("oncely: the on_replay hook raised")
+
+
+def replay_head(record: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers (with ``content-length`` and ``idempotent-replayed: true``) and
+    body of a stored record. Raises ``StoreUnavailableError`` if it is not a record."""
+    status, headers, body, _trailers = http.decode_response(record)
+    out = [(n.encode("latin-1"), v) for n, v in headers]
+    out.append((b"content-length", str(len(body)).encode()))
+    out.append((http.REPLAYED_HEADER.encode(), http.REPLAYED_VALUE.encode()))
+    return status, out, body
+
+
+def problem_head(problem: http.Problem) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers and body of a problem answer."""
+    body = problem.body()
+    headers = [(n.encode(), v.encode()) for n, v in problem.headers()]
+    headers.append((b"content-length", str(len(body)).encode()))
+    return problem.status, headers, body
+
+
+def problem_of(error: BaseException) -> http.Problem:
+    """The problem for an error raised by the store, or, for a duplicate whose leader's
+    app raised (:class:`AppFailed`), 500 ``internal`` (the app is not run again)."""
+    if isinstance(error, OncelyError):
+        return http.Problem.from_error(error)
+    name = type(error.error).__name__ if isinstance(error, AppFailed) else type(error).__name__
+    return http.Problem.from_error(
+        LeaderPanickedError(f"the request with this key failed in the app ({name})")
+    )

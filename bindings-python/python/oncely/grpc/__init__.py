@@ -1,0 +1,191 @@
+"""``IdempotencyInterceptor`` for a grpcio (thread pool) server: the server contract
+(SPEC §8) for unary-unary methods, on an :class:`~oncely.IdempotencyStore` or a
+:class:`~oncely.RedisStore` through ``execute_sync``::
+
+    server = grpc.server(pool, interceptors=[IdempotencyInterceptor(store=store)])
+
+The key is the ``x-idempotency-key`` metadata; the scope is the tenant, ``POST`` and the
+full method name; the fingerprint is that of the serialized request. The stored answer
+is the serialized response message (or a final status: OK, INVALID_ARGUMENT,
+NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, FAILED_PRECONDITION, OUT_OF_RANGE,
+UNAUTHENTICATED); a replay sends it again with the trailing metadata
+``idempotent-replayed: true``. Other statuses and exceptions are not stored (a retry runs
+again). A missing or invalid key is INVALID_ARGUMENT, a reused key with another request
+FAILED_PRECONDITION, a running duplicate with ``wait=False`` ABORTED with
+``grpc-retry-pushback-ms``. Streaming methods pass through. :mod:`oncely.grpc.aio` is
+the ``grpc.aio`` variant. Needs ``grpcio``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NoReturn, Optional, Sequence, Union
+
+from .. import http
+from .._adapter import AppFailed, Counters, CounterSet, SyncStore, Unstored, problem_of
+from .._oncely import ScopedKey
+from ..errors import OncelyError
+from ._common import (
+    STATUS,
+    GrpcSettings,
+    code_of,
+    frame,
+    grpc,
+    pushback,
+    read_record,
+    replayed_metadata,
+    settle,
+    unwrap,
+)
+
+__all__ = ["IdempotencyInterceptor", "Counters", "CounterSet"]
+
+
+class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Makes the covered unary-unary methods of a grpcio server idempotent.
+
+    - ``store``: an :class:`~oncely.IdempotencyStore` or a :class:`~oncely.RedisStore`.
+    - ``tenant``: a string, or a function of the ``ServicerContext`` (e.g. from its
+      ``auth_context()`` or metadata); default one tenant for every caller.
+    - ``methods``: the covered full method names (``"/shop.Orders/Create"``); default
+      every unary-unary method.
+    - ``required`` (a call without a key is INVALID_ARGUMENT; ``False``: passed through),
+      ``wait`` (``False``: a running duplicate gets ABORTED + pushback), ``on_replay``
+      (called with the context and the scoped key), ``counters``.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: SyncStore,
+        tenant: Union[str, Callable[[Any], str], None] = None,
+        methods: Optional[Sequence[str]] = None,
+        required: bool = True,
+        wait: bool = True,
+        on_replay: Optional[Callable[[Any, ScopedKey], None]] = None,
+        counters: Optional[CounterSet] = None,
+    ) -> None:
+        self.store = store
+        self._s = GrpcSettings(
+            tenant=tenant,
+            methods=methods,
+            required=required,
+            wait=wait,
+            on_replay=on_replay,
+            counters=counters,
+        )
+
+    def counters(self) -> Counters:
+        """What this interceptor has done so far."""
+        return self._s.counters.snapshot()
+
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        parts = unwrap(handler)
+        method: str = handler_call_details.method
+        if parts is None or not self._s.contract.covers_grpc(method):
+            return handler
+        behavior, deser, ser = parts
+
+        def guarded(raw: bytes, context: Any) -> bytes:
+            return self._serve(method, behavior, deser, ser, raw, context)
+
+        return grpc.unary_unary_rpc_method_handler(guarded)
+
+    def _serve(
+        self,
+        method: str,
+        behavior: Callable[[Any, Any], Any],
+        deser: Callable[[bytes], Any],
+        ser: Callable[[Any], bytes],
+        raw: bytes,
+        context: Any,
+    ) -> bytes:
+        s = self._s
+        decision = s.contract.read_grpc_key(method, s.key_values(context))
+        if decision is None:
+            s.counters.bump("passed_through")
+            return ser(behavior(deser(raw), context))
+        if isinstance(decision, http.Problem):
+            self._refuse(context, decision)
+        try:
+            scoped = http.scope(s.tenant_of(context), "POST", method, decision)
+        except OncelyError as e:
+            self._refuse(context, http.Problem.from_error(e))
+        fp = http.request_fingerprint("POST", method, "application/grpc", frame(raw))
+        run = _Lead(s, behavior, deser, ser, raw, context)
+        while True:
+            try:
+                done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
+            except Unstored as u:
+                if u.owner is run:
+                    return run.answer()
+                return self._replay(context, scoped, u.record)
+            except AppFailed as af:
+                if af.owner is run:
+                    raise af.error from None
+                self._refuse(context, problem_of(af))
+            except OncelyError as e:
+                self._refuse(context, http.Problem.from_error(e))
+            if run.led:
+                return run.answer()
+            return self._replay(context, scoped, done.value)
+
+    def _refuse(self, context: Any, problem: http.Problem) -> NoReturn:
+        self._s.counters.bump("refused")
+        context.set_trailing_metadata(pushback(problem))
+        context.abort(STATUS[problem.grpc_code], problem.detail)
+        raise AssertionError("context.abort returned")  # grpc's abort always raises
+
+    def _replay(self, context: Any, scoped: ScopedKey, record: Any) -> bytes:
+        try:
+            code, details, message = read_record(record)
+        except OncelyError as e:
+            self._refuse(context, http.Problem.from_error(e))
+        s = self._s
+        s.counters.bump("replayed")
+        if s.on_replay is not None:
+            s.on_replay(context, scoped)
+        context.set_trailing_metadata(replayed_metadata())
+        if code != 0:
+            context.abort(STATUS[code], details)
+        return message
+
+
+class _Lead:
+    """One call's run of the handler under its key; its answer is kept for the leader
+    (every detail the handler set) and recorded for the store."""
+
+    def __init__(
+        self,
+        s: GrpcSettings,
+        behavior: Callable[[Any, Any], Any],
+        deser: Callable[[bytes], Any],
+        ser: Callable[[Any], bytes],
+        raw: bytes,
+        context: Any,
+    ) -> None:
+        self.s, self.behavior, self.deser, self.ser = s, behavior, deser, ser
+        self.raw, self.context = raw, context
+        self.led = False
+        self.body = b""
+        self.error: Optional[BaseException] = None
+
+    def action(self) -> bytes:
+        self.led = True
+        counters = self.s.counters
+        counters.bump("led")
+        try:
+            self.body = self.ser(self.behavior(self.deser(self.raw), self.context))
+        except Exception as e:
+            code = code_of(self.context)
+            if code == 0:  # a plain exception, not an abort: UNKNOWN, never stored
+                counters.bump("not_stored")
+                raise AppFailed(self, e) from None
+            self.error = e
+        return settle(self, counters, code_of(self.context))
+
+    def answer(self) -> bytes:
+        """The leader's own answer: its message, or the abort it raised."""
+        if self.error is not None:
+            raise self.error
+        return self.body

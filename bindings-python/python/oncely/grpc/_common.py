@@ -1,0 +1,140 @@
+"""What the sync and asyncio gRPC interceptors share: settings, the stored record of a
+gRPC answer (the record format of every oncely adapter: status 200, the message as one
+uncompressed gRPC frame, ``grpc-status`` and ``grpc-message`` as trailers) and the
+reading of a key from the call's metadata. Every decision is the core's."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Optional, Sequence, Union
+from urllib.parse import unquote
+
+from .. import http
+from .._adapter import CounterSet, Unstored
+from .._oncely import ScopedKey
+from ..errors import StoreUnavailableError
+
+grpc: Any = importlib.import_module("grpc")
+
+STATUS = {s.value[0]: s for s in grpc.StatusCode}
+_OK = grpc.StatusCode.OK
+_CONTENT_TYPE = [("content-type", b"application/grpc")]
+_REPLAYED = ((http.REPLAYED_HEADER, http.REPLAYED_VALUE),)
+
+
+def frame(message: bytes) -> bytes:
+    """One uncompressed gRPC message frame."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def record_ok(message: bytes) -> bytes:
+    return http.encode_response(200, _CONTENT_TYPE, frame(message), [("grpc-status", b"0")])
+
+
+def record_status(code: int, details: Union[str, bytes, None]) -> bytes:
+    trailers = [("grpc-status", str(code).encode())]
+    if isinstance(details, bytes):  # the sync server keeps them encoded
+        details = details.decode("utf-8", "replace")
+    if details:
+        trailers.append(("grpc-message", _percent_encode(details)))
+    return http.encode_response(200, _CONTENT_TYPE, b"", trailers)
+
+
+def _percent_encode(text: str) -> bytes:
+    """gRPC's ``grpc-message`` encoding (as sent on the wire)."""
+    return b"".join(
+        bytes([b]) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b for b in text.encode()
+    )
+
+
+def read_record(record: Any) -> tuple[int, str, bytes]:
+    """``(code, details, message)`` of a stored gRPC answer (from any oncely adapter)."""
+    status, headers, body, trailers = http.decode_response(record)
+    meta = dict(headers)
+    meta.update(trailers)
+    raw = meta.get("grpc-status")
+    if status != 200 or raw is None or not raw.isdigit():
+        raise StoreUnavailableError("the stored response is not a gRPC answer")
+    code = int(raw)
+    if code != 0:
+        return code, unquote(meta.get("grpc-message", b"").decode("latin-1")), b""
+    if len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
+        raise StoreUnavailableError("the stored gRPC message is not one uncompressed frame")
+    return 0, "", body[5:]
+
+
+def code_of(context: Any) -> int:
+    """The code the handler set on ``context`` (OK when none)."""
+    code = context.code()
+    if code is None:
+        return 0
+    value = code.value[0] if isinstance(code, grpc.StatusCode) else int(code)
+    return int(value)
+
+
+class GrpcSettings:
+    def __init__(
+        self,
+        *,
+        tenant: Union[str, Callable[[Any], str], None],
+        methods: Optional[Sequence[str]],
+        required: bool,
+        wait: bool,
+        on_replay: Optional[Callable[[Any, ScopedKey], None]],
+        counters: Optional[CounterSet],
+    ) -> None:
+        self.contract = http.ServerConfig(
+            required=required,
+            wait=wait,
+            grpc_methods=None if methods is None else list(methods),
+        )
+        self.tenant = tenant
+        self.on_replay = on_replay
+        self.counters = counters if counters is not None else CounterSet()
+
+    def tenant_of(self, context: Any) -> str:
+        t = self.tenant
+        if t is None:
+            return http.DEFAULT_TENANT
+        return t if isinstance(t, str) else t(context)
+
+    def key_values(self, context: Any) -> list[bytes]:
+        out: list[bytes] = []
+        for item in context.invocation_metadata() or ():
+            key, value = item[0], item[1]
+            if key == http.GRPC_KEY_METADATA:
+                out.append(value.encode("latin-1") if isinstance(value, str) else bytes(value))
+        return out
+
+
+def replayed_metadata() -> tuple[tuple[str, str], ...]:
+    return _REPLAYED
+
+
+def pushback(problem: http.Problem) -> list[tuple[str, str]]:
+    """The trailing metadata of a refusal: the retry pushback, when there is a delay."""
+    return [(n, v) for n, v in problem.grpc_metadata() if n == "grpc-retry-pushback-ms"]
+
+
+def unwrap(handler: Any) -> Optional[tuple[Callable[..., Any], Callable[[bytes], Any], Callable[[Any], bytes]]]:
+    """The behavior and (de)serializers of a unary-unary handler, else ``None``."""
+    if handler is None or handler.request_streaming or handler.response_streaming:
+        return None
+    if handler.unary_unary is None:
+        return None
+    deser = handler.request_deserializer or (lambda b: b)
+    ser = handler.response_serializer or (lambda m: m)
+    return handler.unary_unary, deser, ser
+
+
+def settle(run: Any, counters: CounterSet, code: int) -> bytes:
+    """The record of a finished call: stored when its status is final."""
+    if code == 0:
+        counters.bump("stored")
+        return record_ok(run.body)
+    record = record_status(code, run.context.details())
+    if http.storable_grpc_status(str(code).encode()):
+        counters.bump("stored")
+        return record
+    counters.bump("not_stored")
+    raise Unstored(run, record)

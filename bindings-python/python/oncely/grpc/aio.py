@@ -1,0 +1,179 @@
+"""``IdempotencyInterceptor`` for a ``grpc.aio`` server: the behaviour of
+:class:`oncely.grpc.IdempotencyInterceptor`, with the store's ``execute``::
+
+    server = grpc.aio.server(interceptors=[IdempotencyInterceptor(store=store)])
+
+The handler runs in a task of its own: a client that cancels its call stops waiting,
+while the handler runs on and its answer is stored for the retry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable, NoReturn, Optional, Sequence, Union
+
+from .. import http
+from .._adapter import AppFailed, AsyncStore, Counters, CounterSet, Unstored, problem_of
+from .._oncely import ScopedKey
+from ..errors import OncelyError
+from ._common import (
+    STATUS,
+    GrpcSettings,
+    code_of,
+    frame,
+    grpc,
+    pushback,
+    read_record,
+    replayed_metadata,
+    settle,
+    unwrap,
+)
+
+__all__ = ["IdempotencyInterceptor", "Counters", "CounterSet"]
+
+_aio: Any = importlib.import_module("grpc.aio")
+
+
+class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
+    """Makes the covered unary-unary methods of a ``grpc.aio`` server idempotent; the
+    options of :class:`oncely.grpc.IdempotencyInterceptor`."""
+
+    def __init__(
+        self,
+        *,
+        store: AsyncStore,
+        tenant: Union[str, Callable[[Any], str], None] = None,
+        methods: Optional[Sequence[str]] = None,
+        required: bool = True,
+        wait: bool = True,
+        on_replay: Optional[Callable[[Any, ScopedKey], None]] = None,
+        counters: Optional[CounterSet] = None,
+    ) -> None:
+        self.store = store
+        self._s = GrpcSettings(
+            tenant=tenant,
+            methods=methods,
+            required=required,
+            wait=wait,
+            on_replay=on_replay,
+            counters=counters,
+        )
+
+    def counters(self) -> Counters:
+        """What this interceptor has done so far."""
+        return self._s.counters.snapshot()
+
+    async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = await continuation(handler_call_details)
+        parts = unwrap(handler)
+        method: str = handler_call_details.method
+        if parts is None or not self._s.contract.covers_grpc(method):
+            return handler
+        behavior, deser, ser = parts
+
+        async def guarded(raw: bytes, context: Any) -> bytes:
+            return await self._serve(method, behavior, deser, ser, raw, context)
+
+        return grpc.unary_unary_rpc_method_handler(guarded)
+
+    async def _serve(
+        self,
+        method: str,
+        behavior: Callable[[Any, Any], Any],
+        deser: Callable[[bytes], Any],
+        ser: Callable[[Any], bytes],
+        raw: bytes,
+        context: Any,
+    ) -> bytes:
+        s = self._s
+        decision = s.contract.read_grpc_key(method, s.key_values(context))
+        if decision is None:
+            s.counters.bump("passed_through")
+            return ser(await _call(behavior, deser(raw), context))
+        if isinstance(decision, http.Problem):
+            await self._refuse(context, decision)
+        try:
+            scoped = http.scope(s.tenant_of(context), "POST", method, decision)
+        except OncelyError as e:
+            await self._refuse(context, http.Problem.from_error(e))
+        fp = http.request_fingerprint("POST", method, "application/grpc", frame(raw))
+        run = _Lead(s, behavior, deser, ser, raw, context)
+        while True:
+            try:
+                done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
+            except Unstored as u:
+                if u.owner is run:
+                    return run.answer()
+                return await self._replay(context, scoped, u.record)
+            except AppFailed as af:
+                if af.owner is run:
+                    raise af.error from None
+                await self._refuse(context, problem_of(af))
+            except OncelyError as e:
+                await self._refuse(context, http.Problem.from_error(e))
+            if run.led:
+                return run.answer()
+            return await self._replay(context, scoped, done.value)
+
+    async def _refuse(self, context: Any, problem: http.Problem) -> NoReturn:
+        self._s.counters.bump("refused")
+        context.set_trailing_metadata(pushback(problem))
+        await context.abort(STATUS[problem.grpc_code], problem.detail)
+        raise AssertionError("context.abort returned")  # grpc's abort always raises
+
+    async def _replay(self, context: Any, scoped: ScopedKey, record: Any) -> bytes:
+        try:
+            code, details, message = read_record(record)
+        except OncelyError as e:
+            await self._refuse(context, http.Problem.from_error(e))
+        s = self._s
+        s.counters.bump("replayed")
+        if s.on_replay is not None:
+            s.on_replay(context, scoped)
+        context.set_trailing_metadata(replayed_metadata())
+        if code != 0:
+            await context.abort(STATUS[code], details)
+        return message
+
+
+async def _call(behavior: Callable[[Any, Any], Any], request: Any, context: Any) -> Any:
+    out = behavior(request, context)
+    if inspect.isawaitable(out):
+        out = await out
+    return out
+
+
+class _Lead:
+    def __init__(
+        self,
+        s: GrpcSettings,
+        behavior: Callable[[Any, Any], Any],
+        deser: Callable[[bytes], Any],
+        ser: Callable[[Any], bytes],
+        raw: bytes,
+        context: Any,
+    ) -> None:
+        self.s, self.behavior, self.deser, self.ser = s, behavior, deser, ser
+        self.raw, self.context = raw, context
+        self.led = False
+        self.body = b""
+        self.error: Optional[BaseException] = None
+
+    async def action(self) -> bytes:
+        self.led = True
+        counters = self.s.counters
+        counters.bump("led")
+        try:
+            self.body = self.ser(await _call(self.behavior, self.deser(self.raw), self.context))
+        except Exception as e:
+            if code_of(self.context) == 0:
+                counters.bump("not_stored")
+                raise AppFailed(self, e) from None
+            self.error = e
+        return settle(self, counters, code_of(self.context))
+
+    def answer(self) -> bytes:
+        if self.error is not None:
+            raise self.error
+        return self.body

@@ -1,0 +1,294 @@
+"""``IdempotencyMiddleware``: the server contract (SPEC §8) in front of any WSGI app
+(Flask, Django, Pyramid, ...), on an :class:`~oncely.IdempotencyStore` or a
+:class:`~oncely.RedisStore`, with ``execute_sync``::
+
+    app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, store=IdempotencyStore(),
+                                         tenant=tenant_of, route=flask_route(app))
+
+The same behaviour as :mod:`oncely.asgi`: a covered request (POST and PATCH by default)
+must carry an ``Idempotency-Key``; its body is read once and handed on
+(``wsgi.input``); the app runs at most once per key, tenant, method and route, and a
+retry or a duplicate that waited gets the first response byte for byte with
+``Idempotent-Replayed: true``. A response over ``body_cap`` is written to the client as
+it comes (through the ``write`` callable of ``start_response``, so the key stays claimed
+until it has been sent) and is not stored. The app runs on the request's thread; a
+duplicate waits on its own thread (the GIL released). No dependency on any framework.
+"""
+
+from __future__ import annotations
+
+import io
+from http import HTTPStatus
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from urllib.parse import quote
+
+from . import http
+from ._adapter import (
+    AppFailed,
+    Counters,
+    CounterSet,
+    Settings,
+    Streamed,
+    SyncStore,
+    Unstored,
+    problem_head,
+    problem_of,
+    replay_head,
+)
+from ._oncely import ScopedKey
+from .errors import OncelyError
+
+__all__ = ["IdempotencyMiddleware", "Counters", "CounterSet", "flask_route"]
+
+Environ = dict[str, Any]
+StartResponse = Callable[..., Callable[[bytes], object]]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+
+def flask_route(app: Any) -> Callable[[Environ], Optional[str]]:
+    """A ``route`` function for a Flask app: the rule (``"/orders/<id>"``) that matches
+    the request, ``None`` when none does (the middleware then scopes by the path)."""
+
+    def route(environ: Environ) -> Optional[str]:
+        try:
+            rule, _args = app.url_map.bind_to_environ(environ).match(return_rule=True)
+        except Exception:
+            return None
+        return str(rule.rule)
+
+    return route
+
+
+def _status_line(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+def _text_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
+
+
+class IdempotencyMiddleware:
+    """Makes the covered requests of a WSGI app idempotent by their ``Idempotency-Key``.
+
+    Takes the options of :class:`oncely.asgi.IdempotencyMiddleware`, with the WSGI
+    ``environ`` where that one takes the ASGI scope (``tenant``, ``route``,
+    ``fingerprint``, ``on_replay``); the store is used through ``execute_sync``. Without
+    ``route`` the key is scoped by the path; :func:`flask_route` gives Flask's rules.
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        store: SyncStore,
+        tenant: Union[str, Callable[[Environ], str], None] = None,
+        methods: Optional[Sequence[str]] = None,
+        required: bool = True,
+        wait: bool = True,
+        body_cap: int = http.DEFAULT_BODY_CAP,
+        request_cap: int = http.DEFAULT_REQUEST_CAP,
+        stored_headers: Optional[Sequence[str]] = None,
+        route: Optional[Callable[[Environ], Optional[str]]] = None,
+        fingerprint: Optional[Callable[[Environ, bytes], str]] = None,
+        on_replay: Optional[Callable[[Environ, ScopedKey], None]] = None,
+        counters: Optional[CounterSet] = None,
+    ) -> None:
+        self.app = app
+        self.store = store
+        self._s = Settings(
+            tenant=tenant,
+            methods=methods,
+            required=required,
+            wait=wait,
+            body_cap=body_cap,
+            request_cap=request_cap,
+            stored_headers=stored_headers,
+            fingerprint=fingerprint,
+            route=route,
+            on_replay=on_replay,
+            counters=counters,
+        )
+
+    def counters(self) -> Counters:
+        """What this middleware has done so far."""
+        return self._s.counters.snapshot()
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        s = self._s
+        method: str = environ["REQUEST_METHOD"]
+        if not s.contract.covers(method):
+            s.counters.bump("passed_through")
+            return self.app(environ, start_response)
+        # A WSGI server joins a header sent twice with ", ", which no valid key contains.
+        value = environ.get("HTTP_IDEMPOTENCY_KEY")
+        values = [] if value is None else [value.encode("latin-1")]
+        decision = s.contract.read_key(method, values)
+        if decision is None:
+            s.counters.bump("passed_through")
+            return self.app(environ, start_response)
+        if isinstance(decision, http.Problem):
+            return self._refuse(start_response, decision)
+        body = self._read_body(environ)
+        if isinstance(body, http.Problem):
+            return self._refuse(start_response, body)
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        # PEP 3333 gives the path decoded, as latin-1 text: its bytes, re-quoted.
+        raw = (environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")).encode("latin-1")
+        path = quote(raw, safe="/:@!$&'()*+,;=-._~%")
+        try:
+            route = s.route(environ) if s.route is not None else None
+            scoped = http.scope(s.tenant_of(environ), method, route or path, decision)
+        except OncelyError as e:
+            return self._refuse(start_response, http.Problem.from_error(e))
+        if s.fingerprint is not None:
+            fp = s.fingerprint(environ, body)
+        else:
+            query = environ.get("QUERY_STRING", "")
+            target = f"{path}?{query}" if query else path
+            fp = http.request_fingerprint(method, target, environ.get("CONTENT_TYPE") or None, body)
+        run = _Lead(self.app, s, environ, start_response)
+        while True:
+            try:
+                done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
+            except Unstored as u:
+                if u.owner is run:
+                    return run.respond_captured()
+                return self._replay(start_response, environ, scoped, u.record)
+            except Streamed as st:
+                if st.owner is run:
+                    if st.error is not None:
+                        raise st.error from None
+                    return []
+                continue  # the key is free again: lead or wait anew
+            except AppFailed as af:
+                if af.owner is run:
+                    raise af.error from None
+                return self._refuse(start_response, problem_of(af))
+            except OncelyError as e:
+                return self._refuse(start_response, http.Problem.from_error(e))
+            if run.led:
+                return run.respond_captured()
+            return self._replay(start_response, environ, scoped, done.value)
+
+    def _read_body(self, environ: Environ) -> Union[bytes, http.Problem]:
+        cap = self._s.request_cap
+        stream = environ.get("wsgi.input")
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return http.Problem.request_body_unreadable("the Content-Length is not a number")
+        if length > cap:
+            return http.Problem.request_too_large(cap)
+        try:
+            if stream is None:
+                return b""
+            if length or not environ.get("wsgi.input_terminated"):
+                data = stream.read(length) if length else b""
+            else:
+                data = stream.read(cap + 1)
+        except Exception as e:
+            return http.Problem.request_body_unreadable(str(e) or type(e).__name__)
+        if len(data) > cap:
+            return http.Problem.request_too_large(cap)
+        if length and len(data) < length:
+            return http.Problem.request_body_unreadable("the body ended early")
+        return bytes(data)
+
+    def _refuse(self, start_response: StartResponse, problem: http.Problem) -> list[bytes]:
+        self._s.counters.bump("refused")
+        status, headers, body = problem_head(problem)
+        start_response(_status_line(status), _text_headers(headers))
+        return [body]
+
+    def _replay(
+        self, start_response: StartResponse, environ: Environ, scoped: ScopedKey, record: Any
+    ) -> list[bytes]:
+        try:
+            status, headers, body = replay_head(record)
+        except OncelyError as e:
+            return self._refuse(start_response, http.Problem.from_error(e))
+        self._s.replayed(environ, scoped)
+        start_response(_status_line(status), _text_headers(headers))
+        return [body]
+
+
+class _Lead:
+    """One request's run of the app under its key, on the request's thread: the
+    response is captured (up to the body cap) for the store; past the cap it is
+    written to the client as it comes, before the action ends."""
+
+    def __init__(self, app: WSGIApp, s: Settings, environ: Environ, start_response: StartResponse) -> None:
+        self.app = app
+        self.s = s
+        self.environ = environ
+        self.real_start = start_response
+        self.led = False
+        self.status: Optional[str] = None
+        self.headers: list[tuple[str, str]] = []
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.write: Optional[Callable[[bytes], object]] = None  # set once streaming
+
+    def start_response(
+        self, status: str, headers: list[tuple[str, str]], exc_info: Any = None
+    ) -> Callable[[bytes], object]:
+        if self.write is not None:
+            return self.real_start(status, headers, exc_info)
+        self.status, self.headers = status, list(headers)
+        return self.take
+
+    def take(self, chunk: bytes) -> None:
+        if self.write is not None:
+            self.write(chunk)
+            return
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        if not self.s.contract.body_fits(self.size):
+            assert self.status is not None
+            self.write = self.real_start(self.status, self.headers)
+            data, self.chunks = b"".join(self.chunks), []
+            self.write(data)
+
+    def action(self) -> bytes:
+        self.led = True
+        counters = self.s.counters
+        counters.bump("led")
+        try:
+            result = self.app(self.environ, self.start_response)
+            try:
+                for chunk in result:
+                    if chunk:
+                        self.take(chunk)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        except Exception as e:
+            counters.bump("not_stored")
+            if self.write is not None:
+                raise Streamed(self, e) from None
+            raise AppFailed(self, e) from None
+        if self.write is not None:
+            counters.bump("not_stored")
+            raise Streamed(self, None)
+        if self.status is None:
+            counters.bump("not_stored")
+            raise AppFailed(self, RuntimeError("the app returned without calling start_response"))
+        code = int(self.status.split(" ", 1)[0])
+        raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
+        record = self.s.record(code, raw, b"".join(self.chunks))
+        if not http.storable_status(code):
+            counters.bump("not_stored")
+            raise Unstored(self, record)
+        counters.bump("stored")
+        return record
+
+    def respond_captured(self) -> list[bytes]:
+        """The app's own response (every header it set), for the leader's client."""
+        assert self.status is not None
+        self.real_start(self.status, self.headers)
+        return [b"".join(self.chunks)]

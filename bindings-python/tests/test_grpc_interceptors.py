@@ -1,0 +1,271 @@
+"""oncely.grpc.IdempotencyInterceptor (grpcio thread-pool server) and
+oncely.grpc.aio.IdempotencyInterceptor (grpc.aio server), on 127.0.0.1 with grpcio
+clients: concurrent duplicates, key problems, reused keys, no-wait pushback, final and
+retryable statuses, a raising handler, a call dropped by its client and retried."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator
+
+import oncely
+import pytest
+
+grpc = pytest.importorskip("grpc")
+aio = pytest.importorskip("grpc.aio")
+
+from oncely.grpc import IdempotencyInterceptor  # noqa: E402
+from oncely.grpc.aio import IdempotencyInterceptor as AioInterceptor  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+METHOD = "/shop.Orders/Create"
+KEY = "x-idempotency-key"
+
+
+def _dumps(v: Any) -> bytes:
+    return json.dumps(v, separators=(",", ":")).encode()
+
+
+class Orders:
+    """Counts calls; the request's ``do`` says what call n does: ``ok`` (default),
+    ``sleep`` seconds first, ``abort`` with a code name, ``raise``."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def begin(self) -> int:
+        with self.lock:
+            self.calls += 1
+            return self.calls
+
+
+def sync_server(orders: Orders, **kw: Any) -> Any:
+    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
+        n = orders.begin()
+        time.sleep(request.get("sleep", 0))
+        if "abort" in request:
+            context.abort(getattr(grpc.StatusCode, request["abort"]), f"call {n} aborted")
+        if request.get("raise"):
+            raise RuntimeError("the handler failed")
+        return {"call": n, "sku": request.get("sku")}
+
+    handler = grpc.method_handlers_generic_handler(
+        "shop.Orders",
+        {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)},
+    )
+    interceptor = IdempotencyInterceptor(store=kw.pop("store", oncely.IdempotencyStore()), **kw)
+    server = grpc.server(ThreadPoolExecutor(max_workers=64), interceptors=[interceptor])
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port, interceptor
+
+
+async def aio_server(orders: Orders, **kw: Any) -> Any:
+    async def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
+        n = orders.begin()
+        await asyncio.sleep(request.get("sleep", 0))
+        if "abort" in request:
+            await context.abort(getattr(grpc.StatusCode, request["abort"]), f"call {n} aborted")
+        if request.get("raise"):
+            raise RuntimeError("the handler failed")
+        return {"call": n, "sku": request.get("sku")}
+
+    handler = grpc.method_handlers_generic_handler(
+        "shop.Orders",
+        {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)},
+    )
+    interceptor = AioInterceptor(store=kw.pop("store", oncely.IdempotencyStore()), **kw)
+    server = aio.server(interceptors=[interceptor])
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port, interceptor
+
+
+def _replayed(trailing: Any) -> bool:
+    return any(k == "idempotent-replayed" and v == "true" for k, v in trailing or ())
+
+
+@pytest.fixture
+def sync_orders() -> Iterator[Callable[..., Any]]:
+    servers: list[Any] = []
+
+    def start(**kw: Any) -> Any:
+        orders = Orders()
+        server, port, interceptor = sync_server(orders, **kw)
+        servers.append(server)
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+        return orders, call, interceptor
+
+    yield start
+    for s in servers:
+        s.stop(None)
+
+
+def _store(kind: str) -> Any:
+    if kind == "redis":
+        url = os.environ.get("ONCELY_REDIS_URL")
+        if not url:
+            pytest.skip("needs ONCELY_REDIS_URL (scripts/with-redis)")
+        return oncely.RedisStore(url, prefix=f"grpc-{uuid.uuid4().hex}")
+    return oncely.IdempotencyStore()
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+def test_sync_concurrent_duplicates_run_once(sync_orders: Callable[..., Any], store_kind: str) -> None:
+    orders, call, interceptor = sync_orders(store=_store(store_kind))
+    md = ((KEY, "order-0001"),)
+
+    def one(_: int) -> Any:
+        return call.with_call({"sku": "A1", "sleep": 0.2}, metadata=md, timeout=30)
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        results = list(pool.map(one, range(50)))
+    assert orders.calls == 1
+    assert {json.dumps(r) for r, _ in results} == {json.dumps({"call": 1, "sku": "A1"})}
+    assert sum(_replayed(c.trailing_metadata()) for _, c in results) == 49
+    snap = interceptor.counters()
+    assert (snap.led, snap.stored, snap.replayed) == (1, 1, 49)
+
+
+def test_sync_key_problems_and_reuse(sync_orders: Callable[..., Any]) -> None:
+    orders, call, _ = sync_orders()
+    for md in ((), ((KEY, "bad key!"),)):
+        with pytest.raises(grpc.RpcError) as info:
+            call({"sku": "A1"}, metadata=md, timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    md = ((KEY, "order-0001"),)
+    assert call({"sku": "A1"}, metadata=md, timeout=10) == {"call": 1, "sku": "A1"}
+    with pytest.raises(grpc.RpcError) as reused:
+        call({"sku": "B2"}, metadata=md, timeout=10)
+    assert reused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert orders.calls == 1
+
+
+def test_sync_final_status_stored_retryable_not(sync_orders: Callable[..., Any]) -> None:
+    orders, call, _ = sync_orders()
+    final = ((KEY, "order-0001"),)
+    for _ in range(2):
+        with pytest.raises(grpc.RpcError) as info:
+            call({"abort": "NOT_FOUND"}, metadata=final, timeout=10)
+        assert (info.value.code(), info.value.details()) == (grpc.StatusCode.NOT_FOUND, "call 1 aborted")
+    assert _replayed(info.value.trailing_metadata())
+    retryable = ((KEY, "order-0002"),)
+    for n in (2, 3):
+        with pytest.raises(grpc.RpcError) as info:
+            call({"abort": "UNAVAILABLE"}, metadata=retryable, timeout=10)
+        assert info.value.details() == f"call {n} aborted"
+    with pytest.raises(grpc.RpcError) as raised:
+        call({"raise": True}, metadata=((KEY, "order-0003"),), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.UNKNOWN
+    assert call({}, metadata=((KEY, "order-0003"),), timeout=10) == {"call": 5, "sku": None}
+    assert orders.calls == 5
+
+
+def test_sync_no_wait_is_aborted_with_pushback(sync_orders: Callable[..., Any]) -> None:
+    orders, call, _ = sync_orders(wait=False)
+    md = ((KEY, "order-0001"),)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(call, {"sleep": 1.5}, metadata=md, timeout=10)
+        while orders.calls == 0:
+            time.sleep(0.005)
+        with pytest.raises(grpc.RpcError) as info:
+            call({"sleep": 1.5}, metadata=md, timeout=10)
+        assert info.value.code() == grpc.StatusCode.ABORTED
+        assert any(k == "grpc-retry-pushback-ms" for k, _ in info.value.trailing_metadata())
+        assert first.result(10) == {"call": 1, "sku": None}
+
+
+def test_sync_dropped_call_retried_gives_one_effect(sync_orders: Callable[..., Any]) -> None:
+    orders, call, _ = sync_orders()
+    md = ((KEY, "order-0001"),)
+    with pytest.raises(grpc.RpcError) as info:
+        call({"sku": "A1", "sleep": 0.5}, metadata=md, timeout=0.1)  # the client gives up
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    got, c = call.with_call({"sku": "A1", "sleep": 0.5}, metadata=md, timeout=10)
+    assert got == {"call": 1, "sku": "A1"} and orders.calls == 1
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+async def test_aio_concurrent_duplicates_and_problems(store_kind: str) -> None:
+    orders = Orders()
+    server, port, interceptor = await aio_server(orders, store=_store(store_kind))
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+            md = ((KEY, "order-0001"),)
+            calls = [call({"sku": "A1", "sleep": 0.2}, metadata=md, timeout=30) for _ in range(100)]
+            replies = await asyncio.gather(*calls)
+            trailers = await asyncio.gather(*(c.trailing_metadata() for c in calls))
+            assert orders.calls == 1 and all(r == {"call": 1, "sku": "A1"} for r in replies)
+            assert sum(_replayed(t) for t in trailers) == 99
+            with pytest.raises(aio.AioRpcError) as missing:
+                await call({"sku": "A1"}, timeout=10)
+            assert missing.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(aio.AioRpcError) as reused:
+                await call({"sku": "B2"}, metadata=md, timeout=10)
+            assert reused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            for _ in range(2):
+                with pytest.raises(aio.AioRpcError) as final:
+                    await call({"abort": "ALREADY_EXISTS"}, metadata=((KEY, "order-0002"),), timeout=10)
+                assert (final.value.code(), final.value.details()) == (grpc.StatusCode.ALREADY_EXISTS, "call 2 aborted")
+            with pytest.raises(aio.AioRpcError) as raised:
+                await call({"raise": True}, metadata=((KEY, "order-0003"),), timeout=10)
+            assert raised.value.code() == grpc.StatusCode.UNKNOWN
+            assert await call({}, metadata=((KEY, "order-0003"),), timeout=10) == {"call": 4, "sku": None}
+    finally:
+        await server.stop(None)
+    assert interceptor.counters().replayed == 100
+
+
+async def test_aio_cancelled_call_keeps_running_and_the_retry_gets_its_answer() -> None:
+    orders = Orders()
+    server, port, _ = await aio_server(orders)
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+            md = ((KEY, "order-0001"),)
+            with pytest.raises(aio.AioRpcError) as info:
+                await call({"sku": "A1", "sleep": 0.5}, metadata=md, timeout=0.1)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            retry = call({"sku": "A1", "sleep": 0.5}, metadata=md, timeout=10)
+            assert await retry == {"call": 1, "sku": "A1"}
+            assert _replayed(await retry.trailing_metadata())
+    finally:
+        await server.stop(None)
+    assert orders.calls == 1
+
+
+async def test_aio_no_wait_is_aborted_with_pushback() -> None:
+    orders = Orders()
+    server, port, _ = await aio_server(orders, wait=False)
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+            md = ((KEY, "order-0001"),)
+            first = asyncio.ensure_future(call({"sleep": 1.5}, metadata=md, timeout=10))
+            while orders.calls == 0:
+                await asyncio.sleep(0.005)
+            with pytest.raises(aio.AioRpcError) as info:
+                await call({"sleep": 1.5}, metadata=md, timeout=10)
+            assert info.value.code() == grpc.StatusCode.ABORTED
+            assert any(k == "grpc-retry-pushback-ms" for k, _ in info.value.trailing_metadata())
+            assert await first == {"call": 1, "sku": None}
+    finally:
+        await server.stop(None)
+
+
+def test_streaming_and_uncovered_methods_pass_through(sync_orders: Callable[..., Any]) -> None:
+    orders, call, interceptor = sync_orders(methods=["/shop.Orders/Other"])
+    assert call({"sku": "A1"}, timeout=10) == {"call": 1, "sku": "A1"}
+    assert call({"sku": "A1"}, timeout=10) == {"call": 2, "sku": "A1"}
+    assert interceptor.counters().led == 0
