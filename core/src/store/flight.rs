@@ -4,6 +4,12 @@
 //! Waiting costs no thread and no polling: a waiter leaves its waker in the flight
 //! (one slot per waiter, reused when it is polled again, freed for the next waiter
 //! when it is dropped) and the leader wakes them all when it settles the flight.
+//!
+//! Hand-written rather than built on `event-listener` / `async-lock` (the crates one
+//! would reach for): with them each waiter cost a heap-allocated listener, an intrusive
+//! list insert and remove, and a second lock to read the result (3,180 instructions and
+//! 302 ns per waiter among 10,000); keeping the result and the wakers under one lock
+//! made it 1,566 instructions and 204 ns (docs/BENCHMARKS.md, "10,000 waiters").
 
 use std::fmt;
 use std::future::Future;
