@@ -65,6 +65,13 @@ impl PyServerConfig {
         self.inner.stores_header(name)
     }
 
+    /// Whether the response header `name` (any case) is given to the duplicates that
+    /// waited for a response that is not stored (every header but the never-stored
+    /// ones; `set-cookie` only when stored).
+    fn shares_header(&self, name: &str) -> bool {
+        self.inner.shares_header(name)
+    }
+
     /// Whether the gRPC response metadata `name` is stored.
     fn stores_grpc_header(&self, name: &str) -> bool {
         self.inner.stores_grpc_header(name)
@@ -167,6 +174,13 @@ pub fn is_json(content_type: &str) -> bool {
     http::is_json(content_type)
 }
 
+/// Whether the content type is an event stream (`text/event-stream`): sent as it is
+/// produced, never read ahead to the cap.
+#[pyfunction]
+pub fn is_event_stream(content_type: &str) -> bool {
+    http::is_event_stream(content_type)
+}
+
 /// Whether the content type is gRPC.
 #[pyfunction]
 pub fn is_grpc(content_type: &str) -> bool {
@@ -249,6 +263,14 @@ impl PyProblem {
     fn request_body_unreadable(detail: &str) -> Self {
         PyProblem {
             inner: http::Problem::request_body_unreadable(detail),
+        }
+    }
+
+    /// The tenant function gave a tenant no key can be scoped by (500).
+    #[staticmethod]
+    fn tenant_unusable(reason: &str) -> Self {
+        PyProblem {
+            inner: http::Problem::tenant_unusable(reason),
         }
     }
 
@@ -365,6 +387,7 @@ pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storable_grpc_status, m)?)?;
     m.add_function(wrap_pyfunction!(is_json, m)?)?;
     m.add_function(wrap_pyfunction!(is_grpc, m)?)?;
+    m.add_function(wrap_pyfunction!(is_event_stream, m)?)?;
     m.add_function(wrap_pyfunction!(encode_response, m)?)?;
     m.add_function(wrap_pyfunction!(decode_response, m)?)?;
     m.add("HTTP_KEY_HEADER", http::KEY_HEADER)?;

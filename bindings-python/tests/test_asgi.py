@@ -467,3 +467,137 @@ async def test_hypercorn_concurrent_duplicates_and_a_client_that_goes_away() -> 
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             retry = await client.post("/orders", headers={**POST, "idempotency-key": "order-0002"}, content=body)
         assert (retry.status_code, retry.json(), handler.calls) == (201, {"call": 2}, 2)
+
+
+class _CompleteFails:
+    """A store that runs the action, then cannot keep its outcome (as a store that
+    became unreachable, or whose lease was lost, while the app ran)."""
+
+    async def execute(self, scoped: Any, fp: str, fn: Any, /, *, wait: bool = True) -> Any:
+        await fn()
+        raise oncely.StoreUnavailableError("unavailable: the store went away")
+
+
+async def test_a_response_the_store_cannot_keep_is_still_the_answer(server: tuple[Server, Dispatch]) -> None:
+    srv, dispatch = server
+    handler = Handler()
+    dispatch.app = _middleware_app(starlette_app(handler), _CompleteFails(), {})
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+        r = await client.post("/orders", headers=POST, content=b"{}")
+    # Not a 503 inviting a retry that would run the app again.
+    assert (r.status_code, r.json(), r.headers["etag"], handler.calls) == (201, {"call": 1}, '"call-1"', 1)
+
+
+async def test_an_app_that_raises_after_its_whole_response_is_answered_and_stored(
+    server: tuple[Server, Dispatch],
+) -> None:
+    from starlette.background import BackgroundTask
+
+    srv, dispatch = server
+    calls = 0
+
+    def after() -> None:
+        raise RuntimeError("the background task failed")
+
+    async def create(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        return Response(b'{"id":1}', status_code=201, background=BackgroundTask(after))
+
+    app = Starlette(routes=[Route("/orders", create, methods=["POST"])])
+    dispatch.app = _middleware_app(app, oncely.IdempotencyStore(), {})
+    # The server closes a connection whose app raised: one client per request.
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+        first = await client.post("/orders", headers=POST, content=b"{}")
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+        retry = await client.post("/orders", headers=POST, content=b"{}")
+    assert (first.status_code, first.content) == (201, b'{"id":1}')
+    assert (retry.status_code, retry.content, retry.headers["idempotent-replayed"]) == (201, b'{"id":1}', "true")
+    assert calls == 1
+
+
+async def test_messages_a_server_refuses_are_not_stored(server: tuple[Server, Dispatch]) -> None:
+    srv, dispatch = server
+    calls = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal calls
+        calls += 1
+        await receive()
+        if scope["path"] == "/twice":
+            # A second start: a server refuses it, so it must not replace the first.
+            await send({"type": "http.response.start", "status": 201, "headers": []})
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"second"})
+        else:
+            # A body after the last one: the response is the first body alone.
+            await send({"type": "http.response.start", "status": 201, "headers": []})
+            await send({"type": "http.response.body", "body": b"whole"})
+            await send({"type": "http.response.body", "body": b"-extra"})
+
+    dispatch.app = IdempotencyMiddleware(app, store=oncely.IdempotencyStore())
+
+    async def post(path: str) -> Any:
+        # The server closes a connection whose app raised: one client per request.
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+            return await client.post(path, headers=POST, content=b"{}")
+
+    twice = await post("/twice")
+    again = await post("/twice")
+    assert twice.status_code == 500 and again.headers.get("idempotent-replayed") is None
+    assert calls == 2
+    extra = await post("/extra")
+    replay = await post("/extra")
+    assert (extra.status_code, extra.content) == (201, b"whole")
+    assert (replay.content, replay.headers["idempotent-replayed"], calls) == (b"whole", "true", 3)
+
+
+async def test_an_event_stream_reaches_its_client_as_it_is_produced(server: tuple[Server, Dispatch]) -> None:
+    srv, dispatch = server
+    calls = 0
+    go_on = asyncio.Event()
+    loop_of_server: list[asyncio.AbstractEventLoop] = []
+
+    async def stream(request: Request) -> StreamingResponse:
+        nonlocal calls
+        calls += 1
+        loop_of_server.append(asyncio.get_running_loop())
+
+        async def events() -> Any:
+            yield b"data: first\n\n"  # far below the cap: never read ahead to it
+            await asyncio.wait_for(go_on.wait(), 20)
+            yield b"data: second\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/orders", stream, methods=["POST"])])
+    dispatch.app = _middleware_app(app, oncely.IdempotencyStore(), {})
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+        async with client.stream("POST", "/orders", headers=POST, content=b"{}") as r:
+            chunks = r.aiter_raw()
+            first = await asyncio.wait_for(chunks.__anext__(), 10)  # before the stream ends
+            assert first.startswith(b"data: first")
+            loop_of_server[0].call_soon_threadsafe(go_on.set)
+            rest = b"".join([c async for c in chunks])
+        assert (first + rest) == b"data: first\n\ndata: second\n\n"
+        again = await client.post("/orders", headers=POST, content=b"{}")
+    assert again.headers.get("idempotent-replayed") is None and calls == 2
+
+
+async def test_waiters_of_a_response_not_stored_get_all_its_shared_headers(server: tuple[Server, Dispatch]) -> None:
+    srv, dispatch = server
+    handler = Handler()
+    dispatch.app = _middleware_app(starlette_app(handler), oncely.IdempotencyStore(), {})
+    respond = json.dumps({"status": 503, "delay_ms": 300})
+    headers = {**POST, "x-respond": respond}
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+        first = asyncio.ensure_future(client.post("/orders", headers=headers, content=b"{}"))
+        while handler.calls == 0:
+            await asyncio.sleep(0.005)
+        waiters = await asyncio.gather(*(client.post("/orders", headers=POST, content=b"{}") for _ in range(5)))
+        await first
+    assert handler.calls == 1
+    for w in waiters:
+        assert (w.status_code, w.headers["idempotent-replayed"]) == (503, "true")
+        # The whole answer but the never-stored headers (set-cookie is not listed).
+        assert (w.headers.get("x-call"), w.headers.get("set-cookie")) == ("1", None)

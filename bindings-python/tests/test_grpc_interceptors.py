@@ -269,3 +269,46 @@ def test_streaming_and_uncovered_methods_pass_through(sync_orders: Callable[...,
     assert call({"sku": "A1"}, timeout=10) == {"call": 1, "sku": "A1"}
     assert call({"sku": "A1"}, timeout=10) == {"call": 2, "sku": "A1"}
     assert interceptor.counters().led == 0
+
+
+class _CompleteFails:
+    """A store that runs the action, then cannot keep its outcome (as a store that
+    became unreachable, or whose lease was lost, while the handler ran)."""
+
+    def execute_sync(self, scoped: Any, fp: str, fn: Any, /, *, wait: bool = True) -> Any:
+        fn()
+        raise oncely.StoreUnavailableError("unavailable: the store went away")
+
+    async def execute(self, scoped: Any, fp: str, fn: Any, /, *, wait: bool = True) -> Any:
+        await fn()
+        raise oncely.StoreUnavailableError("unavailable: the store went away")
+
+
+def test_sync_an_answer_the_store_cannot_keep_is_still_the_answer(sync_orders: Callable[..., Any]) -> None:
+    orders, call, _ = sync_orders(store=_CompleteFails())
+    # Not UNAVAILABLE, which a client retries, running the handler again.
+    assert call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30) == {"call": 1, "sku": "A1"}
+    with pytest.raises(grpc.RpcError) as info:
+        call({"abort": "NOT_FOUND"}, metadata=((KEY, "order-0002"),), timeout=30)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert orders.calls == 2
+
+
+async def test_aio_an_answer_the_store_cannot_keep_is_still_the_answer() -> None:
+    orders = Orders()
+    server, port, _ = await aio_server(orders, store=_CompleteFails())
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+            assert await call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30) == {"call": 1, "sku": "A1"}
+    finally:
+        await server.stop(None)
+    assert orders.calls == 1
+
+
+def test_sync_an_unusable_tenant_is_internal_not_invalid_argument(sync_orders: Callable[..., Any]) -> None:
+    orders, call, _ = sync_orders(tenant=lambda context: "")
+    with pytest.raises(grpc.RpcError) as info:
+        call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30)
+    # The tenant is the server's fault, not the client's key.
+    assert info.value.code() == grpc.StatusCode.INTERNAL and orders.calls == 0

@@ -79,6 +79,7 @@ def test_http_server_unit(case: dict[str, Any]) -> None:
         assert http.storable_status(case["status"]) is case["storable"]
     elif op == "header":
         assert _config(case).stores_header(case["name"]) is case["stored"]
+        assert _config(case).shares_header(case["name"]) is case["shared"]
     elif op == "record":
         r = case["response"]
         headers, trailers = _pairs(r["headers"]), _pairs(r["trailers"])
@@ -111,6 +112,8 @@ def test_http_server_unit(case: dict[str, Any]) -> None:
         assert meta.get("grpc-retry-pushback-ms") == case["grpc_retry_pushback_ms"]
     elif op == "is_grpc":
         assert http.is_grpc(case["content_type"]) is case["grpc"]
+    elif op == "is_event_stream":
+        assert http.is_event_stream(case["content_type"]) is case["event_stream"]
     else:
         raise AssertionError(f"unknown op {op}")
 
@@ -120,6 +123,7 @@ def test_every_unit_op_is_run() -> None:
     assert ops == {
         "covers", "read_key", "scope", "fingerprint", "status", "header", "record",
         "record_decode", "problem", "covers_grpc", "grpc_status", "grpc_problem", "is_grpc",
+        "is_event_stream",
     }
 
 
@@ -142,6 +146,10 @@ def test_constants_and_config() -> None:
     assert c.body_fits(10) and not c.body_fits(11)
     with pytest.raises(oncely.InvalidArgumentError):
         http.ServerConfig(methods=["bad method"])
+    unusable = http.Problem.tenant_unusable("empty")
+    assert (unusable.status, unusable.type, unusable.code) == (
+        500, "urn:oncely:problem:tenant-unusable", "INTERNAL"
+    )
     too_large = http.Problem.request_too_large(5)
     assert (too_large.status, too_large.type) == (413, "urn:oncely:problem:request-too-large")
 

@@ -272,3 +272,97 @@ def test_a_streaming_response_passes_through_and_holds_the_key(server: tuple[str
         again = dup.result(30)
     assert again.headers.get("idempotent-replayed") is None and again.content == b"data: first\n\ndata: second\n\n"
     assert calls == 2
+
+
+class _CompleteFails:
+    """A store that runs the action, then cannot keep its outcome (as a store that
+    became unreachable, or whose lease was lost, while the app ran)."""
+
+    def execute_sync(self, scoped: Any, fp: str, fn: Any, /, *, wait: bool = True) -> Any:
+        fn()
+        raise oncely.StoreUnavailableError("unavailable: the store went away")
+
+
+def test_a_response_the_store_cannot_keep_is_still_the_answer(server: tuple[str, Dispatch]) -> None:
+    url, dispatch = server
+    handler = Handler()
+    dispatch.app = flask_app(handler, _CompleteFails(), {})
+    r = requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30)
+    # Not a 503 inviting a retry that would run the app again.
+    assert (r.status_code, r.json(), r.headers["etag"], handler.calls) == (201, {"call": 1}, '"call-1"', 1)
+
+
+def test_a_close_that_raises_after_the_whole_body_is_answered_and_stored(server: tuple[str, Dispatch]) -> None:
+    url, dispatch = server
+    calls = 0
+
+    class Body:
+        def __iter__(self) -> Iterator[bytes]:
+            yield b'{"id":1}'
+
+        def close(self) -> None:
+            raise RuntimeError("a teardown failed")
+
+    def app(environ: Any, start_response: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        environ["wsgi.input"].read()
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return Body()
+
+    dispatch.app = IdempotencyMiddleware(app, store=oncely.IdempotencyStore())
+    first = requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30)
+    retry = requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30)
+    assert (first.status_code, first.content) == (201, b'{"id":1}')
+    assert (retry.status_code, retry.content, retry.headers["idempotent-replayed"]) == (201, b'{"id":1}', "true")
+    assert calls == 1
+
+
+def test_an_event_stream_reaches_its_client_as_it_is_produced(server: tuple[str, Dispatch]) -> None:
+    url, dispatch = server
+    calls = 0
+    go_on = threading.Event()
+    app = flask.Flask("oncely-sse")
+
+    @app.post("/orders")
+    def stream() -> Any:
+        nonlocal calls
+        calls += 1
+
+        def events() -> Iterator[bytes]:
+            yield b"data: first\n\n"  # far below the cap: never read ahead to it
+            assert go_on.wait(20)
+            yield b"data: second\n\n"
+
+        return flask.Response(events(), mimetype="text/event-stream")
+
+    app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, store=oncely.IdempotencyStore())  # type: ignore[method-assign]
+    dispatch.app = app
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with requests.post(url + "/orders", headers=POST, data=b"{}", stream=True, timeout=30) as r:
+            got = pool.submit(r.raw.read, len(b"data: first\n\n"))
+            try:
+                assert got.result(10) == b"data: first\n\n"  # before the stream ends
+            finally:
+                go_on.set()
+            rest = r.raw.read()
+        assert rest == b"data: second\n\n"
+    again = requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30)
+    assert again.headers.get("idempotent-replayed") is None and calls == 2
+
+
+def test_waiters_of_a_response_not_stored_get_all_its_shared_headers(server: tuple[str, Dispatch]) -> None:
+    url, dispatch = server
+    handler = Handler()
+    dispatch.app = flask_app(handler, oncely.IdempotencyStore(), {})
+    headers = {**POST, "x-respond": json.dumps({"status": 503, "delay_ms": 300})}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        first = pool.submit(requests.post, url + "/orders", headers=headers, data=b"{}", timeout=30)
+        while handler.calls == 0:
+            time.sleep(0.005)
+        waiters = list(pool.map(lambda _: requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30), range(5)))
+        first.result(30)
+    assert handler.calls == 1
+    for w in waiters:
+        assert (w.status_code, w.headers["idempotent-replayed"]) == (503, "true")
+        assert (w.headers.get("x-call"), w.headers.get("set-cookie")) == ("1", None)

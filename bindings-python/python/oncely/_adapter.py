@@ -156,14 +156,30 @@ class Settings:
             return t
         return t(request)
 
-    def record(self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> bytes:
-        """The stored-response record of a response: the headers the contract keeps."""
+    def record(
+        self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes, *, stored: bool = True
+    ) -> bytes:
+        """The record of a response: with the headers the contract stores, or, for a
+        response that is not stored (``stored=False``: it only reaches the duplicates
+        waiting now), with every header it shares."""
+        keep = self.contract.stores_header if stored else self.contract.shares_header
         kept: Headers = []
         for name, value in headers:
             n = name.decode("latin-1").lower()
-            if self.contract.stores_header(n):
+            if keep(n):
                 kept.append((n, bytes(value)))
         return http.encode_response(status, kept, body)
+
+    def scoped(self, request: Any, method: str, route: str, key: str) -> Union[ScopedKey, http.Problem]:
+        """The scoped key of a request, or the problem to answer with: a tenant no key
+        can be scoped by is the server's fault (500 ``tenant-unusable``)."""
+        tenant = self.tenant_of(request)
+        try:
+            return http.scope(tenant, method, route, key)
+        except OncelyError as e:
+            if getattr(e, "field", None) == "tenant":
+                return http.Problem.tenant_unusable(str(e))
+            return http.Problem.from_error(e)
 
     def replayed(self, request: Any, scoped: ScopedKey) -> None:
         self.counters.bump("replayed")

@@ -159,11 +159,10 @@ class IdempotencyMiddleware:
             return
         raw_path = scope.get("raw_path")
         path = raw_path.decode("latin-1") if raw_path else scope["path"]
-        try:
-            route = s.route(scope) if s.route is not None else None
-            scoped = http.scope(s.tenant_of(scope), method, route or path, decision)
-        except OncelyError as e:
-            await self._refuse(send, http.Problem.from_error(e))
+        route = s.route(scope) if s.route is not None else None
+        scoped = s.scoped(scope, method, route or path, decision)
+        if isinstance(scoped, http.Problem):
+            await self._refuse(send, scoped)
             return
         if s.fingerprint is not None:
             fp = s.fingerprint(scope, body)
@@ -180,7 +179,7 @@ class IdempotencyMiddleware:
                 done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:
-                    await run.send_captured()
+                    await run.finish()
                 else:
                     await self._replay(send, scope, scoped, u.record)
                 return
@@ -196,10 +195,16 @@ class IdempotencyMiddleware:
                 await self._refuse(send, problem_of(af))
                 return
             except OncelyError as e:
-                await self._refuse(send, http.Problem.from_error(e))
+                if run.answered:
+                    # The app has run: its response is the answer even when it could
+                    # not be stored (store unreachable, lease lost). A problem instead
+                    # would invite a retry, which would run the app again.
+                    await run.finish()
+                else:
+                    await self._refuse(send, http.Problem.from_error(e))
                 return
             if run.led:
-                await run.send_captured()
+                await run.finish()
             else:
                 await self._replay(send, scope, scoped, done.value)
             return
@@ -244,6 +249,13 @@ class IdempotencyMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
+def _event_stream(start: Message) -> bool:
+    for name, value in start.get("headers") or ():
+        if name.lower() == b"content-type":
+            return http.is_event_stream(value.decode("latin-1"))
+    return False
+
+
 class _Lead:
     """One request's run of the app under its key: the app gets the body read once,
     and its response is captured (up to the body cap) for the store."""
@@ -263,6 +275,10 @@ class _Lead:
         self.size = 0
         self.complete = False
         self.streaming = False
+        # Set once the app has produced a whole response (the answer, stored or not).
+        self.answered = False
+        # What the app raised after its response was whole, raised once it is sent.
+        self.late_error: Optional[BaseException] = None
 
     async def action(self) -> bytes:
         self.led = True
@@ -271,10 +287,16 @@ class _Lead:
         try:
             await self.app(self.scope, self.receive, self.send)
         except Exception as e:
-            counters.bump("not_stored")
             if self.streaming:
+                counters.bump("not_stored")
                 raise Streamed(self, e) from None
-            raise AppFailed(self, e) from None
+            if self.start is None or not self.complete:
+                counters.bump("not_stored")
+                raise AppFailed(self, e) from None
+            # The response was whole before the app raised (e.g. in a background task
+            # run after it): it is the answer, as a server would have sent it, and
+            # the app is not run again for a retry.
+            self.late_error = e
         if self.streaming:
             counters.bump("not_stored")
             raise Streamed(self, None)
@@ -282,8 +304,11 @@ class _Lead:
             counters.bump("not_stored")
             raise AppFailed(self, RuntimeError("the app returned without a whole response"))
         status = int(self.start["status"])
-        record = self.s.record(status, self.start.get("headers") or (), b"".join(self.chunks))
-        if not http.storable_status(status):
+        storable = http.storable_status(status)
+        headers = self.start.get("headers") or ()
+        record = self.s.record(status, headers, b"".join(self.chunks), stored=storable)
+        self.answered = True
+        if not storable:
             counters.bump("not_stored")
             raise Unstored(self, record)
         counters.bump("stored")
@@ -300,10 +325,16 @@ class _Lead:
             await self.real_send(message)
             return
         kind = message["type"]
+        if self.complete or (kind == "http.response.start" and self.start is not None):
+            # What a server refuses (a second start, a message after the last body)
+            # is refused here too, rather than stored in place of the first response.
+            raise RuntimeError(f"unexpected ASGI message {kind!r}: the response has begun or ended")
         if kind == "http.response.start":
             self.start = message
-            if message.get("trailers"):
-                await self._stream()  # trailers are not stored: the response passes through
+            if message.get("trailers") or _event_stream(message):
+                # Trailers are not stored; an event stream is sent as it is produced
+                # (it may stay open with a few small events): both pass through.
+                await self._stream()
             return
         if kind == "http.response.body" and self.start is not None:
             chunk = message.get("body", b"")
@@ -328,8 +359,11 @@ class _Lead:
                 {"type": "http.response.body", "body": body, "more_body": not self.complete}
             )
 
-    async def send_captured(self) -> None:
-        """Sends the app's own response (every header it set) to the leader's client."""
+    async def finish(self) -> None:
+        """Sends the app's own response (every header it set) to the leader's client,
+        then raises what the app raised after that response was whole, if anything."""
         assert self.start is not None
         await self.real_send(self.start)
         await self.real_send({"type": "http.response.body", "body": b"".join(self.chunks)})
+        if self.late_error is not None:
+            raise self.late_error

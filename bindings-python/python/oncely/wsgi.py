@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import io
 from http import HTTPStatus
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 from urllib.parse import quote
 
 from . import http
@@ -139,11 +139,10 @@ class IdempotencyMiddleware:
         # PEP 3333 gives the path decoded, as latin-1 text: its bytes, re-quoted.
         raw = (environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")).encode("latin-1")
         path = quote(raw, safe="/:@!$&'()*+,;=-._~%")
-        try:
-            route = s.route(environ) if s.route is not None else None
-            scoped = http.scope(s.tenant_of(environ), method, route or path, decision)
-        except OncelyError as e:
-            return self._refuse(start_response, http.Problem.from_error(e))
+        route = s.route(environ) if s.route is not None else None
+        scoped = s.scoped(environ, method, route or path, decision)
+        if isinstance(scoped, http.Problem):
+            return self._refuse(start_response, scoped)
         if s.fingerprint is not None:
             fp = s.fingerprint(environ, body)
         else:
@@ -156,7 +155,7 @@ class IdempotencyMiddleware:
                 done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:
-                    return run.respond_captured()
+                    return run.finish()
                 return self._replay(start_response, environ, scoped, u.record)
             except Streamed as st:
                 if st.owner is run:
@@ -169,9 +168,14 @@ class IdempotencyMiddleware:
                     raise af.error from None
                 return self._refuse(start_response, problem_of(af))
             except OncelyError as e:
+                if run.answered:
+                    # The app has run: its response is the answer even when it could
+                    # not be stored (store unreachable, lease lost). A problem instead
+                    # would invite a retry, which would run the app again.
+                    return run.finish()
                 return self._refuse(start_response, http.Problem.from_error(e))
             if run.led:
-                return run.respond_captured()
+                return run.finish()
             return self._replay(start_response, environ, scoped, done.value)
 
     def _read_body(self, environ: Environ) -> Union[bytes, http.Problem]:
@@ -232,6 +236,10 @@ class _Lead:
         self.chunks: list[bytes] = []
         self.size = 0
         self.write: Optional[Callable[[bytes], object]] = None  # set once streaming
+        # Set once the app has produced a whole response (the answer, stored or not).
+        self.answered = False
+        # What the app's close() raised after its body was whole, raised once it is sent.
+        self.late_error: Optional[BaseException] = None
 
     def start_response(
         self, status: str, headers: list[tuple[str, str]], exc_info: Any = None
@@ -239,6 +247,10 @@ class _Lead:
         if self.write is not None:
             return self.real_start(status, headers, exc_info)
         self.status, self.headers = status, list(headers)
+        if any(n.lower() == "content-type" and http.is_event_stream(v) for n, v in self.headers):
+            # An event stream is sent as it is produced (it may stay open with a few
+            # small events), never read ahead to the cap: not stored, like a body over it.
+            self.write = self.real_start(status, self.headers, exc_info)
         return self.take
 
     def take(self, chunk: bytes) -> None:
@@ -263,10 +275,21 @@ class _Lead:
                 for chunk in result:
                     if chunk:
                         self.take(chunk)
-            finally:
+            except BaseException:
                 close = getattr(result, "close", None)
                 if close is not None:
                     close()
+                raise
+            close = getattr(result, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as e:
+                    if self.write is not None or self.status is None:
+                        raise
+                    # The body was whole before close() raised: it is the answer, as a
+                    # server would have sent it, and the app is not run again.
+                    self.late_error = e
         except Exception as e:
             counters.bump("not_stored")
             if self.write is not None:
@@ -280,15 +303,36 @@ class _Lead:
             raise AppFailed(self, RuntimeError("the app returned without calling start_response"))
         code = int(self.status.split(" ", 1)[0])
         raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
-        record = self.s.record(code, raw, b"".join(self.chunks))
-        if not http.storable_status(code):
+        storable = http.storable_status(code)
+        record = self.s.record(code, raw, b"".join(self.chunks), stored=storable)
+        self.answered = True
+        if not storable:
             counters.bump("not_stored")
             raise Unstored(self, record)
         counters.bump("stored")
         return record
 
-    def respond_captured(self) -> list[bytes]:
-        """The app's own response (every header it set), for the leader's client."""
+    def finish(self) -> Iterable[bytes]:
+        """The app's own response (every header it set), for the leader's client; what
+        its close() raised after the body was whole is raised once the body is sent."""
         assert self.status is not None
         self.real_start(self.status, self.headers)
-        return [b"".join(self.chunks)]
+        body = [b"".join(self.chunks)]
+        if self.late_error is None:
+            return body
+        return _RaiseOnClose(body, self.late_error)
+
+
+class _RaiseOnClose:
+    """A response body whose ``close()`` (called by the server once the body is sent)
+    raises ``error``."""
+
+    def __init__(self, body: list[bytes], error: BaseException) -> None:
+        self.body = body
+        self.error = error
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.body)
+
+    def close(self) -> None:
+        raise self.error

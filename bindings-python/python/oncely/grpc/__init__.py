@@ -107,10 +107,9 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             return ser(behavior(deser(raw), context))
         if isinstance(decision, http.Problem):
             self._refuse(context, decision)
-        try:
-            scoped = http.scope(s.tenant_of(context), "POST", method, decision)
-        except OncelyError as e:
-            self._refuse(context, http.Problem.from_error(e))
+        scoped = s.scoped(context, method, decision)
+        if isinstance(scoped, http.Problem):
+            self._refuse(context, scoped)
         fp = http.request_fingerprint("POST", method, "application/grpc", frame(raw))
         run = _Lead(s, behavior, deser, ser, raw, context)
         while True:
@@ -125,6 +124,11 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                     raise af.error from None
                 self._refuse(context, problem_of(af))
             except OncelyError as e:
+                if run.answered:
+                    # The handler has run: its answer stands even when it could not be
+                    # stored (store unreachable, lease lost); a refusal would invite a
+                    # retry that runs it again.
+                    return run.answer()
                 self._refuse(context, http.Problem.from_error(e))
             if run.led:
                 return run.answer()
@@ -169,6 +173,7 @@ class _Lead:
         self.led = False
         self.body = b""
         self.error: Optional[BaseException] = None
+        self.answered = False  # the handler has given its answer (stored or not)
 
     def action(self) -> bytes:
         self.led = True
@@ -182,6 +187,7 @@ class _Lead:
                 counters.bump("not_stored")
                 raise AppFailed(self, e) from None
             self.error = e
+        self.answered = True
         return settle(self, counters, code_of(self.context))
 
     def answer(self) -> bytes:

@@ -12,7 +12,7 @@ from urllib.parse import unquote
 from .. import http
 from .._adapter import CounterSet, Unstored
 from .._oncely import ScopedKey
-from ..errors import StoreUnavailableError
+from ..errors import OncelyError, StoreUnavailableError
 
 grpc: Any = importlib.import_module("grpc")
 
@@ -97,6 +97,16 @@ class GrpcSettings:
         if t is None:
             return http.DEFAULT_TENANT
         return t if isinstance(t, str) else t(context)
+
+    def scoped(self, context: Any, method: str, key: str) -> Union[ScopedKey, http.Problem]:
+        """The scoped key of a call (``POST`` and its full method name), or the problem
+        to answer with (a tenant no key can be scoped by: INTERNAL ``tenant-unusable``)."""
+        try:
+            return http.scope(self.tenant_of(context), "POST", method, key)
+        except OncelyError as e:
+            if getattr(e, "field", None) == "tenant":
+                return http.Problem.tenant_unusable(str(e))
+            return http.Problem.from_error(e)
 
     def key_values(self, context: Any) -> list[bytes]:
         out: list[bytes] = []

@@ -93,10 +93,9 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
             return ser(await _call(behavior, deser(raw), context))
         if isinstance(decision, http.Problem):
             await self._refuse(context, decision)
-        try:
-            scoped = http.scope(s.tenant_of(context), "POST", method, decision)
-        except OncelyError as e:
-            await self._refuse(context, http.Problem.from_error(e))
+        scoped = s.scoped(context, method, decision)
+        if isinstance(scoped, http.Problem):
+            await self._refuse(context, scoped)
         fp = http.request_fingerprint("POST", method, "application/grpc", frame(raw))
         run = _Lead(s, behavior, deser, ser, raw, context)
         while True:
@@ -111,6 +110,11 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
                     raise af.error from None
                 await self._refuse(context, problem_of(af))
             except OncelyError as e:
+                if run.answered:
+                    # The handler has run: its answer stands even when it could not be
+                    # stored (store unreachable, lease lost); a refusal would invite a
+                    # retry that runs it again.
+                    return run.answer()
                 await self._refuse(context, http.Problem.from_error(e))
             if run.led:
                 return run.answer()
@@ -159,6 +163,7 @@ class _Lead:
         self.led = False
         self.body = b""
         self.error: Optional[BaseException] = None
+        self.answered = False  # the handler has given its answer (stored or not)
 
     async def action(self) -> bytes:
         self.led = True
@@ -171,6 +176,7 @@ class _Lead:
                 counters.bump("not_stored")
                 raise AppFailed(self, e) from None
             self.error = e
+        self.answered = True
         return settle(self, counters, code_of(self.context))
 
     def answer(self) -> bytes:
