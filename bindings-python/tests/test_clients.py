@@ -122,3 +122,72 @@ def test_requests_adapter_lost_answer_retried_with_one_key(shop: tuple[str, Loss
     final = session.post(url + "/orders", json={"invalid": True}, timeout=10)
     assert final.status_code == 422 and len(lossy.keys) == 3
     assert len(orders.created) == 1
+
+
+class Early:
+    """Answers the first request 503 at once while its app goes on running (an answer
+    lost before the handler ended), so the retry finds it in progress."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.first = True
+        self.keys: list[str] = []
+        self.tasks: list[Any] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        import asyncio
+
+        if scope["type"] != "http":
+            return
+        self.keys.append(dict(scope["headers"]).get(b"idempotency-key", b"").decode())
+        if not self.first:
+            await self.app(scope, receive, send)
+            return
+        self.first = False
+        request = await receive()  # read before the answer ends the request
+
+        async def replay() -> Any:
+            return request
+
+        async def drop(message: Any) -> None:
+            pass
+
+        self.tasks.append(asyncio.ensure_future(self.app(scope, replay, drop)))
+        await send({"type": "http.response.start", "status": 503, "headers": [(b"retry-after", b"0")]})
+        await send({"type": "http.response.body", "body": b"lost"})
+
+
+@pytest.fixture
+def busy_shop() -> Iterator[tuple[str, Early, Orders]]:
+    import asyncio
+
+    orders = Orders()
+
+    async def slow(request: Any) -> Any:
+        await asyncio.sleep(0.5)
+        return await orders.create(request)
+
+    app = Starlette(routes=[Route("/orders", slow, methods=["POST"])])
+    app.add_middleware(IdempotencyMiddleware, store=oncely.IdempotencyStore(), wait=False)
+    early = Early(app)
+    with Server(early) as srv:
+        yield srv.url, early, orders
+
+
+async def test_httpx_in_progress_answer_is_retried_after_its_delay(busy_shop: tuple[str, Early, Orders]) -> None:
+    url, early, orders = busy_shop
+    transport = oncely.httpx.AsyncRetryTransport(policy=POLICY, deadline=30)
+    async with httpx.AsyncClient(transport=transport, base_url=url, timeout=10) as client:
+        r = await client.post("/orders", json={"sku": "A1"})
+    # Not the 409 of its own earlier attempt, which still ran: that attempt's answer.
+    assert (r.status_code, r.json(), r.headers.get("idempotent-replayed")) == (201, {"id": 1}, "true")
+    assert len(set(early.keys)) == 1 and len(orders.created) == 1
+
+
+def test_requests_in_progress_answer_is_retried_after_its_delay(busy_shop: tuple[str, Early, Orders]) -> None:
+    url, early, orders = busy_shop
+    session = requests.Session()
+    session.mount("http://", oncely.requests.IdempotentAdapter(policy=POLICY, deadline=30))
+    r = session.post(url + "/orders", json={"sku": "A1"}, timeout=10)
+    assert (r.status_code, r.json(), r.headers.get("idempotent-replayed")) == (201, {"id": 1}, "true")
+    assert len(set(early.keys)) == 1 and len(orders.created) == 1

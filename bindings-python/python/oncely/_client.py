@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence, Union
 
 from . import http
+from ._codes import Code
 from ._oncely import Deadline, RetryBudget, RetryPolicy, new_key
 from .retry import OnRetry, Seconds
 
@@ -19,6 +20,22 @@ class ResponseFailure(Exception):
     def __init__(self, response: Any) -> None:
         super().__init__(f"HTTP {response.status_code}")
         self.response = response
+
+
+class _InProgress(ResponseFailure):
+    """A keyed call answered "in progress" (409 + ``Retry-After``, from a server that
+    does not wait for duplicates): an earlier attempt of this call, whose answer was
+    lost, still runs there. Retried after the server's delay: sending the key again
+    gets that attempt's answer and cannot apply the call twice."""
+
+    code = Code.UNAVAILABLE
+
+
+def failure(response: Any, keyed: bool) -> ResponseFailure:
+    """The failure an answer of 400 or more stands for."""
+    if keyed and response.status_code == 409 and "retry-after" in response.headers:
+        return _InProgress(response)
+    return ResponseFailure(response)
 
 
 class _Options:
@@ -38,10 +55,11 @@ class _Options:
             "on_retry": on_retry,
         }
 
-    def prepare(self, headers: Any, method: str) -> bool:
-        """Adds a key to a covered request without one; whether resending is safe."""
+    def prepare(self, headers: Any, method: str) -> tuple[bool, bool]:
+        """Adds a key to a covered request without one; whether resending is safe, and
+        whether the request carries a key."""
         if method in self.methods:
             if http.KEY_HEADER not in headers:
                 headers[http.KEY_HEADER] = new_key()
-            return True
-        return method in _IDEMPOTENT
+            return True, True
+        return method in _IDEMPOTENT, http.KEY_HEADER in headers

@@ -7,7 +7,9 @@ adapter, Stripe, ...) applies it once::
 
 A key the caller set is kept. A response of 400 or more is classified by its status and
 ``Retry-After`` by the core (SPEC §3: 408, 429, 502, 503 and 504 are retried; 409,
-422, other 4xx and 500 are final);
+422, other 4xx and 500 are final), except that a keyed request answered 409 with a
+``Retry-After`` (in progress: an earlier attempt whose answer was lost still runs) is
+retried after that delay;
 network errors by their type. When the retries stop on a response, that response is
 returned (its body read); when they stop on an error, it is raised (with
 ``.attempts`` and ``.stop_reason``). Requests of methods that are neither covered nor
@@ -21,7 +23,7 @@ from typing import Optional, Sequence, Union
 
 import httpx
 
-from ._client import ResponseFailure, _Options
+from ._client import ResponseFailure, _Options, failure
 from ._oncely import Deadline, RetryBudget, RetryPolicy
 from .retry import OnRetry, Seconds, retry, retry_sync
 
@@ -45,7 +47,7 @@ class AsyncRetryTransport(httpx.AsyncBaseTransport):
         self._o = _Options(methods, policy, deadline, budget, on_retry)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        safe = self._o.prepare(request.headers, request.method)
+        safe, keyed = self._o.prepare(request.headers, request.method)
         await request.aread()  # the body is sent again on every attempt
 
         async def attempt() -> httpx.Response:
@@ -60,7 +62,7 @@ class AsyncRetryTransport(httpx.AsyncBaseTransport):
                 stream=httpx.ByteStream(raw),
                 extensions=response.extensions,
             )
-            raise ResponseFailure(read)
+            raise failure(read, keyed)
 
         try:
             return await retry(attempt, safe=safe, **self._o.kw)
@@ -88,7 +90,7 @@ class RetryTransport(httpx.BaseTransport):
         self._o = _Options(methods, policy, deadline, budget, on_retry)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        safe = self._o.prepare(request.headers, request.method)
+        safe, keyed = self._o.prepare(request.headers, request.method)
         request.read()
 
         def attempt() -> httpx.Response:
@@ -103,7 +105,7 @@ class RetryTransport(httpx.BaseTransport):
                 stream=httpx.ByteStream(raw),
                 extensions=response.extensions,
             )
-            raise ResponseFailure(read)
+            raise failure(read, keyed)
 
         try:
             return retry_sync(attempt, safe=safe, **self._o.kw)

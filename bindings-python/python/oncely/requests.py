@@ -6,8 +6,9 @@ by default) one ``Idempotency-Key``, kept across its retries::
     session.mount("https://", oncely.requests.IdempotentAdapter())
 
 The behaviour of :mod:`oncely.httpx`: a key the caller set is kept; a response of 400
-or more is classified by its status and ``Retry-After`` and returned when the retries
-stop; a connection error is classified by its type and raised when they stop. Needs
+or more is classified by its status and ``Retry-After`` (a keyed 409 with
+``Retry-After`` is "in progress", retried after that delay) and returned when the
+retries stop; a connection error is classified by its type and raised when they stop. Needs
 ``requests``.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Optional, Sequence, Union
 
-from ._client import ResponseFailure, _Options
+from ._client import ResponseFailure, _Options, failure
 from ._oncely import Deadline, RetryBudget, RetryPolicy
 from .retry import OnRetry, Seconds, retry_sync
 
@@ -43,7 +44,7 @@ class IdempotentAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
         self._o = _Options(methods, policy, deadline, budget, on_retry)
 
     def send(self, request: Any, **kwargs: Any) -> Any:
-        safe = self._o.prepare(request.headers, request.method)
+        safe, keyed = self._o.prepare(request.headers, request.method)
         send = super().send
 
         def attempt() -> Any:
@@ -51,7 +52,7 @@ class IdempotentAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
             if response.status_code < 400:
                 return response
             _ = response.content  # read whole, so the connection is free for the retry
-            raise ResponseFailure(response)
+            raise failure(response, keyed)
 
         try:
             return retry_sync(attempt, safe=safe, **self._o.kw)
