@@ -191,3 +191,32 @@ def test_requests_in_progress_answer_is_retried_after_its_delay(busy_shop: tuple
     r = session.post(url + "/orders", json={"sku": "A1"}, timeout=10)
     assert (r.status_code, r.json(), r.headers.get("idempotent-replayed")) == (201, {"id": 1}, "true")
     assert len(set(early.keys)) == 1 and len(orders.created) == 1
+
+
+def test_requests_file_body_is_sent_whole_on_every_attempt(shop: tuple[str, Lossy, Orders]) -> None:
+    import io
+
+    url, lossy, orders = shop
+    lossy.lose = 1
+    session = requests.Session()
+    session.mount("http://", oncely.requests.IdempotentAdapter(policy=POLICY))
+    body = io.BytesIO(b'{"sku":"A1"}')
+    r = session.post(url + "/orders", data=body, headers={"content-type": "application/json"}, timeout=10)
+    assert (r.status_code, r.json(), r.headers.get("idempotent-replayed")) == (201, {"id": 1}, "true")
+    assert len(lossy.keys) == 2 and len(set(lossy.keys)) == 1 and len(orders.created) == 1
+
+
+def test_requests_generator_body_is_not_resent_under_the_key(shop: tuple[str, Lossy, Orders]) -> None:
+    url, lossy, orders = shop
+    lossy.lose = 1
+    session = requests.Session()
+    session.mount("http://", oncely.requests.IdempotentAdapter(policy=POLICY))
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"sku":'
+        yield b'"A1"}'
+
+    r = session.post(url + "/orders", data=chunks(), headers={"content-type": "application/json"}, timeout=10)
+    # The lost answer is the outcome: a retry would have sent an empty body under the key.
+    assert (r.status_code, r.content) == (503, b"lost")
+    assert len(lossy.keys) == 1 and len(orders.created) == 1

@@ -8,7 +8,9 @@ by default) one ``Idempotency-Key``, kept across its retries::
 The behaviour of :mod:`oncely.httpx`: a key the caller set is kept; a response of 400
 or more is classified by its status and ``Retry-After`` (a keyed 409 with
 ``Retry-After`` is "in progress", retried after that delay) and returned when the
-retries stop; a connection error is classified by its type and raised when they stop. Needs
+retries stop; a connection error is classified by its type and raised when they stop. A file
+body is rewound for every attempt; a body that cannot be sent again (a generator) gets
+one attempt. Needs
 ``requests``.
 """
 
@@ -24,6 +26,7 @@ from .retry import OnRetry, Seconds, retry_sync
 __all__ = ["IdempotentAdapter", "ResponseFailure"]
 
 _adapters: Any = importlib.import_module("requests.adapters")
+_utils: Any = importlib.import_module("requests.utils")
 
 
 class IdempotentAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
@@ -46,8 +49,19 @@ class IdempotentAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
     def send(self, request: Any, **kwargs: Any) -> Any:
         safe, keyed = self._o.prepare(request.headers, request.method)
         send = super().send
+        body = request.body
+        position = getattr(request, "_body_position", None)
+        if not (body is None or isinstance(body, (bytes, str)) or isinstance(position, int)):
+            # A body that cannot be sent again (a generator, a stream without tell()):
+            # one attempt, never a retry whose body would differ under the same key.
+            return send(request, **kwargs)
+        sent = False
 
         def attempt() -> Any:
+            nonlocal sent
+            if sent and position is not None:
+                _utils.rewind_body(request)  # a file body is sent again from its start
+            sent = True
             response = send(request, **kwargs)
             if response.status_code < 400:
                 return response
