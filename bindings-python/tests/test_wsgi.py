@@ -366,3 +366,33 @@ def test_waiters_of_a_response_not_stored_get_all_its_shared_headers(server: tup
     for w in waiters:
         assert (w.status_code, w.headers["idempotent-replayed"]) == (503, "true")
         assert (w.headers.get("x-call"), w.headers.get("set-cookie")) == ("1", None)
+
+
+def test_a_negative_content_length_is_refused_unread() -> None:
+    calls = 0
+
+    read_whole: list[bool] = []
+
+    class Endless:
+        """A client that never stops sending (reading it whole would never end: here
+        it gives 2 MiB and says so)."""
+
+        def read(self, size: int = -1) -> bytes:
+            read_whole.append(size < 0)
+            return b"x" * (size if size >= 0 else 2 << 20)
+
+    def app(environ: Any, start_response: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        start_response("201 Created", [])
+        return [b""]
+
+    statuses: list[str] = []
+    mw = IdempotencyMiddleware(app, store=oncely.IdempotencyStore())
+    environ = {
+        "REQUEST_METHOD": "POST", "PATH_INFO": "/orders", "CONTENT_LENGTH": "-1",
+        "HTTP_IDEMPOTENCY_KEY": "order-0001", "wsgi.input": Endless(),
+    }
+    body = b"".join(mw(environ, lambda status, headers, exc_info=None: statuses.append(status)))
+    assert statuses == ["400 Bad Request"] and calls == 0 and not any(read_whole)
+    assert json.loads(body)["type"] == "urn:oncely:problem:body-unreadable"

@@ -185,6 +185,9 @@ class IdempotencyMiddleware:
             length = int(environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
             return http.Problem.request_body_unreadable("the Content-Length is not a number")
+        if length < 0:
+            # read(-1) would read whatever the client sends, past any cap.
+            return http.Problem.request_body_unreadable("the Content-Length is negative")
         if length > cap:
             return http.Problem.request_too_large(cap)
         try:
