@@ -312,3 +312,44 @@ def test_sync_an_unusable_tenant_is_internal_not_invalid_argument(sync_orders: C
         call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30)
     # The tenant is the server's fault, not the client's key.
     assert info.value.code() == grpc.StatusCode.INTERNAL and orders.calls == 0
+
+
+@pytest.mark.parametrize("outcome", ["ok", "abort"])
+def test_sync_replay_keeps_the_handlers_trailing_metadata(outcome: str) -> None:
+    calls = 0
+
+    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        context.set_trailing_metadata((("x-order-id", "7"), ("status-detail-bin", b"\x00\x01\xff")))
+        if outcome == "abort":
+            context.abort(grpc.StatusCode.NOT_FOUND, "no such sku")
+        return {"call": calls}
+
+    handler = grpc.method_handlers_generic_handler(
+        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
+    )
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=4), interceptors=[IdempotencyInterceptor(store=oncely.IdempotencyStore())]
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+            trailers = []
+            for _ in range(2):
+                try:
+                    _, c = call.with_call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30)
+                    trailers.append(dict(c.trailing_metadata()))
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.NOT_FOUND and e.details() == "no such sku"
+                    trailers.append(dict(e.trailing_metadata()))
+    finally:
+        server.stop(None)
+    assert calls == 1
+    first, replay = trailers
+    assert first["x-order-id"] == replay["x-order-id"] == "7"
+    assert first["status-detail-bin"] == replay["status-detail-bin"] == b"\x00\x01\xff"
+    assert replay.get("idempotent-replayed") == "true" and "idempotent-replayed" not in first

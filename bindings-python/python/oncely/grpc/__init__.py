@@ -8,8 +8,9 @@ The key is the ``x-idempotency-key`` metadata; the scope is the tenant, ``POST``
 full method name; the fingerprint is that of the serialized request. The stored answer
 is the serialized response message (or a final status: OK, INVALID_ARGUMENT,
 NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, FAILED_PRECONDITION, OUT_OF_RANGE,
-UNAUTHENTICATED); a replay sends it again with the trailing metadata
-``idempotent-replayed: true``. Other statuses and exceptions are not stored (a retry runs
+UNAUTHENTICATED), with the trailing metadata the handler set (e.g. the
+``grpc-status-details-bin`` of ``abort_with_status``); a replay sends it all again,
+with ``idempotent-replayed: true`` added to the trailing metadata. Other statuses and exceptions are not stored (a retry runs
 again). A missing or invalid key is INVALID_ARGUMENT, a reused key with another request
 FAILED_PRECONDITION, a running duplicate with ``wait=False`` ABORTED with
 ``grpc-retry-pushback-ms``. Streaming methods pass through. :mod:`oncely.grpc.aio` is
@@ -32,7 +33,6 @@ from ._common import (
     grpc,
     pushback,
     read_record,
-    replayed_metadata,
     settle,
     unwrap,
 )
@@ -142,14 +142,14 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
 
     def _replay(self, context: Any, scoped: ScopedKey, record: Any) -> bytes:
         try:
-            code, details, message = read_record(record)
+            code, details, message, metadata = read_record(record)
         except OncelyError as e:
             self._refuse(context, http.Problem.from_error(e))
         s = self._s
         s.counters.bump("replayed")
         if s.on_replay is not None:
             s.on_replay(context, scoped)
-        context.set_trailing_metadata(replayed_metadata())
+        context.set_trailing_metadata(metadata)
         if code != 0:
             context.abort(STATUS[code], details)
         return message

@@ -27,17 +27,36 @@ def frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-def record_ok(message: bytes) -> bytes:
-    return http.encode_response(200, _CONTENT_TYPE, frame(message), [("grpc-status", b"0")])
+Pairs = list[tuple[str, bytes]]
+# Trailers the record writes itself, or that a replay adds.
+_OWN = frozenset({"grpc-status", "grpc-message", http.REPLAYED_HEADER})
 
 
-def record_status(code: int, details: Union[str, bytes, None]) -> bytes:
-    trailers = [("grpc-status", str(code).encode())]
+def trailers_of(context: Any) -> Pairs:
+    """The trailing metadata the handler set (``set_trailing_metadata``, or
+    ``abort_with_status``'s ``grpc-status-details-bin``): kept with the answer."""
+    out: Pairs = []
+    getter = getattr(context, "trailing_metadata", None)
+    for item in (getter() if getter is not None else None) or ():
+        name, value = str(item[0]).lower(), item[1]
+        if name not in _OWN:
+            out.append((name, value.encode() if isinstance(value, str) else bytes(value)))
+    return out
+
+
+def record_ok(message: bytes, trailers: Sequence[tuple[str, bytes]] = ()) -> bytes:
+    return http.encode_response(200, _CONTENT_TYPE, frame(message), [("grpc-status", b"0"), *trailers])
+
+
+def record_status(
+    code: int, details: Union[str, bytes, None], trailers: Sequence[tuple[str, bytes]] = ()
+) -> bytes:
+    own = [("grpc-status", str(code).encode())]
     if isinstance(details, bytes):  # the sync server keeps them encoded
         details = details.decode("utf-8", "replace")
     if details:
-        trailers.append(("grpc-message", _percent_encode(details)))
-    return http.encode_response(200, _CONTENT_TYPE, b"", trailers)
+        own.append(("grpc-message", _percent_encode(details)))
+    return http.encode_response(200, _CONTENT_TYPE, b"", [*own, *trailers])
 
 
 def _percent_encode(text: str) -> bytes:
@@ -47,9 +66,15 @@ def _percent_encode(text: str) -> bytes:
     )
 
 
-def read_record(record: Any) -> tuple[int, str, bytes]:
-    """``(code, details, message)`` of a stored gRPC answer (from any oncely adapter)."""
+def read_record(record: Any) -> tuple[int, str, bytes, tuple[tuple[str, Any], ...]]:
+    """``(code, details, message, metadata)`` of a stored gRPC answer (from any oncely
+    adapter); ``metadata`` is the trailing metadata to send, marker included."""
     status, headers, body, trailers = http.decode_response(record)
+    meta_out = tuple(
+        (n, v if n.endswith("-bin") else v.decode("utf-8", "replace"))
+        for n, v in trailers
+        if n not in _OWN
+    ) + _REPLAYED
     meta = dict(headers)
     meta.update(trailers)
     raw = meta.get("grpc-status")
@@ -57,10 +82,10 @@ def read_record(record: Any) -> tuple[int, str, bytes]:
         raise StoreUnavailableError("the stored response is not a gRPC answer")
     code = int(raw)
     if code != 0:
-        return code, unquote(meta.get("grpc-message", b"").decode("latin-1")), b""
+        return code, unquote(meta.get("grpc-message", b"").decode("latin-1")), b"", meta_out
     if len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
         raise StoreUnavailableError("the stored gRPC message is not one uncompressed frame")
-    return 0, "", body[5:]
+    return 0, "", body[5:], meta_out
 
 
 def code_of(context: Any) -> int:
@@ -117,10 +142,6 @@ class GrpcSettings:
         return out
 
 
-def replayed_metadata() -> tuple[tuple[str, str], ...]:
-    return _REPLAYED
-
-
 def pushback(problem: http.Problem) -> list[tuple[str, str]]:
     """The trailing metadata of a refusal: the retry pushback, when there is a delay."""
     return [(n, v) for n, v in problem.grpc_metadata() if n == "grpc-retry-pushback-ms"]
@@ -139,10 +160,11 @@ def unwrap(handler: Any) -> Optional[tuple[Callable[..., Any], Callable[[bytes],
 
 def settle(run: Any, counters: CounterSet, code: int) -> bytes:
     """The record of a finished call: stored when its status is final."""
+    trailers = trailers_of(run.context)
     if code == 0:
         counters.bump("stored")
-        return record_ok(run.body)
-    record = record_status(code, run.context.details())
+        return record_ok(run.body, trailers)
+    record = record_status(code, run.context.details(), trailers)
     if http.storable_grpc_status(str(code).encode()):
         counters.bump("stored")
         return record

@@ -25,7 +25,6 @@ from ._common import (
     grpc,
     pushback,
     read_record,
-    replayed_metadata,
     settle,
     unwrap,
 )
@@ -128,14 +127,14 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
 
     async def _replay(self, context: Any, scoped: ScopedKey, record: Any) -> bytes:
         try:
-            code, details, message = read_record(record)
+            code, details, message, metadata = read_record(record)
         except OncelyError as e:
             await self._refuse(context, http.Problem.from_error(e))
         s = self._s
         s.counters.bump("replayed")
         if s.on_replay is not None:
             s.on_replay(context, scoped)
-        context.set_trailing_metadata(replayed_metadata())
+        context.set_trailing_metadata(metadata)
         if code != 0:
             await context.abort(STATUS[code], details)
         return message
