@@ -1,0 +1,6 @@
+// Type-checked usage of oncely/express (ES module resolution).
+import { http, RedisStore } from 'oncely'
+import { idempotency } from 'oncely/express'
+
+export const mw = idempotency({ store: new RedisStore({ url: 'redis://127.0.0.1:6379' }), tenant: 'acme', bodyCap: 4096 })
+export const storable: boolean = http.storableStatus(201)
