@@ -4,3 +4,5 @@ import { idempotency } from 'oncely/express'
 
 export const mw = idempotency({ store: new RedisStore({ url: 'redis://127.0.0.1:6379' }), tenant: 'acme', bodyCap: 4096 })
 export const storable: boolean = http.storableStatus(201)
+import { idempotency as plugin } from 'oncely/fastify'
+export const registered: Promise<void> = plugin({}, { store: new RedisStore({ url: 'redis://127.0.0.1:6379' }) })

@@ -21,3 +21,8 @@ const mw = idempotency({
 })
 const n: IdempotencyCounters = mw.counters()
 export { status, scoped, fp, back, problemBody, n }
+
+import { idempotency as fastifyIdempotency, IdempotencyPluginOptions } from 'oncely/fastify'
+const pluginOptions: IdempotencyPluginOptions = { store: new IdempotencyStore(), global: false, tenant: (r) => String(r.headers['x-tenant']) }
+export const plugin: (fastify: any, options: IdempotencyPluginOptions) => Promise<void> = fastifyIdempotency
+export { pluginOptions }
