@@ -1,5 +1,5 @@
 'use strict'
-// The server adapter examples of bindings-node/README.md are executed as written; a
+// The server adapter and fetch examples of bindings-node/README.md are executed as written; a
 // failed console.assert fails the test.
 const test = require('node:test')
 const assert = require('node:assert/strict')
@@ -19,10 +19,11 @@ function section() {
 
 const blocks = [...section().matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1])
 
-test('the README has the Express and Fastify examples', () => {
-  assert.equal(blocks.length, 2)
+test('the README has the Express, Fastify and fetch examples', () => {
+  assert.equal(blocks.length, 3)
   assert.match(blocks[0], /oncely\/express/)
   assert.match(blocks[1], /oncely\/fastify/)
+  assert.match(blocks[2], /oncely\/fetch/)
 })
 
 for (const [i, code] of blocks.entries()) {

@@ -6,3 +6,6 @@ export const mw = idempotency({ store: new RedisStore({ url: 'redis://127.0.0.1:
 export const storable: boolean = http.storableStatus(201)
 import { idempotency as plugin } from 'oncely/fastify'
 export const registered: Promise<void> = plugin({}, { store: new RedisStore({ url: 'redis://127.0.0.1:6379' }) })
+import { idempotentFetch, ResponseError } from 'oncely/fetch'
+export const f: Promise<Response> = idempotentFetch(new URL('http://127.0.0.1/'), undefined, { signal: AbortSignal.timeout(1000) })
+export const isResponseError = (e: unknown): boolean => e instanceof ResponseError

@@ -26,3 +26,6 @@ import { idempotency as fastifyIdempotency, IdempotencyPluginOptions } from 'onc
 const pluginOptions: IdempotencyPluginOptions = { store: new IdempotencyStore(), global: false, tenant: (r) => String(r.headers['x-tenant']) }
 export const plugin: (fastify: any, options: IdempotencyPluginOptions) => Promise<void> = fastifyIdempotency
 export { pluginOptions }
+
+import { idempotentFetch } from 'oncely/fetch'
+export const fetched: Promise<Response> = idempotentFetch('http://127.0.0.1/orders', { method: 'POST', body: '{}' }, { key: 'order-0001', deadline: 5_000, policy: { maxAttempts: 3 } })
