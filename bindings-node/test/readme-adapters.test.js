@@ -19,11 +19,12 @@ function section() {
 
 const blocks = [...section().matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1])
 
-test('the README has the Express, Fastify and fetch examples', () => {
-  assert.equal(blocks.length, 3)
+test('the README has the Express, Fastify, grpc-js and fetch examples', () => {
+  assert.equal(blocks.length, 4)
   assert.match(blocks[0], /oncely\/express/)
   assert.match(blocks[1], /oncely\/fastify/)
-  assert.match(blocks[2], /oncely\/fetch/)
+  assert.match(blocks[2], /oncely\/grpc/)
+  assert.match(blocks[3], /oncely\/fetch/)
 })
 
 for (const [i, code] of blocks.entries()) {

@@ -9,3 +9,5 @@ export const registered: Promise<void> = plugin({}, { store: new RedisStore({ ur
 import { idempotentFetch, ResponseError } from 'oncely/fetch'
 export const f: Promise<Response> = idempotentFetch(new URL('http://127.0.0.1/'), undefined, { signal: AbortSignal.timeout(1000) })
 export const isResponseError = (e: unknown): boolean => e instanceof ResponseError
+import { withIdempotency } from 'oncely/grpc'
+export const w: object = withIdempotency({}, {}, { store: new RedisStore({ url: 'redis://127.0.0.1:6379' }) })

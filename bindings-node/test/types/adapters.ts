@@ -29,3 +29,20 @@ export { pluginOptions }
 
 import { idempotentFetch } from 'oncely/fetch'
 export const fetched: Promise<Response> = idempotentFetch('http://127.0.0.1/orders', { method: 'POST', body: '{}' }, { key: 'order-0001', deadline: 5_000, policy: { maxAttempts: 3 } })
+
+import { withIdempotency } from 'oncely/grpc'
+const svc = {
+  create: {
+    path: '/shop.Orders/Create',
+    requestStream: false,
+    responseStream: false,
+    requestSerialize: (v: unknown) => Buffer.from(JSON.stringify(v)),
+    responseSerialize: (v: unknown) => Buffer.from(JSON.stringify(v)),
+    responseDeserialize: (b: Buffer) => JSON.parse(b.toString()),
+  },
+}
+export const wrapped: { create: (call: unknown, cb: (e: null, v: object) => void) => void } = withIdempotency(
+  svc,
+  { create: (_call: unknown, cb: (e: null, v: object) => void) => cb(null, {}) },
+  { store: new IdempotencyStore(), wait: false },
+)
