@@ -234,3 +234,37 @@ test('on a RedisStore, a retry sent once an unstored answer arrived runs the han
     }
   }
 })
+
+test('two server processes on one Redis run one request once', { skip: !REDIS && 'ONCELY_REDIS_URL not set' }, async () => {
+  const { spawn } = require('node:child_process')
+  const path = require('node:path')
+  const prefix = `oncely-express-test-${newKey()}`
+  const children = []
+  try {
+    const urls = []
+    for (let i = 0; i < 2; i++) {
+      const child = spawn(process.execPath, [path.join(__dirname, 'fixtures', 'express-redis-server.js')], {
+        env: { ...process.env, PREFIX: prefix },
+        stdio: ['ignore', 'pipe', 'inherit'],
+      })
+      children.push(child)
+      const port = await new Promise((resolve, reject) => {
+        child.stdout.once('data', (d) => resolve(String(d).trim()))
+        child.once('exit', (code) => reject(new Error(`server exited ${code}`)))
+      })
+      urls.push(`http://127.0.0.1:${port}`)
+    }
+    const req = { method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-2proc' }, body: 'x' }
+    const all = await Promise.all(Array.from({ length: 60 }, (_, i) => send(urls[i % 2], req)))
+    for (const r of all) {
+      assert.equal(r.status, 201)
+      assert.deepEqual(r.body, all[0].body)
+    }
+    assert.equal(all.filter((r) => r.headers.get('idempotent-replayed') === 'true').length, 59)
+    let calls = 0
+    for (const u of urls) calls += (await (await fetch(`${u}/count`)).json()).calls
+    assert.equal(calls, 1)
+  } finally {
+    for (const c of children) c.kill('SIGTERM')
+  }
+})
