@@ -206,7 +206,8 @@ function idempotency(options) {
       if (gone.signal.aborted || res.headersSent) return
       return next(e)
     }
-    if (outcome.led) return finish?.()
+    // The handler ran (whatever the store said after): its answer is the one to send.
+    if (outcome.led || finish) return finish?.()
     if (outcome.problem) return sendProblem(res, outcome.problem)
     const r = outcome.replay
     replayed(s, req, scoped)

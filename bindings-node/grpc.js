@@ -133,7 +133,8 @@ function wrap(s, grpc, def, handler) {
 
     dedup(s, scoped, fp, lead, gone.signal).then(
       (outcome) => {
-        if (outcome.led) return finish?.()
+        // The handler ran (whatever the store said after): its answer is the one to send.
+        if (outcome.led || finish) return finish?.()
         if (outcome.problem) return refuse(outcome.problem)
         const r = outcome.replay
         replayed(s, call, scoped)

@@ -268,3 +268,22 @@ test('two server processes on one Redis run one request once', { skip: !REDIS &&
     for (const c of children) c.kill('SIGTERM')
   }
 })
+
+test('a store that fails after the handler ran: the handler\'s answer is sent, not a problem', async () => {
+  // As a RedisStore does when the result cannot be written or the lease was lost.
+  const store = {
+    async execute(scoped, fingerprint, fn) {
+      await fn({ signal: new AbortController().signal })
+      throw Object.assign(new Error('the idempotency store is unavailable: write failed'), { kind: 'unavailable', code: 'UNAVAILABLE' })
+    },
+  }
+  const s = await start(EXPRESSES['express 5'], { store })
+  try {
+    const r = await send(s.url, { method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-lost1', 'content-type': 'application/json' }, body: '{}' })
+    assert.equal(r.status, 201)
+    assert.deepEqual(JSON.parse(r.body.toString()), { call: 1 })
+    assert.equal(s.calls(), 1)
+  } finally {
+    await s.close()
+  }
+})

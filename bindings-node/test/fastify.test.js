@@ -164,3 +164,20 @@ test('fastify: on a RedisStore, a retry sent once an unstored answer arrived run
     }
   }
 })
+
+test('fastify: a store that fails after the handler ran: the handler\'s answer is sent', async () => {
+  const store = {
+    async execute(scoped, fingerprint, fn) {
+      await fn({ signal: new AbortController().signal })
+      throw Object.assign(new Error('the idempotency store is unavailable: write failed'), { kind: 'unavailable', code: 'UNAVAILABLE' })
+    },
+  }
+  const s = await start({ store })
+  try {
+    const r = await send(s.url, { method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-lost1' }, body: 'x' })
+    assert.equal(r.status, 201)
+    assert.deepEqual(JSON.parse(r.body.toString()), { call: 1 })
+  } finally {
+    await s.close()
+  }
+})

@@ -133,3 +133,20 @@ test('grpc: wait false: a duplicate of a running call gets ABORTED with pushback
     await s.close()
   }
 })
+
+test('grpc: a store that fails after the handler ran: the handler\'s answer is sent', async () => {
+  const store = {
+    async execute(scoped, fingerprint, fn) {
+      await fn({ signal: new AbortController().signal })
+      throw Object.assign(new Error('the idempotency store is unavailable: write failed'), { kind: 'unavailable', code: 'UNAVAILABLE' })
+    },
+  }
+  const s = await start({ store })
+  try {
+    const r = await s.create({ sku: 'A1' }, 'order-lost1')
+    assert.equal(r.error, null)
+    assert.deepEqual(r.value, { id: 1, sku: 'A1' })
+  } finally {
+    await s.close()
+  }
+})
