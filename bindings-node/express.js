@@ -185,8 +185,11 @@ function idempotency(options) {
           }
           return this
         }
+        // A client that goes away mid-response (a stream under way) releases the key. One
+        // that goes away before the answer began does not: the handler is still running,
+        // and its answer, once given, is kept as usual so that a retry does not run it again.
         res.once('close', () => {
-          if (ended) return
+          if (ended || !res.headersSent) return
           restore()
           s.counters.notStored++
           reject(new Released(owner, 'the response was not sent whole'))

@@ -115,8 +115,12 @@ async function idempotency(fastify, options) {
             resolve(outcome)
           }
         }
+        // As in oncely/express: a client gone before the answer began leaves the handler
+        // running, and its answer is settled in onSend as usual.
         reply.raw.once('close', () => {
-          if (!reply.raw.writableFinished) st.settle(new Released(owner, 'the response was not sent whole'))
+          if (!reply.raw.writableFinished && reply.raw.headersSent) {
+            st.settle(new Released(owner, 'the response was not sent whole'))
+          }
         })
         started('lead')
       })
@@ -143,7 +147,9 @@ async function idempotency(fastify, options) {
     else if (typeof payload === 'string') body = Buffer.from(payload, 'utf8')
     else {
       // A stream is sent as it comes and not stored; the key is released once it ends.
-      reply.raw.once('finish', () => st.settle(new Released(st.owner, 'a streamed body is not stored')))
+      const release = () => st.settle(new Released(st.owner, 'a streamed body is not stored'))
+      reply.raw.once('finish', release)
+      reply.raw.once('close', release)
       return payload
     }
     if (body.length > cap) {

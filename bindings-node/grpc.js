@@ -6,6 +6,9 @@
 
 const { Unstored, Released, settings, storedFields, dedup, replayed, http } = require('./adapter.js')
 
+// A cancelled call leaves its handler running: the key stays held until the handler
+// answers, and that answer is kept as usual, so a retry does not run the handler again.
+
 const OK = 0
 const UNKNOWN = 2
 
@@ -81,12 +84,6 @@ function wrap(s, grpc, def, handler) {
     const lead = (owner) =>
       new Promise((resolve, reject) => {
         s.counters.led++
-        call.once('cancelled', () => {
-          if (!finish) {
-            s.counters.notStored++
-            reject(new Released(owner, 'the call was cancelled'))
-          }
-        })
         const answer = (err, value, trailerMd, flags) => {
           if (finish) return
           finish = () => callback(err, value, trailerMd, flags)

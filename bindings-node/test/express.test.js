@@ -287,3 +287,70 @@ test('a store that fails after the handler ran: the handler\'s answer is sent, n
     await s.close()
   }
 })
+
+test('concurrent duplicates, half of them aborted at random moments: one run, every other caller its answer', async () => {
+  for (const [name, makeStore] of [
+    ['memory', () => new IdempotencyStore()],
+    ...(REDIS ? [['redis', () => new RedisStore({ url: REDIS, prefix: `oncely-express-test-${newKey()}`, leaseMs: 3_000 })]] : []),
+  ]) {
+    const s = await start(EXPRESSES['express 5'], { store: makeStore() })
+    try {
+      const key = newKey()
+      const one = (abortAfterMs) => {
+        const c = new AbortController()
+        if (abortAfterMs !== undefined) setTimeout(() => c.abort(), abortAfterMs)
+        return fetch(`${s.url}/orders`, {
+          method: 'POST',
+          headers: { 'idempotency-key': key, 'content-type': 'application/json', 'x-respond': '{"delay_ms":150}' },
+          body: '{"sku":"A1"}',
+          signal: c.signal,
+        }).then(
+          async (r) => ({ status: r.status, body: await r.text() }),
+          (e) => ({ aborted: e.name === 'AbortError' }),
+        )
+      }
+      const all = await Promise.all(Array.from({ length: 80 }, (_, i) => one(i % 2 ? Math.floor(Math.random() * 200) : undefined)))
+      const answered = all.filter((r) => !r.aborted)
+      assert.ok(answered.length >= 40, name)
+      const bodies = new Set(answered.map((r) => r.body))
+      assert.equal(bodies.size, 1, `${name}: every caller got one answer`)
+      const after = await send(s.url, { method: 'POST', path: '/orders', headers: { 'idempotency-key': key, 'content-type': 'application/json' }, body: '{"sku":"A1"}' })
+      // The first leader may have been aborted before it answered (its key released, a
+      // waiter led): the handler ran at most twice, and the stored answer is the last run's.
+      assert.equal(after.headers.get('idempotent-replayed'), 'true', name)
+      assert.ok(s.calls() >= 1 && s.calls() <= 2, `${name}: ${s.calls()} runs`)
+      assert.ok(bodies.has(after.body.toString()) || s.calls() === 2, name)
+    } finally {
+      await s.close()
+    }
+  }
+})
+
+test('a client gone before the answer began: the handler finishes, its answer is kept, the retry is a replay', async () => {
+  for (const express of Object.values(EXPRESSES)) {
+    let started
+    const running = new Promise((r) => (started = r))
+    const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
+      app.post('/slow', mw, async (req, res) => {
+        const n = call()
+        started()
+        await new Promise((r) => setTimeout(r, 200))
+        res.status(201).json({ call: n })
+      })
+    })
+    try {
+      const c = new AbortController()
+      const first = fetch(`${s.url}/slow`, { method: 'POST', headers: { 'idempotency-key': 'order-left1' }, body: 'x', signal: c.signal })
+      await running
+      c.abort()
+      await assert.rejects(first)
+      const retry = await send(s.url, { method: 'POST', path: '/slow', headers: { 'idempotency-key': 'order-left1' }, body: 'x' })
+      assert.equal(retry.status, 201)
+      assert.deepEqual(JSON.parse(retry.body.toString()), { call: 1 })
+      assert.equal(retry.headers.get('idempotent-replayed'), 'true')
+      assert.equal(s.calls(), 1)
+    } finally {
+      await s.close()
+    }
+  }
+})

@@ -181,3 +181,30 @@ test('fastify: a store that fails after the handler ran: the handler\'s answer i
     await s.close()
   }
 })
+
+test('fastify: a client gone before the answer began: the handler finishes, the retry is a replay', async () => {
+  let started
+  const running = new Promise((r) => (started = r))
+  const s = await start({ store: new IdempotencyStore() }, (app, call) => {
+    app.post('/slow', async (req, reply) => {
+      const n = call()
+      started()
+      await new Promise((r) => setTimeout(r, 200))
+      return reply.code(201).send({ call: n })
+    })
+  })
+  try {
+    const c = new AbortController()
+    const first = fetch(`${s.url}/slow`, { method: 'POST', headers: { 'idempotency-key': 'order-left1' }, body: 'x', signal: c.signal })
+    await running
+    c.abort()
+    await assert.rejects(first)
+    const retry = await send(s.url, { method: 'POST', path: '/slow', headers: { 'idempotency-key': 'order-left1' }, body: 'x' })
+    assert.equal(retry.status, 201)
+    assert.deepEqual(JSON.parse(retry.body.toString()), { call: 1 })
+    assert.equal(retry.headers.get('idempotent-replayed'), 'true')
+    assert.equal(s.calls(), 1)
+  } finally {
+    await s.close()
+  }
+})

@@ -47,6 +47,7 @@ async function start(options, behave = async () => undefined) {
     })
   return {
     create,
+    address: `127.0.0.1:${port}`,
     calls: () => calls,
     close: () => {
       client.close()
@@ -146,6 +147,31 @@ test('grpc: a store that fails after the handler ran: the handler\'s answer is s
     const r = await s.create({ sku: 'A1' }, 'order-lost1')
     assert.equal(r.error, null)
     assert.deepEqual(r.value, { id: 1, sku: 'A1' })
+  } finally {
+    await s.close()
+  }
+})
+
+test('grpc: a call cancelled while its handler runs: the answer is kept, the retry is a replay', async () => {
+  let started
+  const running = new Promise((r) => (started = r))
+  const s = await start({ store: new IdempotencyStore() }, async () => {
+    started()
+    await new Promise((r) => setTimeout(r, 200))
+    return undefined
+  })
+  try {
+    const client = new Client(s.address, grpc.credentials.createInsecure())
+    const md = new grpc.Metadata()
+    md.set('x-idempotency-key', 'order-left1')
+    const call = client.create({ sku: 'A1' }, md, () => {})
+    await running
+    call.cancel()
+    client.close()
+    const retry = await s.create({ sku: 'A1' }, 'order-left1')
+    assert.deepEqual(retry.value, { id: 1, sku: 'A1' })
+    assert.equal(replayedOf(retry), 'true')
+    assert.equal(s.calls(), 1)
   } finally {
     await s.close()
   }
