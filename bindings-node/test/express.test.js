@@ -243,7 +243,7 @@ test('two server processes on one Redis run one request once', { skip: !REDIS &&
   try {
     const urls = []
     for (let i = 0; i < 2; i++) {
-      const child = spawn(process.execPath, [path.join(__dirname, 'fixtures', 'express-redis-server.js')], {
+      const child = spawn(process.execPath, [path.join(__dirname, '..', 'fixtures', 'express-redis-server.js')], {
         env: { ...process.env, PREFIX: prefix },
         stdio: ['ignore', 'pipe', 'inherit'],
       })
