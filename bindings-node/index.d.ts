@@ -14,6 +14,13 @@ import type {
   StoreCounters,
   RedisStoreCounters,
   ManualClock,
+  HttpConfig,
+  HttpConfigOptions,
+  HttpKeyDecision,
+  HttpProblem,
+  HttpProblemSource,
+  HttpStoredResponse,
+  HttpField,
 } from './native'
 
 export {
@@ -403,3 +410,37 @@ export declare function encodeResult(value: unknown, encode?: (value: any) => Bu
  * `kind: 'result_not_stored'` (DATA_LOSS); an unknown tag throws UNAVAILABLE.
  */
 export declare function decodeResult(data: Buffer, decode?: (data: any) => unknown): unknown
+
+/**
+ * The server contract (SPEC §8, the core's `oncely::http`) that the adapters
+ * `oncely/express` and `oncely/fastify` are built on: which requests are covered, the
+ * key, the scope, the request fingerprint, which responses are stored, the
+ * stored-response record shared by every adapter and language, and the RFC 9457 bodies.
+ */
+export declare const http: {
+  readonly HttpConfig: typeof HttpConfig
+  /** The scoped key of a request: tenant, `method + ' ' + route`, key; an invalid key throws INVALID_ARGUMENT. */
+  scope(tenant: string, method: string, route: string, key: string): string
+  /** SHA-256 (hex) of method, target (path and query), and the body (canonical JSON when the content type is JSON). */
+  requestFingerprint(method: string, target: string, contentType: string | null | undefined, body: string | Buffer): string
+  /** 2xx, and 4xx except 408/409/425/429. */
+  storableStatus(status: number): boolean
+  /** Whether a gRPC answer with this `grpc-status` value is stored. */
+  storableGrpcStatus(value: string): boolean
+  /** `application/json` or any `+json` type. */
+  isJson(contentType: string): boolean
+  /** `application/grpc` or `application/grpc+<codec>`. */
+  isGrpc(contentType: string): boolean
+  /** The record bytes of a stored response (`OHR1`). */
+  encodeResponse(response: HttpStoredResponse): Buffer
+  /** Reads record bytes back; anything else throws UNAVAILABLE. */
+  decodeResponse(record: Buffer): HttpStoredResponse
+  /** The problem answer for an error of oncely, by its `kind`. */
+  problem(error: HttpProblemSource): HttpProblem
+  readonly KEY_HEADER: 'idempotency-key'
+  readonly GRPC_KEY_METADATA: 'x-idempotency-key'
+  readonly REPLAYED_HEADER: 'idempotent-replayed'
+  readonly DEFAULT_TENANT: 'default'
+  readonly DEFAULT_REQUEST_CAP: number
+}
+export { HttpConfig, HttpConfigOptions, HttpKeyDecision, HttpProblem, HttpProblemSource, HttpStoredResponse, HttpField }

@@ -1098,4 +1098,22 @@ module.exports = {
   RedisStore,
   encodeResult,
   decodeResult,
+  // the server contract (SPEC §8) the adapters (oncely/express, oncely/fastify) share
+  http: Object.freeze({
+    HttpConfig: native.HttpConfig,
+    scope: native.httpScope,
+    requestFingerprint: native.httpRequestFingerprint,
+    storableStatus: native.httpStorableStatus,
+    storableGrpcStatus: native.httpStorableGrpcStatus,
+    isJson: native.httpIsJson,
+    isGrpc: native.httpIsGrpc,
+    encodeResponse: native.httpEncodeResponse,
+    decodeResponse: native.httpDecodeResponse,
+    problem: native.httpProblem,
+    KEY_HEADER: 'idempotency-key',
+    GRPC_KEY_METADATA: 'x-idempotency-key',
+    REPLAYED_HEADER: 'idempotent-replayed',
+    DEFAULT_TENANT: 'default',
+    DEFAULT_REQUEST_CAP: 1 << 20,
+  }),
 }

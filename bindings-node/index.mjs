@@ -32,6 +32,7 @@ export const {
   RedisStore,
   encodeResult,
   decodeResult,
+  http,
 } = oncely
 
 export default oncely

@@ -23,6 +23,38 @@ export declare class Deadline {
   get expired(): boolean
 }
 
+/** The adapter settings of the server contract (the core's `ServerConfig`). */
+export declare class HttpConfig {
+  /**
+   * The settings; a method or header name that is not an HTTP token throws
+   * INVALID_ARGUMENT.
+   */
+  constructor(options?: HttpConfigOptions | undefined | null)
+  /** Whether requests with this method are deduplicated. */
+  covers(method: string): boolean
+  /** Whether the gRPC call `fullMethod` (`/pkg.Service/Method`) is deduplicated. */
+  coversGrpc(fullMethod: string): boolean
+  /** Whether the response header `name` (any case) is stored with the body. */
+  storesHeader(name: string): boolean
+  /** Whether the gRPC response metadata `name` is stored. */
+  storesGrpcHeader(name: string): boolean
+  /** Whether a body of `len` bytes may be stored. */
+  bodyFits(len: number): boolean
+  /**
+   * Decides a request from its method and the values of its `Idempotency-Key`
+   * header (an empty list: no header).
+   */
+  readKey(method: string, values: Array<string | Buffer>): HttpKeyDecision
+  /** `readKey` for a gRPC call, with its `x-idempotency-key` values. */
+  readGrpcKey(fullMethod: string, values: Array<string | Buffer>): HttpKeyDecision
+  /** Whether a covered request without a key is refused. */
+  get required(): boolean
+  /** Whether duplicates wait for a running first request. */
+  get wait(): boolean
+  /** The body cap, bytes. */
+  get bodyCap(): number
+}
+
 /**
  * A clock that moves only when told to: the test hook of `IdempotencyStore` and
  * `RetryBudget` (`_clock` option).
@@ -298,6 +330,133 @@ export declare function fingerprintBytes(data: Uint8Array | string): string
 
 /** SHA-256 (hex) of the canonical JSON of a JSON text. Internal, see above. */
 export declare function fingerprintText(json: string): string
+
+/** The settings of a server adapter (all optional; the defaults are the core's). */
+export interface HttpConfigOptions {
+  /** The covered methods (default `['POST', 'PATCH']`), case-sensitive. */
+  methods?: Array<string>
+  /** Whether a covered request without a key gets 400 (default `true`). */
+  required?: boolean
+  /** Whether a duplicate waits for a running first request (default `true`). */
+  wait?: boolean
+  /** The largest response body stored, bytes (default 1 MiB). */
+  bodyCap?: number
+  /**
+   * The response headers stored with the body (default content-type,
+   * content-encoding, location, etag).
+   */
+  storedHeaders?: Array<string>
+  /** The covered gRPC calls by full method name (default: every call). */
+  grpcMethods?: Array<string>
+}
+
+/** Reads record bytes back; anything else throws UNAVAILABLE. */
+export declare function httpDecodeResponse(record: Buffer): HttpStoredResponse
+
+/** The record bytes of a stored response (the format every adapter shares). */
+export declare function httpEncodeResponse(response: HttpStoredResponse): Buffer
+
+/** A header or trailer of a stored response. */
+export interface HttpField {
+  /** The name, lower-case. */
+  name: string
+  /** The value bytes. */
+  value: Buffer
+}
+
+/** Whether a content type is gRPC. */
+export declare function httpIsGrpc(contentType: string): boolean
+
+/** Whether a content type is JSON (`application/json` or `+json`). */
+export declare function httpIsJson(contentType: string): boolean
+
+/**
+ * What `HttpConfig.readKey` decided: pass the request through, refuse it with
+ * `problem`, or dedup it by `key`.
+ */
+export interface HttpKeyDecision {
+  /** The request goes to the handler untouched. */
+  passThrough: boolean
+  /** The validated key, when the request is deduplicated. */
+  key?: string
+  /** The refusal, when the key is missing or invalid. */
+  problem?: HttpProblem
+}
+
+/**
+ * The problem answer for an error of oncely (by its `kind`); also
+ * `kind: 'request_too_large'` (the request cap in bytes as `message`) and
+ * `kind: 'body_unreadable'` (the reason as `message`).
+ */
+export declare function httpProblem(error: HttpProblemSource): HttpProblem
+
+/** A problem answer (RFC 9457), as the core's `oncely::http::Problem` builds it. */
+export interface HttpProblem {
+  /** The HTTP status. */
+  status: number
+  /** The problem type URI (`urn:oncely:problem:<slug>`). */
+  type: string
+  /** A short summary of the kind. */
+  title: string
+  /** What happened and what to do. */
+  detail: string
+  /** The gRPC code name (`'INVALID_ARGUMENT'`). */
+  code: string
+  /** The headers to send, lower-case names: `content-type` and maybe `retry-after`. */
+  headers: Array<Array<string>>
+  /** The `application/problem+json` body. */
+  body: Buffer
+  /** The gRPC answer: `grpc-status`, `grpc-message`, maybe `grpc-retry-pushback-ms`. */
+  grpcMetadata: Array<Array<string>>
+}
+
+/** What `httpProblem` reads from an error of oncely. */
+export interface HttpProblemSource {
+  /** The error's `kind` (`'missing_key'`, `'in_progress'`, ...). */
+  kind: string
+  /** Its message (the detail of `unavailable` and `leader_panicked`). */
+  message?: string
+  /** `in_progress`: the delay before a retry, ms. */
+  retryAfterMs?: number
+  /** `invalid_argument`: the field. */
+  field?: string
+  /** `capacity`: the entry bound. */
+  maxEntries?: number
+  /** `reentrant` / `result_not_stored`: the scoped key. */
+  key?: string
+  /** `result_not_stored`: the type name. */
+  typeName?: string
+}
+
+/**
+ * The fingerprint of a request (SPEC §8): method, target (path and query as sent),
+ * and the body (canonical JSON when the content type is JSON and it parses).
+ */
+export declare function httpRequestFingerprint(method: string, target: string, contentType: string | undefined | null, body: string | Buffer): string
+
+/**
+ * The scoped key of a request: `tenant`, `method` + `route` (the route template where
+ * the framework knows it, else the path) and the key.
+ */
+export declare function httpScope(tenant: string, method: string, route: string, key: string): string
+
+/** Whether a gRPC answer with this `grpc-status` value is stored. */
+export declare function httpStorableGrpcStatus(value: string): boolean
+
+/** Whether a response with this status is stored (2xx, 4xx but 408/409/425/429). */
+export declare function httpStorableStatus(status: number): boolean
+
+/** A stored response: status, stored headers, body and (gRPC) trailers. */
+export interface HttpStoredResponse {
+  /** The status code. */
+  status: number
+  /** The stored headers in the handler's order. */
+  headers: Array<HttpField>
+  /** The whole body. */
+  body: Buffer
+  /** The trailers (gRPC), usually empty. */
+  trailers?: Array<HttpField>
+}
 
 /** See [`JsErrorStatus`]. */
 export declare function jsErrorStatus(): JsErrorStatus

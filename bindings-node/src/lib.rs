@@ -13,6 +13,7 @@
 
 mod convert;
 mod errors;
+mod http;
 mod hub;
 mod keys;
 mod policy;

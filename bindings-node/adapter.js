@@ -1,0 +1,149 @@
+'use strict'
+// What the server adapters (oncely/express, oncely/fastify) share: their settings, the
+// key decision, the scope and fingerprint of a request, and the dedup loop over a store.
+// Every rule is the core's (`oncely.http`); this file only drives it.
+
+const { http } = require('./index.js')
+
+const KEY = http.KEY_HEADER
+
+/** A response the leader sent whole but that is not stored: waiters replay it. */
+class Unstored extends Error {
+  constructor(owner, record) {
+    super('the response is not stored (its status)')
+    this.owner = owner
+    this.record = record
+  }
+}
+
+/** A response not sent whole, not stored, or a failed handler: the key is released. */
+class Released extends Error {
+  constructor(owner, why) {
+    super(`the key was released: ${why}`)
+    this.owner = owner
+  }
+}
+
+function settings(options) {
+  if (options === null || typeof options !== 'object') {
+    throw new TypeError('idempotency options must be an object with a `store`')
+  }
+  const { store } = options
+  if (!store || typeof store.execute !== 'function') {
+    throw new TypeError('idempotency needs `store`: an IdempotencyStore or a RedisStore')
+  }
+  const { tenant, route, fingerprint, onReplay } = options
+  for (const [name, f] of Object.entries({ route, fingerprint, onReplay })) {
+    if (f !== undefined && typeof f !== 'function') throw new TypeError(`${name} must be a function`)
+  }
+  if (tenant !== undefined && typeof tenant !== 'function' && typeof tenant !== 'string') {
+    throw new TypeError('tenant must be a string or a function of the request')
+  }
+  const requestCap = options.requestCap ?? http.DEFAULT_REQUEST_CAP
+  if (!Number.isSafeInteger(requestCap) || requestCap < 0) {
+    throw new RangeError('requestCap must be a whole number of bytes')
+  }
+  const config = new http.HttpConfig({
+    methods: options.methods,
+    required: options.required,
+    wait: options.wait,
+    bodyCap: options.bodyCap,
+    storedHeaders: options.storedHeaders,
+  })
+  return {
+    store,
+    config,
+    requestCap,
+    tenant: typeof tenant === 'function' ? tenant : () => tenant ?? http.DEFAULT_TENANT,
+    route,
+    fingerprint,
+    onReplay,
+    counters: { passedThrough: 0, refused: 0, led: 0, stored: 0, notStored: 0, replayed: 0 },
+  }
+}
+
+/** The values of the request's Idempotency-Key header (`headersDistinct` keeps repeats). */
+function keyValues(req) {
+  const d = req.headersDistinct
+  if (d) return d[KEY] ?? []
+  const v = req.headers[KEY]
+  return v === undefined ? [] : [v]
+}
+
+/** The headers of a response the core says to store, as record fields. */
+function storedFields(config, headers) {
+  const out = []
+  for (const [name, value] of Object.entries(headers)) {
+    if (value === undefined || !config.storesHeader(name)) continue
+    for (const v of Array.isArray(value) ? value : [value]) {
+      out.push({ name: name.toLowerCase(), value: Buffer.from(String(v), 'latin1') })
+    }
+  }
+  return out
+}
+
+/** Groups record fields by name for `setHeader`. */
+function headerObject(fields) {
+  const out = {}
+  for (const { name, value } of fields) {
+    const v = value.toString('latin1')
+    if (out[name] === undefined) out[name] = v
+    else out[name] = [].concat(out[name], v)
+  }
+  return out
+}
+
+function isOncelyError(e) {
+  return e !== null && typeof e === 'object' && typeof e.kind === 'string' && typeof e.code === 'string'
+}
+
+/**
+ * Runs a covered request through the store. `lead(owner)` calls the handler and
+ * resolves with the record bytes to store, or rejects with Unstored / Released (carrying
+ * `owner`). Resolves with what the caller must answer: `{ led: true }` (the handler
+ * answered), `{ replay: record }`, or `{ problem }`; rejects with a foreign error.
+ */
+async function dedup(s, scoped, fingerprint, lead, signal) {
+  const options = { wait: s.config.wait }
+  if (signal) options.signal = signal
+  for (;;) {
+    const owner = {}
+    try {
+      const r = await s.store.execute(scoped, fingerprint, () => lead(owner), options)
+      if (r.source === 'led') {
+        s.counters.stored++
+        return { led: true }
+      }
+      return { replay: http.decodeResponse(Buffer.from(r.value)) }
+    } catch (e) {
+      if (e instanceof Unstored) {
+        if (e.owner === owner) return { led: true }
+        return { replay: e.record }
+      }
+      if (e instanceof Released) {
+        if (e.owner === owner) return { led: true }
+        // The first request ended without an answer to share: lead (or wait) again.
+        continue
+      }
+      if (isOncelyError(e)) {
+        s.counters.refused++
+        return { problem: http.problem(e) }
+      }
+      throw e
+    }
+  }
+}
+
+/** `on_replay` and the counter, for every replayed answer. */
+function replayed(s, req, scoped) {
+  s.counters.replayed++
+  if (s.onReplay) {
+    try {
+      s.onReplay(req, scoped)
+    } catch {
+      // A failing hook must not turn a replay into an error.
+    }
+  }
+}
+
+module.exports = { Unstored, Released, settings, keyValues, storedFields, headerObject, dedup, replayed, http }

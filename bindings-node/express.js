@@ -1,0 +1,230 @@
+'use strict'
+// oncely/express: the server contract (SPEC §8) as Express 4/5 middleware.
+
+const { Unstored, Released, settings, keyValues, storedFields, headerObject, dedup, replayed, http } = require(
+  './adapter.js',
+)
+
+/** Reads the request body whole, up to `cap` bytes: the bytes, or `null` when over. */
+function readBody(req, cap) {
+  return new Promise((resolve, reject) => {
+    const chunks = []
+    let size = 0
+    let over = false
+    req.on('data', (c) => {
+      if (over) return
+      size += c.length
+      if (size > cap) {
+        over = true
+        chunks.length = 0
+        return
+      }
+      chunks.push(c)
+    })
+    req.on('end', () => resolve(over ? null : Buffer.concat(chunks, size)))
+    req.on('error', reject)
+  })
+}
+
+/** The raw body of a request a body parser has already read. */
+function parsedBody(req) {
+  if (Buffer.isBuffer(req.rawBody)) return req.rawBody
+  const b = req.body
+  if (b === undefined || b === null) return Buffer.alloc(0)
+  if (Buffer.isBuffer(b)) return b
+  if (typeof b === 'string') return Buffer.from(b, 'utf8')
+  // A parsed JSON body: its canonical form is the same as the bytes' (SPEC §8).
+  return Buffer.from(JSON.stringify(b), 'utf8')
+}
+
+function send(res, status, headers, body) {
+  res.statusCode = status
+  for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
+  res.end(body)
+}
+
+function sendProblem(res, p) {
+  send(res, p.status, Object.fromEntries(p.headers), p.body)
+}
+
+/**
+ * Express middleware making covered requests idempotent by their Idempotency-Key.
+ * See index.d.ts (`oncely/express`) for the options.
+ */
+function idempotency(options) {
+  const s = settings(options)
+  const cap = s.config.bodyCap
+
+  async function middleware(req, res, next) {
+    const decision = s.config.readKey(req.method, keyValues(req))
+    if (decision.passThrough) {
+      s.counters.passedThrough++
+      return next()
+    }
+    if (decision.problem) {
+      s.counters.refused++
+      return sendProblem(res, decision.problem)
+    }
+    let body
+    if (req._body || req.readableEnded) {
+      body = parsedBody(req)
+    } else {
+      body = await readBody(req, s.requestCap)
+      if (body === null) {
+        s.counters.refused++
+        return sendProblem(res, http.problem({ kind: 'request_too_large', message: String(s.requestCap) }))
+      }
+      req.rawBody = body
+      const ct = req.headers['content-type']
+      if (body.length > 0) {
+        if (ct && http.isJson(ct)) {
+          try {
+            req.body = JSON.parse(body.toString('utf8'))
+          } catch {
+            req.body = undefined
+          }
+        } else {
+          req.body = body
+        }
+      }
+      // Body parsers mounted after this middleware see the body as read.
+      req._body = true
+    }
+    const path = req.originalUrl.split('?')[0]
+    const route = (s.route && s.route(req)) ?? (req.route ? req.baseUrl + req.route.path : path)
+    let scoped
+    try {
+      scoped = http.scope(s.tenant(req), req.method, String(route), decision.key)
+    } catch (e) {
+      s.counters.refused++
+      return sendProblem(res, http.problem(e))
+    }
+    const fp = s.fingerprint
+      ? s.fingerprint(req, body)
+      : http.requestFingerprint(req.method, req.originalUrl, req.headers['content-type'], body)
+
+    const gone = new AbortController()
+    res.on('close', () => {
+      if (!res.writableFinished) gone.abort(new Error('the client went away'))
+    })
+
+    // The end of a led response is held until the store has settled the key: a retry
+    // sent once the client has the whole answer finds the key stored or released.
+    let finish = null
+    const lead = (owner) =>
+      new Promise((resolve, reject) => {
+        s.counters.led++
+        const chunks = []
+        let size = 0
+        let over = false
+        let ended = false
+        const keep = (chunk, encoding) => {
+          if (over || chunk === undefined || chunk === null) return
+          const b = Buffer.isBuffer(chunk)
+            ? chunk
+            : typeof chunk === 'string'
+              ? Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8')
+              : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength)
+          size += b.length
+          if (size > cap) {
+            over = true
+            chunks.length = 0
+          } else {
+            chunks.push(Buffer.from(b))
+          }
+        }
+        const { write, end, writeHead } = res
+        const restore = () => {
+          res.write = write
+          res.end = end
+          res.writeHead = writeHead
+        }
+        res.writeHead = function (status, reason, headers) {
+          if (typeof reason === 'object' && reason !== null) {
+            headers = reason
+            reason = undefined
+          }
+          if (headers && !Array.isArray(headers)) {
+            for (const [n, v] of Object.entries(headers)) this.setHeader(n, v)
+            headers = undefined
+          }
+          return writeHead.call(this, status, reason, headers)
+        }
+        res.write = function (chunk, encoding, cb) {
+          keep(chunk, encoding)
+          return write.call(this, chunk, encoding, cb)
+        }
+        res.end = function (chunk, encoding, cb) {
+          if (typeof chunk === 'function') {
+            cb = chunk
+            chunk = undefined
+          } else if (typeof encoding === 'function') {
+            cb = encoding
+            encoding = undefined
+          }
+          keep(chunk, encoding)
+          restore()
+          ended = true
+          finish = () => end.call(res, chunk, encoding, cb)
+          if (over) {
+            s.counters.notStored++
+            reject(new Released(owner, 'the body is over the cap'))
+            return this
+          }
+          const record = {
+            status: res.statusCode,
+            headers: storedFields(s.config, res.getHeaders()),
+            body: Buffer.concat(chunks, size),
+            trailers: [],
+          }
+          if (http.storableStatus(res.statusCode)) {
+            resolve(http.encodeResponse(record))
+          } else {
+            s.counters.notStored++
+            reject(new Unstored(owner, record))
+          }
+          return this
+        }
+        // A client that goes away mid-response (a stream under way) releases the key. One
+        // that goes away before the answer began does not: the handler is still running,
+        // and its answer, once given, is kept as usual so that a retry does not run it again.
+        res.once('close', () => {
+          if (ended || !res.headersSent) return
+          restore()
+          s.counters.notStored++
+          reject(new Released(owner, 'the response was not sent whole'))
+        })
+        try {
+          next()
+        } catch (e) {
+          next(e)
+        }
+      })
+
+    let outcome
+    try {
+      outcome = await dedup(s, scoped, fp, lead, gone.signal)
+    } catch (e) {
+      if (finish) return finish()
+      if (gone.signal.aborted || res.headersSent) return
+      return next(e)
+    }
+    // The handler ran (whatever the store said after): its answer is the one to send.
+    if (outcome.led || finish) return finish?.()
+    if (outcome.problem) return sendProblem(res, outcome.problem)
+    const r = outcome.replay
+    replayed(s, req, scoped)
+    const headers = headerObject(r.headers)
+    headers[http.REPLAYED_HEADER] = 'true'
+    send(res, r.status, headers, r.body)
+  }
+
+  function handler(req, res, next) {
+    middleware(req, res, next).catch(next)
+  }
+  /** What the middleware has done so far. */
+  handler.counters = () => ({ ...s.counters })
+  return handler
+}
+
+module.exports = { idempotency }

@@ -1,0 +1,179 @@
+'use strict'
+// oncely/fastify: the server contract (SPEC §8) as a Fastify plugin.
+
+const { Readable } = require('node:stream')
+const { Unstored, Released, settings, keyValues, storedFields, headerObject, dedup, replayed, http } = require(
+  './adapter.js',
+)
+
+const STATE = Symbol('oncely.idempotency')
+
+/** Reads a request payload whole, up to `cap` bytes: the bytes, or `null` when over. */
+async function readAll(stream, cap) {
+  const chunks = []
+  let size = 0
+  for await (const c of stream) {
+    size += c.length
+    if (size > cap) {
+      stream.resume?.()
+      return null
+    }
+    chunks.push(c)
+  }
+  return Buffer.concat(chunks, size)
+}
+
+function sendProblem(reply, p) {
+  return reply.code(p.status).headers(Object.fromEntries(p.headers)).send(p.body)
+}
+
+/**
+ * The Fastify plugin: covered requests of every route (`global: true`, the default) or
+ * of the routes with `config: { idempotency: true }` are made idempotent by their
+ * Idempotency-Key. A route opts out with `config: { idempotency: false }`.
+ */
+async function idempotency(fastify, options) {
+  const s = settings(options)
+  const global = options.global ?? true
+  const cap = s.config.bodyCap
+
+  if (!fastify.hasDecorator('idempotencyCounters')) {
+    fastify.decorate('idempotencyCounters', () => ({ ...s.counters }))
+  }
+
+  const enabled = (request) => {
+    const flag = request.routeOptions?.config?.idempotency
+    return flag === undefined ? global : flag === true
+  }
+
+  fastify.addHook('onRequest', async (request, reply) => {
+    if (!enabled(request)) return
+    const decision = s.config.readKey(request.method, keyValues(request.raw))
+    if (decision.passThrough) {
+      s.counters.passedThrough++
+      return
+    }
+    if (decision.problem) {
+      s.counters.refused++
+      return sendProblem(reply, decision.problem)
+    }
+    request[STATE] = { key: decision.key, body: Buffer.alloc(0) }
+  })
+
+  fastify.addHook('preParsing', async (request, reply, payload) => {
+    const st = request[STATE]
+    if (!st) return payload
+    const body = await readAll(payload, s.requestCap)
+    if (body === null) {
+      s.counters.refused++
+      request[STATE] = undefined
+      sendProblem(reply, http.problem({ kind: 'request_too_large', message: String(s.requestCap) }))
+      return Readable.from([])
+    }
+    st.body = body
+    // The body parsers read the same bytes.
+    const again = Readable.from(body.length ? [body] : [])
+    again.receivedEncodedLength = body.length
+    return again
+  })
+
+  fastify.addHook('preHandler', async (request, reply) => {
+    const st = request[STATE]
+    if (!st || reply.sent) return
+    const route = (s.route && s.route(request)) ?? request.routeOptions?.url ?? request.url.split('?')[0]
+    let scoped
+    try {
+      scoped = http.scope(s.tenant(request), request.method, String(route), st.key)
+    } catch (e) {
+      s.counters.refused++
+      request[STATE] = undefined
+      return sendProblem(reply, http.problem(e))
+    }
+    const fp = s.fingerprint
+      ? s.fingerprint(request, st.body)
+      : http.requestFingerprint(request.method, request.url, request.headers['content-type'], st.body)
+
+    const gone = new AbortController()
+    reply.raw.once('close', () => {
+      if (!reply.raw.writableFinished) gone.abort(new Error('the client went away'))
+    })
+    let started
+    const leading = new Promise((resolve) => {
+      started = resolve
+    })
+    const lead = (owner) =>
+      new Promise((resolve, reject) => {
+        s.counters.led++
+        st.owner = owner
+        st.settle = (outcome) => {
+          if (st.settled) return
+          st.settled = true
+          if (outcome instanceof Error) {
+            s.counters.notStored++
+            reject(outcome)
+          } else {
+            resolve(outcome)
+          }
+        }
+        // As in oncely/express: a client gone before the answer began leaves the handler
+        // running, and its answer is settled in onSend as usual.
+        reply.raw.once('close', () => {
+          if (!reply.raw.writableFinished && reply.raw.headersSent) {
+            st.settle(new Released(owner, 'the response was not sent whole'))
+          }
+        })
+        started('lead')
+      })
+    st.run = dedup(s, scoped, fp, lead, gone.signal)
+    st.run.catch(() => {})
+    const first = await Promise.race([leading, st.run])
+    if (first === 'lead') return
+    request[STATE] = undefined
+    if (first.problem) return sendProblem(reply, first.problem)
+    const r = first.replay
+    replayed(s, request, scoped)
+    return reply
+      .code(r.status)
+      .headers({ ...headerObject(r.headers), [http.REPLAYED_HEADER]: 'true' })
+      .send(r.body)
+  })
+
+  fastify.addHook('onSend', async (request, reply, payload) => {
+    const st = request[STATE]
+    if (!st || !st.settle || st.settled) return payload
+    let body
+    if (payload === null || payload === undefined) body = Buffer.alloc(0)
+    else if (Buffer.isBuffer(payload)) body = payload
+    else if (typeof payload === 'string') body = Buffer.from(payload, 'utf8')
+    else {
+      // A stream is sent as it comes and not stored; the key is released once it ends.
+      const release = () => st.settle(new Released(st.owner, 'a streamed body is not stored'))
+      reply.raw.once('finish', release)
+      reply.raw.once('close', release)
+      return payload
+    }
+    if (body.length > cap) {
+      st.settle(new Released(st.owner, 'the body is over the cap'))
+    } else {
+      const record = {
+        status: reply.statusCode,
+        headers: storedFields(s.config, reply.getHeaders()),
+        body,
+        trailers: [],
+      }
+      st.settle(
+        http.storableStatus(reply.statusCode) ? http.encodeResponse(record) : new Unstored(st.owner, record),
+      )
+    }
+    // The answer is sent once the store has settled the key: a retry sent after it
+    // finds the key stored or released.
+    await st.run.catch(() => {})
+    return payload
+  })
+}
+
+idempotency[Symbol.for('skip-override')] = true
+idempotency[Symbol.for('fastify.display-name')] = 'oncely-idempotency'
+idempotency[Symbol.for('plugin-meta')] = { name: 'oncely-idempotency', fastify: '4.x || 5.x' }
+
+module.exports = { idempotency, default: idempotency }

@@ -1,0 +1,77 @@
+'use strict'
+// oncely/fetch: one idempotency key per logical call, kept across its retries, with the
+// retry loop of `retry` (SPEC §4) deciding every retry.
+
+const { retry, newKey, validateKey, http } = require('./index.js')
+
+/** The error an attempt throws for an answer of 400 or more: `retry` classifies it by its `response`. */
+class ResponseError extends Error {
+  constructor(response) {
+    super(`HTTP ${response.status}`)
+    this.name = 'ResponseError'
+    this.response = response
+  }
+}
+
+const REPLAYABLE = (b) =>
+  b === undefined ||
+  b === null ||
+  typeof b === 'string' ||
+  b instanceof Uint8Array ||
+  b instanceof ArrayBuffer ||
+  b instanceof URLSearchParams ||
+  (typeof Blob !== 'undefined' && b instanceof Blob) ||
+  (typeof FormData !== 'undefined' && b instanceof FormData)
+
+/**
+ * `fetch(input, init)` with an `Idempotency-Key` (the one in `init.headers`, else
+ * `options.key`, else a new one) sent on every attempt, retried by `retry` with
+ * `safe: true` (the key makes the call safe to repeat): network errors and retryable
+ * statuses (408, 425, 429, 5xx, 409 while the first attempt runs, per SPEC §3), with
+ * `Retry-After` honoured, `options.signal` / `init.signal` and `options.deadline`.
+ * Resolves with the last Response (also an error status once retries stop); rejects
+ * with the last network error.
+ */
+async function idempotentFetch(input, init = {}, options = {}) {
+  if (init === null || typeof init !== 'object') throw new TypeError('init must be an object')
+  if (options === null || typeof options !== 'object') throw new TypeError('options must be an object')
+  const { key: givenKey, fetch: fetchImpl = globalThis.fetch, ...retryOptions } = options
+  if (typeof fetchImpl !== 'function') throw new TypeError('options.fetch must be a function')
+  if (!REPLAYABLE(init.body)) {
+    throw new TypeError('init.body must be sendable again on a retry (a string, bytes, Blob, FormData or URLSearchParams), not a stream')
+  }
+  const headers = new Headers(init.headers)
+  const key = validateKey(headers.get(http.KEY_HEADER) ?? givenKey ?? newKey())
+  headers.set(http.KEY_HEADER, key)
+  const signal = retryOptions.signal ?? init.signal ?? undefined
+  const userOnRetry = retryOptions.onRetry
+  try {
+    return await retry(
+      async (_attempt, info) => {
+        let attemptSignal = signal
+        if (Number.isFinite(info.remainingMs)) {
+          const t = AbortSignal.timeout(Math.max(1, Math.ceil(info.remainingMs)))
+          attemptSignal = attemptSignal ? AbortSignal.any([attemptSignal, t]) : t
+        }
+        const res = await fetchImpl(input, { ...init, headers, signal: attemptSignal })
+        if (res.status >= 400) throw new ResponseError(res)
+        return res
+      },
+      {
+        ...retryOptions,
+        signal,
+        safe: true,
+        onRetry: (event) => {
+          // A discarded answer's body is not read: free its connection.
+          if (event.error instanceof ResponseError) event.error.response.body?.cancel().catch(() => {})
+          if (userOnRetry) userOnRetry(event)
+        },
+      },
+    )
+  } catch (e) {
+    if (e instanceof ResponseError) return e.response
+    throw e
+  }
+}
+
+module.exports = { idempotentFetch, ResponseError }

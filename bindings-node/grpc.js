@@ -1,0 +1,159 @@
+'use strict'
+// oncely/grpc: the server contract (SPEC §8) for @grpc/grpc-js unary handlers. The
+// record of an answer is the one the tower adapter stores for gRPC: content-type
+// application/grpc, the length-prefixed message as the body, grpc-status and
+// grpc-message as trailers.
+
+const { Unstored, Released, settings, storedFields, dedup, replayed, http } = require('./adapter.js')
+
+// A cancelled call leaves its handler running: the key stays held until the handler
+// answers, and that answer is kept as usual, so a retry does not run the handler again.
+
+const OK = 0
+const UNKNOWN = 2
+
+function frame(message) {
+  const head = Buffer.alloc(5)
+  head.writeUInt32BE(message.length, 1)
+  return Buffer.concat([head, message])
+}
+
+function unframe(body) {
+  return body.length >= 5 ? body.subarray(5, 5 + body.readUInt32BE(1)) : Buffer.alloc(0)
+}
+
+function field(name, value) {
+  return { name, value: Buffer.from(String(value), 'utf8') }
+}
+
+/**
+ * Wraps the unary handlers of `implementation` (for `service`, a grpc-js service
+ * definition) so that a call with `x-idempotency-key` metadata runs once per key: a
+ * retry gets the first answer again, with `idempotent-replayed: true` in its trailing
+ * metadata. Streaming methods pass through unchanged. `options` are the HTTP adapters'
+ * (`store` required); `tenant` gets the call.
+ */
+function withIdempotency(service, implementation, options) {
+  if (service === null || typeof service !== 'object') throw new TypeError('service must be a grpc-js service definition')
+  if (implementation === null || typeof implementation !== 'object') throw new TypeError('implementation must be an object of handlers')
+  const s = settings(options)
+  const grpc = options.grpc ?? require('@grpc/grpc-js')
+  const out = { ...implementation }
+  for (const [name, def] of Object.entries(service)) {
+    const handler = implementation[name]
+    if (typeof handler !== 'function' || def.requestStream || def.responseStream) continue
+    out[name] = wrap(s, grpc, def, handler)
+  }
+  return out
+}
+
+function trailer(grpc, extra) {
+  const m = new grpc.Metadata()
+  for (const [n, v] of extra) m.set(n, v)
+  return m
+}
+
+function wrap(s, grpc, def, handler) {
+  const path = def.path
+  return function idempotentUnary(call, callback) {
+    const decision = s.config.readGrpcKey(path, call.metadata.get(http.GRPC_KEY_METADATA))
+    if (decision.passThrough) {
+      s.counters.passedThrough++
+      return handler.call(this, call, callback)
+    }
+    const refuse = (p) => {
+      s.counters.refused++
+      const m = Object.fromEntries(p.grpcMetadata)
+      const md = trailer(grpc, m['grpc-retry-pushback-ms'] ? [['grpc-retry-pushback-ms', m['grpc-retry-pushback-ms']]] : [])
+      callback({ code: Number(m['grpc-status']), details: p.detail, metadata: md })
+    }
+    if (decision.problem) return refuse(decision.problem)
+    let scoped
+    try {
+      scoped = http.scope(s.tenant(call), 'POST', path, decision.key)
+    } catch (e) {
+      return refuse(http.problem(e))
+    }
+    const message = def.requestSerialize(call.request)
+    const fp = s.fingerprint ? s.fingerprint(call, message) : http.requestFingerprint('POST', path, 'application/grpc', message)
+
+    const gone = new AbortController()
+    call.once('cancelled', () => gone.abort(new Error('the call was cancelled')))
+    // The answer is sent once the store has settled the key (see oncely/express).
+    let finish = null
+    const lead = (owner) =>
+      new Promise((resolve, reject) => {
+        s.counters.led++
+        const answer = (err, value, trailerMd, flags) => {
+          if (finish) return
+          finish = () => callback(err, value, trailerMd, flags)
+          let code = OK
+          let detail = ''
+          let body = Buffer.alloc(0)
+          if (err) {
+            code = Number.isInteger(err.code) ? err.code : UNKNOWN
+            detail = err.details ?? err.message ?? ''
+          } else {
+            try {
+              body = frame(def.responseSerialize(value))
+            } catch (e) {
+              s.counters.notStored++
+              finish = () => callback(e)
+              return reject(new Released(owner, 'the response could not be serialized'))
+            }
+          }
+          const headers = [field('content-type', 'application/grpc')]
+          for (const [n, v] of Object.entries(trailerMd?.getMap?.() ?? {})) {
+            if (s.config.storesGrpcHeader(n)) headers.push(...storedFields(s.config, { [n]: v }))
+          }
+          const record = {
+            status: 200,
+            headers,
+            body,
+            trailers: [field('grpc-status', code), field('grpc-message', detail)],
+          }
+          if (body.length > s.config.bodyCap) {
+            s.counters.notStored++
+            return reject(new Released(owner, 'the body is over the cap'))
+          }
+          if (http.storableGrpcStatus(String(code))) return resolve(http.encodeResponse(record))
+          s.counters.notStored++
+          reject(new Unstored(owner, record))
+        }
+        try {
+          const r = handler.call(this, call, answer)
+          if (r && typeof r.then === 'function') r.then(undefined, (e) => answer(e))
+        } catch (e) {
+          answer(e)
+        }
+      })
+
+    dedup(s, scoped, fp, lead, gone.signal).then(
+      (outcome) => {
+        // The handler ran (whatever the store said after): its answer is the one to send.
+        if (outcome.led || finish) return finish?.()
+        if (outcome.problem) return refuse(outcome.problem)
+        const r = outcome.replay
+        replayed(s, call, scoped)
+        const t = Object.fromEntries(r.trailers.map((f) => [f.name, f.value.toString('utf8')]))
+        const md = trailer(grpc, [[http.REPLAYED_HEADER, 'true']])
+        const code = Number(t['grpc-status'] ?? OK)
+        if (code !== OK) return callback({ code, details: t['grpc-message'] ?? '', metadata: md })
+        let value
+        try {
+          value = def.responseDeserialize(unframe(r.body))
+        } catch (e) {
+          return callback({ code: 14, details: `the stored response cannot be read: ${e.message}` })
+        }
+        callback(null, value, md)
+      },
+      (e) => {
+        if (finish) return finish()
+        if (gone.signal.aborted) return
+        callback({ code: UNKNOWN, details: String(e?.message ?? e) })
+      },
+    )
+  }
+}
+
+module.exports = { withIdempotency }

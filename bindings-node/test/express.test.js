@@ -1,0 +1,356 @@
+'use strict'
+// oncely/express on a real Express server (4 and 5) on 127.0.0.1, with fetch: the
+// sequences of tests/vectors/http_server.json and the adapter's own cases.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const http = require('node:http')
+
+const { IdempotencyStore, RedisStore, newKey } = require('oncely')
+const { idempotency } = require('oncely/express')
+const { sequences, adapterOptions, answer, runSequence, send } = require('./http-sequences.js')
+
+const EXPRESSES = { 'express 5': require('express'), 'express 4': require('express4') }
+const REDIS = process.env.ONCELY_REDIS_URL
+
+function listen(app) {
+  // The default error handler then answers 500 without logging the test's own errors.
+  app.set('env', 'test')
+  return new Promise((resolve) => {
+    const server = app.listen(0, '127.0.0.1', () => resolve(server))
+  })
+}
+
+async function start(express, options, extra = () => {}) {
+  const app = express()
+  let calls = 0
+  const mw = idempotency(options)
+  const handler = async (req, res) => {
+    const a = await answer(++calls, req.headers['x-respond'])
+    res.status(a.status).set(a.headers).send(a.body)
+  }
+  extra(app, mw, () => ++calls)
+  for (const p of ['/orders', '/orders/:id', '/payments']) {
+    for (const m of ['post', 'patch', 'put', 'get']) app[m](p, mw, handler)
+  }
+  const server = await listen(app)
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    calls: () => calls,
+    middleware: mw,
+    close: () => new Promise((r) => server.close(r)),
+  }
+}
+
+for (const [name, express] of Object.entries(EXPRESSES)) {
+  test(`${name}: http_server.json sequences`, async (t) => {
+    for (const c of sequences) {
+      await t.test(c.comment, () =>
+        runSequence(c, (config) => start(express, adapterOptions(config, new IdempotencyStore()))),
+      )
+    }
+  })
+
+  test(`${name}: http_server.json sequences on a RedisStore`, { skip: !REDIS && 'ONCELY_REDIS_URL not set' }, async (t) => {
+    for (const c of sequences) {
+      const prefix = `oncely-express-test-${newKey()}`
+      await t.test(c.comment, () =>
+        runSequence(c, (config) =>
+          start(express, adapterOptions(config, new RedisStore({ url: REDIS, prefix, leaseMs: 3_000 }))),
+        ),
+      )
+    }
+  })
+
+  test(`${name}: 200 concurrent requests with one key run the handler once`, async () => {
+    const s = await start(express, { store: new IdempotencyStore() })
+    try {
+      const req = {
+        method: 'POST',
+        path: '/orders',
+        headers: { 'idempotency-key': 'order-0200', 'content-type': 'application/json' },
+        body: '{"sku":"A1"}',
+        respond: { delay_ms: 50 },
+      }
+      const all = await Promise.all(Array.from({ length: 200 }, () => send(s.url, req)))
+      assert.equal(s.calls(), 1)
+      for (const r of all) {
+        assert.equal(r.status, 201)
+        assert.deepEqual(r.body, all[0].body)
+        assert.equal(r.headers.get('etag'), '"call-1"')
+      }
+      assert.equal(all.filter((r) => r.headers.get('idempotent-replayed') === 'true').length, 199)
+      const n = s.middleware.counters()
+      assert.equal(n.led, 1)
+      assert.equal(n.stored, 1)
+      assert.equal(n.replayed, 199)
+    } finally {
+      await s.close()
+    }
+  })
+
+  test(`${name}: a handler that fails is not stored and the retry runs again`, async () => {
+    const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
+      app.post('/fail', mw, (req, res, next) => {
+        if (call() === 1) return next(new Error('boom'))
+        res.status(201).json({ ok: true })
+      })
+    })
+    try {
+      const req = { method: 'POST', path: '/fail', headers: { 'idempotency-key': 'order-fail1' }, body: 'x' }
+      assert.equal((await send(s.url, req)).status, 500)
+      const second = await send(s.url, req)
+      assert.equal(second.status, 201)
+      assert.equal(second.headers.get('idempotent-replayed'), null)
+      const third = await send(s.url, req)
+      assert.equal(third.headers.get('idempotent-replayed'), 'true')
+      assert.equal(s.calls(), 2)
+    } finally {
+      await s.close()
+    }
+  })
+
+  test(`${name}: a client that goes away mid-response releases the key`, async () => {
+    let release
+    const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
+      app.post('/stream', mw, (req, res) => {
+        const n = call()
+        res.status(200).type('text/plain')
+        res.write(`part-1 of call ${n}\n`)
+        if (n === 1) {
+          release = () => res.end('never seen\n')
+          return
+        }
+        res.end('done\n')
+      })
+    })
+    try {
+      const port = new URL(s.url).port
+      await new Promise((resolve, reject) => {
+        const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: '/stream', headers: { 'idempotency-key': 'order-gone1' } })
+        req.on('response', (res) => {
+          res.once('data', () => {
+            req.destroy()
+            resolve()
+          })
+        })
+        req.on('error', () => {})
+        req.end('x')
+        setTimeout(() => reject(new Error('no first part')), 5_000)
+      })
+      const again = await send(s.url, { method: 'POST', path: '/stream', headers: { 'idempotency-key': 'order-gone1' }, body: 'x' })
+      assert.equal(again.status, 200)
+      assert.equal(again.body.toString(), 'part-1 of call 2\ndone\n')
+      assert.equal(again.headers.get('idempotent-replayed'), null)
+      assert.equal(s.calls(), 2)
+      release?.()
+    } finally {
+      await s.close()
+    }
+  })
+
+  test(`${name}: a body parser before or after the middleware sees the body; the fingerprint is the same`, async () => {
+    const store = new IdempotencyStore()
+    const app = express()
+    const mw = idempotency({ store })
+    const seen = []
+    app.post('/before', express.json(), mw, (req, res) => {
+      seen.push(req.body)
+      res.status(201).json({ n: seen.length })
+    })
+    app.post('/after', mw, express.json(), (req, res) => {
+      seen.push(req.body)
+      res.status(201).json({ n: seen.length })
+    })
+    const server = await listen(app)
+    const url = `http://127.0.0.1:${server.address().port}`
+    try {
+      for (const p of ['/before', '/after']) {
+        for (const body of ['{"sku":"A1","qty":1}', '{ "qty": 1, "sku": "A1" }']) {
+          const r = await send(url, { method: 'POST', path: p, headers: { 'idempotency-key': 'order-body1', 'content-type': 'application/json' }, body })
+          assert.equal(r.status, 201)
+        }
+      }
+      assert.deepEqual(seen, [{ sku: 'A1', qty: 1 }, { sku: 'A1', qty: 1 }])
+    } finally {
+      await new Promise((r) => server.close(r))
+    }
+  })
+}
+
+test('a streaming response over the cap is sent whole and not stored', async () => {
+  const express = EXPRESSES['express 5']
+  const s = await start(express, { store: new IdempotencyStore(), bodyCap: 1024 }, (app, mw, call) => {
+    app.post('/events', mw, async (req, res) => {
+      call()
+      res.status(200).type('text/event-stream')
+      for (let i = 0; i < 100; i++) {
+        res.write(`data: ${'y'.repeat(30)} ${i}\n\n`)
+        await new Promise((r) => setImmediate(r))
+      }
+      res.end()
+    })
+  })
+  try {
+    const req = { method: 'POST', path: '/events', headers: { 'idempotency-key': 'order-sse01' }, body: '' }
+    const first = await send(s.url, req)
+    assert.equal(first.body.toString().split('\n\n').length, 101)
+    const second = await send(s.url, req)
+    assert.equal(second.headers.get('idempotent-replayed'), null)
+    assert.deepEqual(second.body, first.body)
+    assert.equal(s.calls(), 2)
+    assert.equal(s.middleware.counters().notStored, 2)
+  } finally {
+    await s.close()
+  }
+})
+
+test('bad options are refused when the middleware is made', () => {
+  assert.throws(() => idempotency(), TypeError)
+  assert.throws(() => idempotency({ store: {} }), TypeError)
+  assert.throws(() => idempotency({ store: new IdempotencyStore(), methods: ['PO ST'] }), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => idempotency({ store: new IdempotencyStore(), tenant: 3 }), TypeError)
+})
+
+test('on a RedisStore, a retry sent once an unstored answer arrived runs the handler again', { skip: !REDIS && 'ONCELY_REDIS_URL not set' }, async () => {
+  // The answer's end is held until the key is released in Redis: 30 rounds, each a
+  // 429 then at once its retry, which must be a new call (never a replay of the 429).
+  const express = EXPRESSES['express 5']
+  for (let round = 0; round < 30; round++) {
+    const store = new RedisStore({ url: REDIS, prefix: `oncely-express-test-${newKey()}`, leaseMs: 3_000 })
+    const s = await start(express, { store }, (app, mw, call) => {
+      app.post('/limited', mw, (req, res) => {
+        const n = call()
+        res.status(n === 1 ? 429 : 201).json({ call: n })
+      })
+    })
+    try {
+      const req = { method: 'POST', path: '/limited', headers: { 'idempotency-key': 'order-0429' }, body: 'x' }
+      assert.equal((await send(s.url, req)).status, 429)
+      const retry = await send(s.url, req)
+      assert.equal(retry.status, 201, `round ${round}`)
+      assert.equal(retry.headers.get('idempotent-replayed'), null)
+    } finally {
+      await s.close()
+    }
+  }
+})
+
+test('two server processes on one Redis run one request once', { skip: !REDIS && 'ONCELY_REDIS_URL not set' }, async () => {
+  const { spawn } = require('node:child_process')
+  const path = require('node:path')
+  const prefix = `oncely-express-test-${newKey()}`
+  const children = []
+  try {
+    const urls = []
+    for (let i = 0; i < 2; i++) {
+      const child = spawn(process.execPath, [path.join(__dirname, '..', 'fixtures', 'express-redis-server.js')], {
+        env: { ...process.env, PREFIX: prefix },
+        stdio: ['ignore', 'pipe', 'inherit'],
+      })
+      children.push(child)
+      const port = await new Promise((resolve, reject) => {
+        child.stdout.once('data', (d) => resolve(String(d).trim()))
+        child.once('exit', (code) => reject(new Error(`server exited ${code}`)))
+      })
+      urls.push(`http://127.0.0.1:${port}`)
+    }
+    const req = { method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-2proc' }, body: 'x' }
+    const all = await Promise.all(Array.from({ length: 60 }, (_, i) => send(urls[i % 2], req)))
+    for (const r of all) {
+      assert.equal(r.status, 201)
+      assert.deepEqual(r.body, all[0].body)
+    }
+    assert.equal(all.filter((r) => r.headers.get('idempotent-replayed') === 'true').length, 59)
+    let calls = 0
+    for (const u of urls) calls += (await (await fetch(`${u}/count`)).json()).calls
+    assert.equal(calls, 1)
+  } finally {
+    for (const c of children) c.kill('SIGTERM')
+  }
+})
+
+test('a store that fails after the handler ran: the handler\'s answer is sent, not a problem', async () => {
+  // As a RedisStore does when the result cannot be written or the lease was lost.
+  const store = {
+    async execute(scoped, fingerprint, fn) {
+      await fn({ signal: new AbortController().signal })
+      throw Object.assign(new Error('the idempotency store is unavailable: write failed'), { kind: 'unavailable', code: 'UNAVAILABLE' })
+    },
+  }
+  const s = await start(EXPRESSES['express 5'], { store })
+  try {
+    const r = await send(s.url, { method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-lost1', 'content-type': 'application/json' }, body: '{}' })
+    assert.equal(r.status, 201)
+    assert.deepEqual(JSON.parse(r.body.toString()), { call: 1 })
+    assert.equal(s.calls(), 1)
+  } finally {
+    await s.close()
+  }
+})
+
+test('concurrent duplicates, half of them aborted at random moments: one run, every other caller its answer', async () => {
+  for (const [name, makeStore] of [
+    ['memory', () => new IdempotencyStore()],
+    ...(REDIS ? [['redis', () => new RedisStore({ url: REDIS, prefix: `oncely-express-test-${newKey()}`, leaseMs: 3_000 })]] : []),
+  ]) {
+    const s = await start(EXPRESSES['express 5'], { store: makeStore() })
+    try {
+      const key = newKey()
+      const one = (abortAfterMs) => {
+        const c = new AbortController()
+        if (abortAfterMs !== undefined) setTimeout(() => c.abort(), abortAfterMs)
+        return fetch(`${s.url}/orders`, {
+          method: 'POST',
+          headers: { 'idempotency-key': key, 'content-type': 'application/json', 'x-respond': '{"delay_ms":150}' },
+          body: '{"sku":"A1"}',
+          signal: c.signal,
+        }).then(
+          async (r) => ({ status: r.status, body: await r.text() }),
+          (e) => ({ aborted: e.name === 'AbortError' }),
+        )
+      }
+      const all = await Promise.all(Array.from({ length: 80 }, (_, i) => one(i % 2 ? Math.floor(Math.random() * 200) : undefined)))
+      const answered = all.filter((r) => !r.aborted)
+      assert.ok(answered.length >= 40, name)
+      const bodies = new Set(answered.map((r) => r.body))
+      assert.equal(bodies.size, 1, `${name}: every caller got one answer`)
+      const after = await send(s.url, { method: 'POST', path: '/orders', headers: { 'idempotency-key': key, 'content-type': 'application/json' }, body: '{"sku":"A1"}' })
+      // The first leader may have been aborted before it answered (its key released, a
+      // waiter led): the handler ran at most twice, and the stored answer is the last run's.
+      assert.equal(after.headers.get('idempotent-replayed'), 'true', name)
+      assert.ok(s.calls() >= 1 && s.calls() <= 2, `${name}: ${s.calls()} runs`)
+      assert.ok(bodies.has(after.body.toString()) || s.calls() === 2, name)
+    } finally {
+      await s.close()
+    }
+  }
+})
+
+test('a client gone before the answer began: the handler finishes, its answer is kept, the retry is a replay', async () => {
+  for (const express of Object.values(EXPRESSES)) {
+    let started
+    const running = new Promise((r) => (started = r))
+    const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
+      app.post('/slow', mw, async (req, res) => {
+        const n = call()
+        started()
+        await new Promise((r) => setTimeout(r, 200))
+        res.status(201).json({ call: n })
+      })
+    })
+    try {
+      const c = new AbortController()
+      const first = fetch(`${s.url}/slow`, { method: 'POST', headers: { 'idempotency-key': 'order-left1' }, body: 'x', signal: c.signal })
+      await running
+      c.abort()
+      await assert.rejects(first)
+      const retry = await send(s.url, { method: 'POST', path: '/slow', headers: { 'idempotency-key': 'order-left1' }, body: 'x' })
+      assert.equal(retry.status, 201)
+      assert.deepEqual(JSON.parse(retry.body.toString()), { call: 1 })
+      assert.equal(retry.headers.get('idempotent-replayed'), 'true')
+      assert.equal(s.calls(), 1)
+    } finally {
+      await s.close()
+    }
+  }
+})
