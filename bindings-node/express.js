@@ -1,9 +1,18 @@
 'use strict'
 // oncely/express: the server contract (SPEC §8) as Express 4/5 middleware.
 
-const { Unstored, Released, settings, keyValues, storedFields, headerObject, dedup, replayed, http } = require(
-  './adapter.js',
-)
+const {
+  Unstored,
+  Released,
+  settings,
+  keyValues,
+  storedFields,
+  headerObject,
+  scopeOf,
+  dedup,
+  replayed,
+  http,
+} = require('./adapter.js')
 
 /** Reads the request body whole, up to `cap` bytes: the bytes, or `null` when over. */
 function readBody(req, cap) {
@@ -92,13 +101,12 @@ function idempotency(options) {
     }
     const path = req.originalUrl.split('?')[0]
     const route = (s.route && s.route(req)) ?? (req.route ? req.baseUrl + req.route.path : path)
-    let scoped
-    try {
-      scoped = http.scope(s.tenant(req), req.method, String(route), decision.key)
-    } catch (e) {
+    const sc = scopeOf(s, req, req.method, String(route), decision.key)
+    if (sc.problem) {
       s.counters.refused++
-      return sendProblem(res, http.problem(e))
+      return sendProblem(res, sc.problem)
     }
+    const scoped = sc.scoped
     const fp = s.fingerprint
       ? s.fingerprint(req, body)
       : http.requestFingerprint(req.method, req.originalUrl, req.headers['content-type'], body)
@@ -171,13 +179,21 @@ function idempotency(options) {
             reject(new Released(owner, 'the body is over the cap'))
             return this
           }
+          const ct = res.getHeader('content-type')
+          if (ct !== undefined && http.isEventStream(String(ct))) {
+            // Sent as produced; the key was held until its end and is released now.
+            s.counters.notStored++
+            reject(new Released(owner, 'an event stream is not stored'))
+            return this
+          }
+          const stored = http.storableStatus(res.statusCode)
           const record = {
             status: res.statusCode,
-            headers: storedFields(s.config, res.getHeaders()),
+            headers: storedFields(s.config, res.getHeaders(), stored),
             body: Buffer.concat(chunks, size),
             trailers: [],
           }
-          if (http.storableStatus(res.statusCode)) {
+          if (stored) {
             resolve(http.encodeResponse(record))
           } else {
             s.counters.notStored++

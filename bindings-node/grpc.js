@@ -4,7 +4,7 @@
 // application/grpc, the length-prefixed message as the body, grpc-status and
 // grpc-message as trailers.
 
-const { Unstored, Released, settings, storedFields, dedup, replayed, http } = require('./adapter.js')
+const { Unstored, Released, settings, storedFields, scopeOf, dedup, replayed, http } = require('./adapter.js')
 
 // A cancelled call leaves its handler running: the key stays held until the handler
 // answers, and that answer is kept as usual, so a retry does not run the handler again.
@@ -68,12 +68,9 @@ function wrap(s, grpc, def, handler) {
       callback({ code: Number(m['grpc-status']), details: p.detail, metadata: md })
     }
     if (decision.problem) return refuse(decision.problem)
-    let scoped
-    try {
-      scoped = http.scope(s.tenant(call), 'POST', path, decision.key)
-    } catch (e) {
-      return refuse(http.problem(e))
-    }
+    const sc = scopeOf(s, call, 'POST', path, decision.key)
+    if (sc.problem) return refuse(sc.problem)
+    const scoped = sc.scoped
     const message = def.requestSerialize(call.request)
     const fp = s.fingerprint ? s.fingerprint(call, message) : http.requestFingerprint('POST', path, 'application/grpc', message)
 
