@@ -171,9 +171,27 @@ function idempotency(options) {
             encoding = undefined
           }
           keep(chunk, encoding)
-          restore()
           ended = true
-          finish = () => end.call(res, chunk, encoding, cb)
+          // The response is whole: until it is sent, nothing after it (an error handler
+          // answering a late `next(err)`, a stray write) may change or replace it.
+          const status = res.statusCode
+          const headers = res.getHeaders()
+          res.write = () => true
+          res.end = function () {
+            return this
+          }
+          res.writeHead = function () {
+            return this
+          }
+          finish = () => {
+            restore()
+            if (!res.headersSent) {
+              res.statusCode = status
+              for (const n of res.getHeaderNames()) if (!(n in headers)) res.removeHeader(n)
+              for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
+            }
+            end.call(res, chunk, encoding, cb)
+          }
           if (over) {
             s.counters.notStored++
             reject(new Released(owner, 'the body is over the cap'))

@@ -354,3 +354,91 @@ test('a client gone before the answer began: the handler finishes, its answer is
     }
   }
 })
+
+test('an event stream is sent as it is produced, holds the key until it ends, and is not stored', async () => {
+  const express = EXPRESSES['express 5']
+  let release
+  const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
+    app.post('/events', mw, async (req, res) => {
+      const n = call()
+      res.status(200).type('text/event-stream')
+      res.write(`data: first ${n}\n\n`)
+      if (n === 1) await new Promise((r) => (release = r))
+      res.end(`data: last ${n}\n\n`)
+    })
+  })
+  try {
+    const req = { method: 'POST', path: '/events', headers: { 'idempotency-key': 'order-sse02' }, body: '' }
+    const res = await fetch(s.url + req.path, { method: 'POST', headers: req.headers, body: '' })
+    const reader = res.body.getReader()
+    // The first event arrives while the handler still runs (a hang here fails the test).
+    assert.equal(Buffer.from((await reader.read()).value).toString(), 'data: first 1\n\n')
+    // A duplicate during the stream waits for its end: the key is held.
+    const dup = send(s.url, req)
+    await new Promise((r) => setTimeout(r, 100))
+    assert.equal(s.calls(), 1)
+    release()
+    let rest = ''
+    for (let r = await reader.read(); !r.done; r = await reader.read()) rest += Buffer.from(r.value).toString()
+    assert.equal(rest, 'data: last 1\n\n')
+    const second = await dup
+    assert.equal(second.headers.get('idempotent-replayed'), null)
+    assert.equal(second.body.toString(), 'data: first 2\n\ndata: last 2\n\n')
+    const third = await send(s.url, req)
+    assert.equal(third.headers.get('idempotent-replayed'), null)
+    assert.equal(s.calls(), 3)
+  } finally {
+    await s.close()
+  }
+})
+
+for (const [name, storeOf] of [
+  ['memory', () => new IdempotencyStore()],
+  ['redis', () => new RedisStore({ url: REDIS, prefix: `oncely-express-test-${newKey()}`, leaseMs: 3_000 })],
+]) {
+  test(`duplicates that waited for an unstored 503 get its shared headers (${name})`, { skip: name === 'redis' && !REDIS && 'ONCELY_REDIS_URL not set' }, async () => {
+    const s = await start(EXPRESSES['express 5'], { store: storeOf() })
+    try {
+      const req = {
+        method: 'POST',
+        path: '/orders',
+        headers: { 'idempotency-key': 'order-503s1', 'content-type': 'application/json' },
+        body: '{}',
+        respond: { status: 503, delay_ms: 300 },
+      }
+      const all = await Promise.all(Array.from({ length: 8 }, () => send(s.url, req)))
+      let waiters = 0
+      for (const r of all) {
+        assert.equal(r.status, 503)
+        if (r.headers.get('idempotent-replayed') !== 'true') continue
+        waiters++
+        assert.equal(r.headers.get('x-call'), r.headers.get('etag').slice(6, -1))
+        assert.equal(r.headers.get('set-cookie'), null)
+      }
+      assert.ok(waiters > 0, 'no duplicate waited')
+    } finally {
+      await s.close()
+    }
+  })
+}
+
+test('a handler that fails after its whole response was sent: the response is the answer, and stored', async () => {
+  const s = await start(EXPRESSES['express 5'], { store: new IdempotencyStore() }, (app, mw, call) => {
+    app.post('/late', mw, (req, res, next) => {
+      res.status(201).json({ call: call() })
+      next(new Error('late failure'))
+    })
+  })
+  try {
+    const req = { method: 'POST', path: '/late', headers: { 'idempotency-key': 'order-late1' }, body: '' }
+    const first = await send(s.url, req)
+    assert.equal(first.status, 201)
+    assert.deepEqual(JSON.parse(first.body.toString()), { call: 1 })
+    const second = await send(s.url, req)
+    assert.equal(second.status, 201)
+    assert.equal(second.headers.get('idempotent-replayed'), 'true')
+    assert.equal(s.calls(), 1)
+  } finally {
+    await s.close()
+  }
+})
