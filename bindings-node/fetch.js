@@ -40,7 +40,10 @@ async function idempotentFetch(input, init = {}, options = {}) {
   if (!REPLAYABLE(init.body)) {
     throw new TypeError('init.body must be sendable again on a retry (a string, bytes, Blob, FormData or URLSearchParams), not a stream')
   }
-  const headers = new Headers(init.headers)
+  const isRequest = typeof Request !== 'undefined' && input instanceof Request
+  if (isRequest && input.bodyUsed) throw new TypeError('input is a Request whose body was already read')
+  // fetch(request, init) sends init.headers instead of the request's own: start from them.
+  const headers = new Headers(init.headers ?? (isRequest ? input.headers : undefined))
   const key = validateKey(headers.get(http.KEY_HEADER) ?? givenKey ?? newKey())
   headers.set(http.KEY_HEADER, key)
   const signal = retryOptions.signal ?? init.signal ?? undefined
@@ -53,7 +56,9 @@ async function idempotentFetch(input, init = {}, options = {}) {
           const t = AbortSignal.timeout(Math.max(1, Math.ceil(info.remainingMs)))
           attemptSignal = attemptSignal ? AbortSignal.any([attemptSignal, t]) : t
         }
-        const res = await fetchImpl(input, { ...init, headers, signal: attemptSignal })
+        // A Request's body is read by the attempt that sends it: each attempt sends a copy.
+        const target = isRequest && init.body === undefined && input.body !== null ? input.clone() : input
+        const res = await fetchImpl(target, { ...init, headers, signal: attemptSignal })
         if (res.status >= 400) throw new ResponseError(res)
         return res
       },
