@@ -46,6 +46,10 @@ function parsedBody(req) {
   return Buffer.from(JSON.stringify(b), 'utf8')
 }
 
+function bodyless(method, status) {
+  return method === 'HEAD' || status < 200 || status === 204 || status === 304
+}
+
 function send(res, status, headers, body) {
   res.statusCode = status
   for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
@@ -208,7 +212,8 @@ function idempotency(options) {
           const record = {
             status: res.statusCode,
             headers: storedFields(s.config, res.getHeaders(), stored),
-            body: Buffer.concat(chunks, size),
+            // What was sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
+            body: bodyless(req.method, res.statusCode) ? Buffer.alloc(0) : Buffer.concat(chunks, size),
             trailers: [],
           }
           if (stored) {

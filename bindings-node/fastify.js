@@ -163,6 +163,9 @@ async function idempotency(fastify, options) {
       reply.raw.once('close', release)
       return payload
     }
+    // What is sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
+    const status = reply.statusCode
+    if (request.method === 'HEAD' || status < 200 || status === 204 || status === 304) body = Buffer.alloc(0)
     if (body.length > cap) {
       st.settle(new Released(st.owner, 'the body is over the cap'))
     } else {

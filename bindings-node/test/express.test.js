@@ -5,7 +5,7 @@ const test = require('node:test')
 const assert = require('node:assert/strict')
 const http = require('node:http')
 
-const { IdempotencyStore, RedisStore, newKey } = require('oncely')
+const { IdempotencyStore, RedisStore, newKey, http: oncelyHttp } = require('oncely')
 const { idempotency } = require('oncely/express')
 const { sequences, adapterOptions, answer, runSequence, send } = require('./http-sequences.js')
 
@@ -438,6 +438,36 @@ test('a handler that fails after its whole response was sent: the response is th
     assert.equal(second.status, 201)
     assert.equal(second.headers.get('idempotent-replayed'), 'true')
     assert.equal(s.calls(), 1)
+  } finally {
+    await s.close()
+  }
+})
+
+test('a response that has no body on the wire (204, HEAD) is stored without the body the handler wrote', async () => {
+  const store = new IdempotencyStore()
+  const options = { store, methods: ['POST', 'HEAD'], fingerprint: () => 'fp' }
+  const s = await start(EXPRESSES['express 5'], options, (app, mw, call) => {
+    app.post('/nobody/:status', mw, (req, res) => {
+      call()
+      res.statusCode = Number(req.params.status)
+      res.end('not sent')
+    })
+    app.head('/nobody/:status', mw, (req, res) => {
+      call()
+      res.statusCode = 200
+      res.end('not sent')
+    })
+  })
+  try {
+    for (const [method, status] of [['POST', 204], ['HEAD', 200]]) {
+      const key = `order-nobody-${method}-${status}`
+      const req = { method, path: `/nobody/${status}`, headers: { 'idempotency-key': key }, body: '' }
+      assert.equal((await send(s.url, req)).status, status)
+      const r = await store.execute(oncelyHttp.scope('default', method, '/nobody/:status', key), 'fp', () => {
+        throw new Error('the first request was not stored')
+      })
+      assert.equal(oncelyHttp.decodeResponse(Buffer.from(r.value)).body.length, 0, `${method} ${status}`)
+    }
   } finally {
     await s.close()
   }

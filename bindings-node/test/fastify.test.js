@@ -6,7 +6,7 @@ const assert = require('node:assert/strict')
 const { Readable } = require('node:stream')
 
 const Fastify = require('fastify')
-const { IdempotencyStore, RedisStore, newKey } = require('oncely')
+const { IdempotencyStore, RedisStore, newKey, http } = require('oncely')
 const { idempotency } = require('oncely/fastify')
 const { sequences, adapterOptions, answer, runSequence, send } = require('./http-sequences.js')
 
@@ -283,6 +283,32 @@ test('fastify: a handler that fails after its whole response was sent: the respo
     assert.equal(second.status, 201)
     assert.equal(second.headers.get('idempotent-replayed'), 'true')
     assert.equal(s.calls(), 1)
+  } finally {
+    await s.close()
+  }
+})
+
+test('fastify: a 204 or HEAD answer is stored without the body the handler gave', async () => {
+  const store = new IdempotencyStore()
+  const s = await start({ store, methods: ['POST', 'HEAD'], fingerprint: () => 'fp' }, (app, call) => {
+    app.post('/nobody', async (req, reply) => {
+      call()
+      return reply.code(204).send('not sent')
+    })
+    app.head('/nobody', async (req, reply) => {
+      call()
+      return reply.code(200).send('not sent')
+    })
+  })
+  try {
+    for (const method of ['POST', 'HEAD']) {
+      const key = `order-nobody-${method}`
+      await send(s.url, { method, path: '/nobody', headers: { 'idempotency-key': key }, body: '' })
+      const r = await store.execute(http.scope('default', method, '/nobody', key), 'fp', () => {
+        throw new Error('the first request was not stored')
+      })
+      assert.equal(http.decodeResponse(Buffer.from(r.value)).body.length, 0, method)
+    }
   } finally {
     await s.close()
   }
