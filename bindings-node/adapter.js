@@ -106,6 +106,10 @@ function scopeOf(s, req, method, route, key) {
   let tenant
   try {
     tenant = s.tenant(req)
+    if (typeof tenant !== 'string') {
+      const what = tenant === null ? 'null' : typeof tenant
+      return { problem: http.problem({ kind: 'tenant_unusable', message: `the tenant is ${what}, not a string` }) }
+    }
     return { scoped: http.scope(tenant, method, route, key) }
   } catch (e) {
     if (!isOncelyError(e)) throw e

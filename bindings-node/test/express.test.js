@@ -472,3 +472,17 @@ test('a response that has no body on the wire (204, HEAD) is stored without the 
     await s.close()
   }
 })
+
+test('a tenant function that gives no string, or an unusable one: 500 tenant-unusable, the handler not run', async () => {
+  for (const tenant of [undefined, null, 42, '', 'x'.repeat(2000)]) {
+    const s = await start(EXPRESSES['express 5'], { store: new IdempotencyStore(), tenant: () => tenant })
+    try {
+      const r = await send(s.url, { method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-0001' }, body: '{}' })
+      assert.equal(r.status, 500, String(tenant))
+      assert.equal(JSON.parse(r.body.toString()).type, 'urn:oncely:problem:tenant-unusable')
+      assert.equal(s.calls(), 0)
+    } finally {
+      await s.close()
+    }
+  }
+})

@@ -313,3 +313,17 @@ test('fastify: a 204 or HEAD answer is stored without the body the handler gave'
     await s.close()
   }
 })
+
+test('fastify: a tenant function that gives no string, or an unusable one: 500 tenant-unusable, the handler not run', async () => {
+  for (const tenant of [undefined, null, 42, '', 'x'.repeat(2000)]) {
+    const s = await start({ store: new IdempotencyStore(), tenant: () => tenant })
+    try {
+      const r = await send(s.url, { method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-0001' }, body: '{}' })
+      assert.equal(r.status, 500, String(tenant))
+      assert.equal(JSON.parse(r.body.toString()).type, 'urn:oncely:problem:tenant-unusable')
+      assert.equal(s.calls(), 0)
+    } finally {
+      await s.close()
+    }
+  }
+})
