@@ -2,7 +2,7 @@
 // oncely/fetch: one idempotency key per logical call, kept across its retries, with the
 // retry loop of `retry` (SPEC §4) deciding every retry.
 
-const { retry, newKey, validateKey, http } = require('./index.js')
+const { retry, newKey, validateKey, failureOf, http } = require('./index.js')
 
 /** The error an attempt throws for an answer of 400 or more: `retry` classifies it by its `response`. */
 class ResponseError extends Error {
@@ -27,7 +27,7 @@ const REPLAYABLE = (b) =>
  * `fetch(input, init)` with an `Idempotency-Key` (the one in `init.headers`, else
  * `options.key`, else a new one) sent on every attempt, retried by `retry` with
  * `safe: true` (the key makes the call safe to repeat): network errors and retryable
- * statuses (408, 425, 429, 5xx, 409 while the first attempt runs, per SPEC §3), with
+ * statuses (408, 425, 429, 5xx per SPEC §3, and a 409 with Retry-After: in progress), with
  * `Retry-After` honoured, `options.signal` / `init.signal` and `options.deadline`.
  * Resolves with the last Response (also an error status once retries stop); rejects
  * with the last network error.
@@ -48,6 +48,20 @@ async function idempotentFetch(input, init = {}, options = {}) {
   headers.set(http.KEY_HEADER, key)
   const signal = retryOptions.signal ?? init.signal ?? undefined
   const userOnRetry = retryOptions.onRetry
+  const userClassify = retryOptions.classify
+  // 409 + Retry-After to a keyed request: "in progress" (an earlier attempt of this call,
+  // whose answer was lost, still runs there). Sending the key again after the delay gets
+  // that attempt's answer and cannot apply the call twice, so it is retried.
+  const classify = (error) => {
+    const own = userClassify ? userClassify(error) : undefined
+    if (own !== undefined) return own
+    const res = error instanceof ResponseError ? error.response : undefined
+    if (res && res.status === 409 && res.headers.has('retry-after')) {
+      const delay = failureOf(res).delayMs
+      return delay === undefined ? { code: 'UNAVAILABLE' } : { code: 'UNAVAILABLE', retryAfterMs: delay }
+    }
+    return undefined
+  }
   try {
     return await retry(
       async (_attempt, info) => {
@@ -66,6 +80,7 @@ async function idempotentFetch(input, init = {}, options = {}) {
         ...retryOptions,
         signal,
         safe: true,
+        classify,
         onRetry: (event) => {
           // A discarded answer's body is not read: free its connection.
           if (event.error instanceof ResponseError) event.error.response.body?.cancel().catch(() => {})

@@ -158,3 +158,33 @@ test('a Request as input: its headers and its body go with every attempt, under 
     await close(server)
   }
 })
+
+test('409 in progress (with Retry-After) is retried under the same key; a 409 without it is final', async () => {
+  const seen = []
+  let conflict = 'in-progress'
+  const server = http.createServer(async (req, res) => {
+    for await (const _ of req);
+    seen.push(req.headers['idempotency-key'])
+    if (seen.length === 1 || conflict === 'final') {
+      const headers = { 'content-type': 'application/problem+json' }
+      if (conflict === 'in-progress') headers['retry-after'] = '0'
+      return res.writeHead(409, headers).end('{}')
+    }
+    res.writeHead(201).end('done')
+  })
+  const url = await listen(server)
+  try {
+    const res = await idempotentFetch(`${url}/orders`, { method: 'POST', body: 'x' }, { policy: fast })
+    assert.equal(res.status, 201)
+    assert.equal(await res.text(), 'done')
+    assert.equal(seen.length, 2)
+    assert.equal(seen[0], seen[1])
+    conflict = 'final'
+    seen.length = 0
+    const final = await idempotentFetch(`${url}/orders`, { method: 'POST', body: 'x' }, { policy: fast })
+    assert.equal(final.status, 409)
+    assert.equal(seen.length, 1)
+  } finally {
+    await close(server)
+  }
+})
