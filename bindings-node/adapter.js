@@ -70,11 +70,15 @@ function keyValues(req) {
   return v === undefined ? [] : [v]
 }
 
-/** The headers of a response the core says to store, as record fields. */
-function storedFields(config, headers) {
+/**
+ * The headers of a response as record fields: those the core stores, or, for a response
+ * that is not stored (`stored === false`: it only reaches the duplicates waiting now),
+ * every header it shares.
+ */
+function storedFields(config, headers, stored = true) {
   const out = []
   for (const [name, value] of Object.entries(headers)) {
-    if (value === undefined || !config.storesHeader(name)) continue
+    if (value === undefined || !(stored ? config.storesHeader(name) : config.sharesHeader(name))) continue
     for (const v of Array.isArray(value) ? value : [value]) {
       out.push({ name: name.toLowerCase(), value: Buffer.from(String(v), 'latin1') })
     }
@@ -91,6 +95,27 @@ function headerObject(fields) {
     else out[name] = [].concat(out[name], v)
   }
   return out
+}
+
+/**
+ * The scoped key of a request, or the problem to answer: a tenant the tenant function
+ * gave that cannot scope a key is the server's fault (500 tenant-unusable), not the
+ * client's.
+ */
+function scopeOf(s, req, method, route, key) {
+  let tenant
+  try {
+    tenant = s.tenant(req)
+    if (typeof tenant !== 'string') {
+      const what = tenant === null ? 'null' : typeof tenant
+      return { problem: http.problem({ kind: 'tenant_unusable', message: `the tenant is ${what}, not a string` }) }
+    }
+    return { scoped: http.scope(tenant, method, route, key) }
+  } catch (e) {
+    if (!isOncelyError(e)) throw e
+    if (e.field === 'tenant') return { problem: http.problem({ kind: 'tenant_unusable', message: e.message }) }
+    return { problem: http.problem(e) }
+  }
 }
 
 function isOncelyError(e) {
@@ -146,4 +171,15 @@ function replayed(s, req, scoped) {
   }
 }
 
-module.exports = { Unstored, Released, settings, keyValues, storedFields, headerObject, dedup, replayed, http }
+module.exports = {
+  Unstored,
+  Released,
+  settings,
+  keyValues,
+  storedFields,
+  headerObject,
+  scopeOf,
+  dedup,
+  replayed,
+  http,
+}

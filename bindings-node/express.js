@@ -1,9 +1,18 @@
 'use strict'
 // oncely/express: the server contract (SPEC §8) as Express 4/5 middleware.
 
-const { Unstored, Released, settings, keyValues, storedFields, headerObject, dedup, replayed, http } = require(
-  './adapter.js',
-)
+const {
+  Unstored,
+  Released,
+  settings,
+  keyValues,
+  storedFields,
+  headerObject,
+  scopeOf,
+  dedup,
+  replayed,
+  http,
+} = require('./adapter.js')
 
 /** Reads the request body whole, up to `cap` bytes: the bytes, or `null` when over. */
 function readBody(req, cap) {
@@ -35,6 +44,10 @@ function parsedBody(req) {
   if (typeof b === 'string') return Buffer.from(b, 'utf8')
   // A parsed JSON body: its canonical form is the same as the bytes' (SPEC §8).
   return Buffer.from(JSON.stringify(b), 'utf8')
+}
+
+function bodyless(method, status) {
+  return method === 'HEAD' || status < 200 || status === 204 || status === 304
 }
 
 function send(res, status, headers, body) {
@@ -92,13 +105,12 @@ function idempotency(options) {
     }
     const path = req.originalUrl.split('?')[0]
     const route = (s.route && s.route(req)) ?? (req.route ? req.baseUrl + req.route.path : path)
-    let scoped
-    try {
-      scoped = http.scope(s.tenant(req), req.method, String(route), decision.key)
-    } catch (e) {
+    const sc = scopeOf(s, req, req.method, String(route), decision.key)
+    if (sc.problem) {
       s.counters.refused++
-      return sendProblem(res, http.problem(e))
+      return sendProblem(res, sc.problem)
     }
+    const scoped = sc.scoped
     const fp = s.fingerprint
       ? s.fingerprint(req, body)
       : http.requestFingerprint(req.method, req.originalUrl, req.headers['content-type'], body)
@@ -163,21 +175,48 @@ function idempotency(options) {
             encoding = undefined
           }
           keep(chunk, encoding)
-          restore()
           ended = true
-          finish = () => end.call(res, chunk, encoding, cb)
+          // The response is whole: until it is sent, nothing after it (an error handler
+          // answering a late `next(err)`, a stray write) may change or replace it.
+          const status = res.statusCode
+          const headers = res.getHeaders()
+          res.write = () => true
+          res.end = function () {
+            return this
+          }
+          res.writeHead = function () {
+            return this
+          }
+          finish = () => {
+            restore()
+            if (!res.headersSent) {
+              res.statusCode = status
+              for (const n of res.getHeaderNames()) if (!(n in headers)) res.removeHeader(n)
+              for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
+            }
+            end.call(res, chunk, encoding, cb)
+          }
           if (over) {
             s.counters.notStored++
             reject(new Released(owner, 'the body is over the cap'))
             return this
           }
+          const ct = res.getHeader('content-type')
+          if (ct !== undefined && http.isEventStream(String(ct))) {
+            // Sent as produced; the key was held until its end and is released now.
+            s.counters.notStored++
+            reject(new Released(owner, 'an event stream is not stored'))
+            return this
+          }
+          const stored = http.storableStatus(res.statusCode)
           const record = {
             status: res.statusCode,
-            headers: storedFields(s.config, res.getHeaders()),
-            body: Buffer.concat(chunks, size),
+            headers: storedFields(s.config, res.getHeaders(), stored),
+            // What was sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
+            body: bodyless(req.method, res.statusCode) ? Buffer.alloc(0) : Buffer.concat(chunks, size),
             trailers: [],
           }
-          if (http.storableStatus(res.statusCode)) {
+          if (stored) {
             resolve(http.encodeResponse(record))
           } else {
             s.counters.notStored++

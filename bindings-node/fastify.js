@@ -2,9 +2,18 @@
 // oncely/fastify: the server contract (SPEC §8) as a Fastify plugin.
 
 const { Readable } = require('node:stream')
-const { Unstored, Released, settings, keyValues, storedFields, headerObject, dedup, replayed, http } = require(
-  './adapter.js',
-)
+const {
+  Unstored,
+  Released,
+  settings,
+  keyValues,
+  storedFields,
+  headerObject,
+  scopeOf,
+  dedup,
+  replayed,
+  http,
+} = require('./adapter.js')
 
 const STATE = Symbol('oncely.idempotency')
 
@@ -81,14 +90,13 @@ async function idempotency(fastify, options) {
     const st = request[STATE]
     if (!st || reply.sent) return
     const route = (s.route && s.route(request)) ?? request.routeOptions?.url ?? request.url.split('?')[0]
-    let scoped
-    try {
-      scoped = http.scope(s.tenant(request), request.method, String(route), st.key)
-    } catch (e) {
+    const sc = scopeOf(s, request, request.method, String(route), st.key)
+    if (sc.problem) {
       s.counters.refused++
       request[STATE] = undefined
-      return sendProblem(reply, http.problem(e))
+      return sendProblem(reply, sc.problem)
     }
+    const scoped = sc.scoped
     const fp = s.fingerprint
       ? s.fingerprint(request, st.body)
       : http.requestFingerprint(request.method, request.url, request.headers['content-type'], st.body)
@@ -145,25 +153,30 @@ async function idempotency(fastify, options) {
     if (payload === null || payload === undefined) body = Buffer.alloc(0)
     else if (Buffer.isBuffer(payload)) body = payload
     else if (typeof payload === 'string') body = Buffer.from(payload, 'utf8')
-    else {
-      // A stream is sent as it comes and not stored; the key is released once it ends.
+    const ct = reply.getHeader('content-type')
+    const eventStream = ct !== undefined && http.isEventStream(String(ct))
+    if (eventStream || body === undefined) {
+      // A stream or an event stream is sent as it comes and not stored; the key is
+      // released once it ends.
       const release = () => st.settle(new Released(st.owner, 'a streamed body is not stored'))
       reply.raw.once('finish', release)
       reply.raw.once('close', release)
       return payload
     }
+    // What is sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
+    const status = reply.statusCode
+    if (request.method === 'HEAD' || status < 200 || status === 204 || status === 304) body = Buffer.alloc(0)
     if (body.length > cap) {
       st.settle(new Released(st.owner, 'the body is over the cap'))
     } else {
+      const stored = http.storableStatus(reply.statusCode)
       const record = {
         status: reply.statusCode,
-        headers: storedFields(s.config, reply.getHeaders()),
+        headers: storedFields(s.config, reply.getHeaders(), stored),
         body,
         trailers: [],
       }
-      st.settle(
-        http.storableStatus(reply.statusCode) ? http.encodeResponse(record) : new Unstored(st.owner, record),
-      )
+      st.settle(stored ? http.encodeResponse(record) : new Unstored(st.owner, record))
     }
     // The answer is sent once the store has settled the key: a retry sent after it
     // finds the key stored or released.

@@ -17,7 +17,8 @@ export declare class ResponseError extends Error {
 /**
  * `fetch(input, init)` with one `Idempotency-Key` (from `init.headers`, else
  * `options.key`, else a new one) sent on every attempt, retried by `retry` (network
- * errors and retryable statuses, `Retry-After` honoured, `signal` and `deadline`).
+ * errors, retryable statuses and a 409 with `Retry-After` (in progress), `Retry-After`
+ * honoured, `signal` and `deadline`; a user `classify` is asked first).
  * Resolves with the last Response, an error status too once retries stop; rejects with
  * the last network error or the abort reason. `init.body` must be sendable again (not a
  * stream).

@@ -2,7 +2,7 @@
 // oncely/fetch: one idempotency key per logical call, kept across its retries, with the
 // retry loop of `retry` (SPEC §4) deciding every retry.
 
-const { retry, newKey, validateKey, http } = require('./index.js')
+const { retry, newKey, validateKey, failureOf, http } = require('./index.js')
 
 /** The error an attempt throws for an answer of 400 or more: `retry` classifies it by its `response`. */
 class ResponseError extends Error {
@@ -27,7 +27,7 @@ const REPLAYABLE = (b) =>
  * `fetch(input, init)` with an `Idempotency-Key` (the one in `init.headers`, else
  * `options.key`, else a new one) sent on every attempt, retried by `retry` with
  * `safe: true` (the key makes the call safe to repeat): network errors and retryable
- * statuses (408, 425, 429, 5xx, 409 while the first attempt runs, per SPEC §3), with
+ * statuses (408, 425, 429, 5xx per SPEC §3, and a 409 with Retry-After: in progress), with
  * `Retry-After` honoured, `options.signal` / `init.signal` and `options.deadline`.
  * Resolves with the last Response (also an error status once retries stop); rejects
  * with the last network error.
@@ -40,11 +40,28 @@ async function idempotentFetch(input, init = {}, options = {}) {
   if (!REPLAYABLE(init.body)) {
     throw new TypeError('init.body must be sendable again on a retry (a string, bytes, Blob, FormData or URLSearchParams), not a stream')
   }
-  const headers = new Headers(init.headers)
+  const isRequest = typeof Request !== 'undefined' && input instanceof Request
+  if (isRequest && input.bodyUsed) throw new TypeError('input is a Request whose body was already read')
+  // fetch(request, init) sends init.headers instead of the request's own: start from them.
+  const headers = new Headers(init.headers ?? (isRequest ? input.headers : undefined))
   const key = validateKey(headers.get(http.KEY_HEADER) ?? givenKey ?? newKey())
   headers.set(http.KEY_HEADER, key)
   const signal = retryOptions.signal ?? init.signal ?? undefined
   const userOnRetry = retryOptions.onRetry
+  const userClassify = retryOptions.classify
+  // 409 + Retry-After to a keyed request: "in progress" (an earlier attempt of this call,
+  // whose answer was lost, still runs there). Sending the key again after the delay gets
+  // that attempt's answer and cannot apply the call twice, so it is retried.
+  const classify = (error) => {
+    const own = userClassify ? userClassify(error) : undefined
+    if (own !== undefined) return own
+    const res = error instanceof ResponseError ? error.response : undefined
+    if (res && res.status === 409 && res.headers.has('retry-after')) {
+      const delay = failureOf(res).delayMs
+      return delay === undefined ? { code: 'UNAVAILABLE' } : { code: 'UNAVAILABLE', retryAfterMs: delay }
+    }
+    return undefined
+  }
   try {
     return await retry(
       async (_attempt, info) => {
@@ -53,7 +70,9 @@ async function idempotentFetch(input, init = {}, options = {}) {
           const t = AbortSignal.timeout(Math.max(1, Math.ceil(info.remainingMs)))
           attemptSignal = attemptSignal ? AbortSignal.any([attemptSignal, t]) : t
         }
-        const res = await fetchImpl(input, { ...init, headers, signal: attemptSignal })
+        // A Request's body is read by the attempt that sends it: each attempt sends a copy.
+        const target = isRequest && init.body === undefined && input.body !== null ? input.clone() : input
+        const res = await fetchImpl(target, { ...init, headers, signal: attemptSignal })
         if (res.status >= 400) throw new ResponseError(res)
         return res
       },
@@ -61,6 +80,7 @@ async function idempotentFetch(input, init = {}, options = {}) {
         ...retryOptions,
         signal,
         safe: true,
+        classify,
         onRetry: (event) => {
           // A discarded answer's body is not read: free its connection.
           if (event.error instanceof ResponseError) event.error.response.body?.cancel().catch(() => {})

@@ -4,7 +4,7 @@
 // application/grpc, the length-prefixed message as the body, grpc-status and
 // grpc-message as trailers.
 
-const { Unstored, Released, settings, storedFields, dedup, replayed, http } = require('./adapter.js')
+const { Unstored, Released, settings, scopeOf, dedup, replayed, http } = require('./adapter.js')
 
 // A cancelled call leaves its handler running: the key stays held until the handler
 // answers, and that answer is kept as usual, so a retry does not run the handler again.
@@ -20,6 +20,44 @@ function frame(message) {
 
 function unframe(body) {
   return body.length >= 5 ? body.subarray(5, 5 + body.readUInt32BE(1)) : Buffer.alloc(0)
+}
+
+// Trailers the record writes itself, or that a replay adds.
+const OWN = new Set(['grpc-status', 'grpc-message', http.REPLAYED_HEADER])
+
+/** The trailing metadata the handler gave (with its answer or its error): kept with the answer. */
+function trailersOf(md) {
+  const out = []
+  if (!md || typeof md.toJSON !== 'function') return out
+  for (const [name, values] of Object.entries(md.toJSON())) {
+    const n = name.toLowerCase()
+    if (OWN.has(n)) continue
+    for (const v of values) out.push({ name: n, value: Buffer.isBuffer(v) ? v : Buffer.from(String(v), 'utf8') })
+  }
+  return out
+}
+
+/** `grpc-message` as sent on the wire (and stored by every adapter): percent-encoded UTF-8. */
+function percentEncode(text) {
+  const parts = []
+  for (const b of Buffer.from(String(text), 'utf8')) {
+    parts.push(b >= 0x20 && b <= 0x7e && b !== 0x25 ? String.fromCharCode(b) : `%${b.toString(16).toUpperCase().padStart(2, '0')}`)
+  }
+  return Buffer.from(parts.join(''), 'latin1')
+}
+
+function percentDecode(raw) {
+  const out = []
+  for (let i = 0; i < raw.length; i++) {
+    const hex = raw[i] === 0x25 && i + 2 < raw.length ? raw.subarray(i + 1, i + 3).toString('latin1') : ''
+    if (/^[0-9a-fA-F]{2}$/.test(hex)) {
+      out.push(parseInt(hex, 16))
+      i += 2
+    } else {
+      out.push(raw[i])
+    }
+  }
+  return Buffer.from(out).toString('utf8')
 }
 
 function field(name, value) {
@@ -68,14 +106,14 @@ function wrap(s, grpc, def, handler) {
       callback({ code: Number(m['grpc-status']), details: p.detail, metadata: md })
     }
     if (decision.problem) return refuse(decision.problem)
-    let scoped
-    try {
-      scoped = http.scope(s.tenant(call), 'POST', path, decision.key)
-    } catch (e) {
-      return refuse(http.problem(e))
-    }
+    const sc = scopeOf(s, call, 'POST', path, decision.key)
+    if (sc.problem) return refuse(sc.problem)
+    const scoped = sc.scoped
     const message = def.requestSerialize(call.request)
-    const fp = s.fingerprint ? s.fingerprint(call, message) : http.requestFingerprint('POST', path, 'application/grpc', message)
+    // Over the framed message, as every adapter computes it (SPEC §8).
+    const fp = s.fingerprint
+      ? s.fingerprint(call, message)
+      : http.requestFingerprint('POST', path, 'application/grpc', frame(message))
 
     const gone = new AbortController()
     call.once('cancelled', () => gone.abort(new Error('the call was cancelled')))
@@ -102,15 +140,13 @@ function wrap(s, grpc, def, handler) {
               return reject(new Released(owner, 'the response could not be serialized'))
             }
           }
-          const headers = [field('content-type', 'application/grpc')]
-          for (const [n, v] of Object.entries(trailerMd?.getMap?.() ?? {})) {
-            if (s.config.storesGrpcHeader(n)) headers.push(...storedFields(s.config, { [n]: v }))
-          }
+          const own = [field('grpc-status', code)]
+          if (detail) own.push({ name: 'grpc-message', value: percentEncode(detail) })
           const record = {
             status: 200,
-            headers,
+            headers: [field('content-type', 'application/grpc')],
             body,
-            trailers: [field('grpc-status', code), field('grpc-message', detail)],
+            trailers: [...own, ...trailersOf(err ? err.metadata : trailerMd)],
           }
           if (body.length > s.config.bodyCap) {
             s.counters.notStored++
@@ -135,10 +171,16 @@ function wrap(s, grpc, def, handler) {
         if (outcome.problem) return refuse(outcome.problem)
         const r = outcome.replay
         replayed(s, call, scoped)
-        const t = Object.fromEntries(r.trailers.map((f) => [f.name, f.value.toString('utf8')]))
-        const md = trailer(grpc, [[http.REPLAYED_HEADER, 'true']])
-        const code = Number(t['grpc-status'] ?? OK)
-        if (code !== OK) return callback({ code, details: t['grpc-message'] ?? '', metadata: md })
+        const t = Object.fromEntries([...r.headers, ...r.trailers].map((f) => [f.name, f.value]))
+        const md = new grpc.Metadata()
+        for (const { name, value } of r.trailers) {
+          if (!OWN.has(name)) md.add(name, name.endsWith('-bin') ? value : value.toString('utf8'))
+        }
+        md.set(http.REPLAYED_HEADER, 'true')
+        const code = Number(t['grpc-status']?.toString('latin1') ?? OK)
+        if (code !== OK) {
+          return callback({ code, details: percentDecode(t['grpc-message'] ?? Buffer.alloc(0)), metadata: md })
+        }
         let value
         try {
           value = def.responseDeserialize(unframe(r.body))

@@ -431,11 +431,17 @@ export declare const http: {
   isJson(contentType: string): boolean
   /** `application/grpc` or `application/grpc+<codec>`. */
   isGrpc(contentType: string): boolean
+  /** `text/event-stream` (parameters and case ignored): sent as produced, never stored. */
+  isEventStream(contentType: string): boolean
   /** The record bytes of a stored response (`OHR1`). */
   encodeResponse(response: HttpStoredResponse): Buffer
   /** Reads record bytes back; anything else throws UNAVAILABLE. */
   decodeResponse(record: Buffer): HttpStoredResponse
-  /** The problem answer for an error of oncely, by its `kind`. */
+  /**
+   * The problem answer for an error of oncely, by its `kind`; also `'request_too_large'`,
+   * `'body_unreadable'` and `'tenant_unusable'` (500: the tenant function gave a tenant
+   * that cannot scope a key), with the detail as `message`.
+   */
   problem(error: HttpProblemSource): HttpProblem
   readonly KEY_HEADER: 'idempotency-key'
   readonly GRPC_KEY_METADATA: 'x-idempotency-key'

@@ -1107,6 +1107,7 @@ module.exports = {
     storableGrpcStatus: native.httpStorableGrpcStatus,
     isJson: native.httpIsJson,
     isGrpc: native.httpIsGrpc,
+    isEventStream: native.httpIsEventStream,
     encodeResponse: native.httpEncodeResponse,
     decodeResponse: native.httpDecodeResponse,
     problem: native.httpProblem,

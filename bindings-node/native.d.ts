@@ -36,6 +36,12 @@ export declare class HttpConfig {
   coversGrpc(fullMethod: string): boolean
   /** Whether the response header `name` (any case) is stored with the body. */
   storesHeader(name: string): boolean
+  /**
+   * Whether the response header `name` (any case) goes, with a response that is
+   * not stored, to the duplicates that waited for it: every header but the
+   * never-stored ones, and `set-cookie` only when `storesHeader` lists it.
+   */
+  sharesHeader(name: string): boolean
   /** Whether the gRPC response metadata `name` is stored. */
   storesGrpcHeader(name: string): boolean
   /** Whether a body of `len` bytes may be stored. */
@@ -364,6 +370,12 @@ export interface HttpField {
   value: Buffer
 }
 
+/**
+ * Whether a content type is an event stream (`text/event-stream`): such a response
+ * is sent as it is produced, keeps the key until it ends and is not stored.
+ */
+export declare function httpIsEventStream(contentType: string): boolean
+
 /** Whether a content type is gRPC. */
 export declare function httpIsGrpc(contentType: string): boolean
 
@@ -386,7 +398,8 @@ export interface HttpKeyDecision {
 /**
  * The problem answer for an error of oncely (by its `kind`); also
  * `kind: 'request_too_large'` (the request cap in bytes as `message`) and
- * `kind: 'body_unreadable'` (the reason as `message`).
+ * `kind: 'body_unreadable'` (the reason as `message`) and `kind: 'tenant_unusable'`
+ * (why the tenant function's tenant cannot scope a key, as `message`).
  */
 export declare function httpProblem(error: HttpProblemSource): HttpProblem
 

@@ -857,6 +857,7 @@ module.exports.fingerprintBytes = nativeBinding.fingerprintBytes
 module.exports.fingerprintText = nativeBinding.fingerprintText
 module.exports.httpDecodeResponse = nativeBinding.httpDecodeResponse
 module.exports.httpEncodeResponse = nativeBinding.httpEncodeResponse
+module.exports.httpIsEventStream = nativeBinding.httpIsEventStream
 module.exports.httpIsGrpc = nativeBinding.httpIsGrpc
 module.exports.httpIsJson = nativeBinding.httpIsJson
 module.exports.httpProblem = nativeBinding.httpProblem

@@ -188,6 +188,14 @@ impl HttpConfig {
         self.inner.stores_header(&name)
     }
 
+    /// Whether the response header `name` (any case) goes, with a response that is
+    /// not stored, to the duplicates that waited for it: every header but the
+    /// never-stored ones, and `set-cookie` only when `storesHeader` lists it.
+    #[napi]
+    pub fn shares_header(&self, name: String) -> bool {
+        self.inner.shares_header(&name)
+    }
+
     /// Whether the gRPC response metadata `name` is stored.
     #[napi]
     pub fn stores_grpc_header(&self, name: String) -> bool {
@@ -292,6 +300,13 @@ pub fn http_is_json(content_type: String) -> bool {
     contract::is_json(&content_type)
 }
 
+/// Whether a content type is an event stream (`text/event-stream`): such a response
+/// is sent as it is produced, keeps the key until it ends and is not stored.
+#[napi]
+pub fn http_is_event_stream(content_type: String) -> bool {
+    contract::is_event_stream(&content_type)
+}
+
 /// Whether a content type is gRPC.
 #[napi]
 pub fn http_is_grpc(content_type: String) -> bool {
@@ -370,7 +385,8 @@ pub struct HttpProblemSource {
 
 /// The problem answer for an error of oncely (by its `kind`); also
 /// `kind: 'request_too_large'` (the request cap in bytes as `message`) and
-/// `kind: 'body_unreadable'` (the reason as `message`).
+/// `kind: 'body_unreadable'` (the reason as `message`) and `kind: 'tenant_unusable'`
+/// (why the tenant function's tenant cannot scope a key, as `message`).
 #[napi]
 pub fn http_problem(env: Env, error: HttpProblemSource) -> Result<HttpProblem> {
     let msg = error.message.clone().unwrap_or_default();
@@ -406,6 +422,7 @@ pub fn http_problem(env: Env, error: HttpProblemSource) -> Result<HttpProblem> {
             return Ok(problem_js(&Problem::request_too_large(cap)));
         }
         "body_unreadable" => return Ok(problem_js(&Problem::request_body_unreadable(msg))),
+        "tenant_unusable" => return Ok(problem_js(&Problem::tenant_unusable(msg))),
         other => {
             return Err(core_error(
                 env.raw(),

@@ -5,7 +5,7 @@ const test = require('node:test')
 const assert = require('node:assert/strict')
 const http = require('node:http')
 
-const { IdempotencyStore, RedisStore, newKey } = require('oncely')
+const { IdempotencyStore, RedisStore, newKey, http: oncelyHttp } = require('oncely')
 const { idempotency } = require('oncely/express')
 const { sequences, adapterOptions, answer, runSequence, send } = require('./http-sequences.js')
 
@@ -349,6 +349,138 @@ test('a client gone before the answer began: the handler finishes, its answer is
       assert.deepEqual(JSON.parse(retry.body.toString()), { call: 1 })
       assert.equal(retry.headers.get('idempotent-replayed'), 'true')
       assert.equal(s.calls(), 1)
+    } finally {
+      await s.close()
+    }
+  }
+})
+
+test('an event stream is sent as it is produced, holds the key until it ends, and is not stored', async () => {
+  const express = EXPRESSES['express 5']
+  let release
+  const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
+    app.post('/events', mw, async (req, res) => {
+      const n = call()
+      res.status(200).type('text/event-stream')
+      res.write(`data: first ${n}\n\n`)
+      if (n === 1) await new Promise((r) => (release = r))
+      res.end(`data: last ${n}\n\n`)
+    })
+  })
+  try {
+    const req = { method: 'POST', path: '/events', headers: { 'idempotency-key': 'order-sse02' }, body: '' }
+    const res = await fetch(s.url + req.path, { method: 'POST', headers: req.headers, body: '' })
+    const reader = res.body.getReader()
+    // The first event arrives while the handler still runs (a hang here fails the test).
+    assert.equal(Buffer.from((await reader.read()).value).toString(), 'data: first 1\n\n')
+    // A duplicate during the stream waits for its end: the key is held.
+    const dup = send(s.url, req)
+    await new Promise((r) => setTimeout(r, 100))
+    assert.equal(s.calls(), 1)
+    release()
+    let rest = ''
+    for (let r = await reader.read(); !r.done; r = await reader.read()) rest += Buffer.from(r.value).toString()
+    assert.equal(rest, 'data: last 1\n\n')
+    const second = await dup
+    assert.equal(second.headers.get('idempotent-replayed'), null)
+    assert.equal(second.body.toString(), 'data: first 2\n\ndata: last 2\n\n')
+    const third = await send(s.url, req)
+    assert.equal(third.headers.get('idempotent-replayed'), null)
+    assert.equal(s.calls(), 3)
+  } finally {
+    await s.close()
+  }
+})
+
+for (const [name, storeOf] of [
+  ['memory', () => new IdempotencyStore()],
+  ['redis', () => new RedisStore({ url: REDIS, prefix: `oncely-express-test-${newKey()}`, leaseMs: 3_000 })],
+]) {
+  test(`duplicates that waited for an unstored 503 get its shared headers (${name})`, { skip: name === 'redis' && !REDIS && 'ONCELY_REDIS_URL not set' }, async () => {
+    const s = await start(EXPRESSES['express 5'], { store: storeOf() })
+    try {
+      const req = {
+        method: 'POST',
+        path: '/orders',
+        headers: { 'idempotency-key': 'order-503s1', 'content-type': 'application/json' },
+        body: '{}',
+        respond: { status: 503, delay_ms: 300 },
+      }
+      const all = await Promise.all(Array.from({ length: 8 }, () => send(s.url, req)))
+      let waiters = 0
+      for (const r of all) {
+        assert.equal(r.status, 503)
+        if (r.headers.get('idempotent-replayed') !== 'true') continue
+        waiters++
+        assert.equal(r.headers.get('x-call'), r.headers.get('etag').slice(6, -1))
+        assert.equal(r.headers.get('set-cookie'), null)
+      }
+      assert.ok(waiters > 0, 'no duplicate waited')
+    } finally {
+      await s.close()
+    }
+  })
+}
+
+test('a handler that fails after its whole response was sent: the response is the answer, and stored', async () => {
+  const s = await start(EXPRESSES['express 5'], { store: new IdempotencyStore() }, (app, mw, call) => {
+    app.post('/late', mw, (req, res, next) => {
+      res.status(201).json({ call: call() })
+      next(new Error('late failure'))
+    })
+  })
+  try {
+    const req = { method: 'POST', path: '/late', headers: { 'idempotency-key': 'order-late1' }, body: '' }
+    const first = await send(s.url, req)
+    assert.equal(first.status, 201)
+    assert.deepEqual(JSON.parse(first.body.toString()), { call: 1 })
+    const second = await send(s.url, req)
+    assert.equal(second.status, 201)
+    assert.equal(second.headers.get('idempotent-replayed'), 'true')
+    assert.equal(s.calls(), 1)
+  } finally {
+    await s.close()
+  }
+})
+
+test('a response that has no body on the wire (204, HEAD) is stored without the body the handler wrote', async () => {
+  const store = new IdempotencyStore()
+  const options = { store, methods: ['POST', 'HEAD'], fingerprint: () => 'fp' }
+  const s = await start(EXPRESSES['express 5'], options, (app, mw, call) => {
+    app.post('/nobody/:status', mw, (req, res) => {
+      call()
+      res.statusCode = Number(req.params.status)
+      res.end('not sent')
+    })
+    app.head('/nobody/:status', mw, (req, res) => {
+      call()
+      res.statusCode = 200
+      res.end('not sent')
+    })
+  })
+  try {
+    for (const [method, status] of [['POST', 204], ['HEAD', 200]]) {
+      const key = `order-nobody-${method}-${status}`
+      const req = { method, path: `/nobody/${status}`, headers: { 'idempotency-key': key }, body: '' }
+      assert.equal((await send(s.url, req)).status, status)
+      const r = await store.execute(oncelyHttp.scope('default', method, '/nobody/:status', key), 'fp', () => {
+        throw new Error('the first request was not stored')
+      })
+      assert.equal(oncelyHttp.decodeResponse(Buffer.from(r.value)).body.length, 0, `${method} ${status}`)
+    }
+  } finally {
+    await s.close()
+  }
+})
+
+test('a tenant function that gives no string, or an unusable one: 500 tenant-unusable, the handler not run', async () => {
+  for (const tenant of [undefined, null, 42, '', 'x'.repeat(2000)]) {
+    const s = await start(EXPRESSES['express 5'], { store: new IdempotencyStore(), tenant: () => tenant })
+    try {
+      const r = await send(s.url, { method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-0001' }, body: '{}' })
+      assert.equal(r.status, 500, String(tenant))
+      assert.equal(JSON.parse(r.body.toString()).type, 'urn:oncely:problem:tenant-unusable')
+      assert.equal(s.calls(), 0)
     } finally {
       await s.close()
     }

@@ -6,7 +6,7 @@ const assert = require('node:assert/strict')
 const { Readable } = require('node:stream')
 
 const Fastify = require('fastify')
-const { IdempotencyStore, RedisStore, newKey } = require('oncely')
+const { IdempotencyStore, RedisStore, newKey, http } = require('oncely')
 const { idempotency } = require('oncely/fastify')
 const { sequences, adapterOptions, answer, runSequence, send } = require('./http-sequences.js')
 
@@ -206,5 +206,124 @@ test('fastify: a client gone before the answer began: the handler finishes, the 
     assert.equal(s.calls(), 1)
   } finally {
     await s.close()
+  }
+})
+
+test('fastify: an event stream is sent as it comes and not stored, even under the cap', async () => {
+  const s = await start({ store: new IdempotencyStore() }, (app, call) => {
+    app.post('/events', async (req, reply) => {
+      const n = call()
+      reply.type('text/event-stream')
+      return reply.send(`data: ${n}\n\n`)
+    })
+    app.post('/events-stream', async (req, reply) => {
+      const n = call()
+      reply.type('text/event-stream; charset=utf-8')
+      return reply.send(Readable.from([`data: a${n}\n\n`, `data: b${n}\n\n`]))
+    })
+  })
+  try {
+    for (const path of ['/events', '/events-stream']) {
+      const req = { method: 'POST', path, headers: { 'idempotency-key': 'order-sse03' }, body: 'x' }
+      const first = await send(s.url, req)
+      const second = await send(s.url, req)
+      assert.equal(second.headers.get('idempotent-replayed'), null)
+      assert.notDeepEqual(second.body, first.body)
+    }
+    assert.equal(s.calls(), 4)
+  } finally {
+    await s.close()
+  }
+})
+
+for (const [name, storeOf] of [
+  ['memory', () => new IdempotencyStore()],
+  ['redis', () => new RedisStore({ url: REDIS, prefix: `oncely-fastify-test-${newKey()}`, leaseMs: 3_000 })],
+]) {
+  test(`fastify: duplicates that waited for an unstored 503 get its shared headers (${name})`, { skip: name === 'redis' && !REDIS && 'ONCELY_REDIS_URL not set' }, async () => {
+    const s = await start({ store: storeOf() })
+    try {
+      const req = {
+        method: 'POST',
+        path: '/orders',
+        headers: { 'idempotency-key': 'order-503s2', 'content-type': 'application/json' },
+        body: '{}',
+        respond: { status: 503, delay_ms: 300 },
+      }
+      const all = await Promise.all(Array.from({ length: 8 }, () => send(s.url, req)))
+      let waiters = 0
+      for (const r of all) {
+        assert.equal(r.status, 503)
+        if (r.headers.get('idempotent-replayed') !== 'true') continue
+        waiters++
+        assert.equal(r.headers.get('x-call'), r.headers.get('etag').slice(6, -1))
+        assert.equal(r.headers.get('set-cookie'), null)
+      }
+      assert.ok(waiters > 0, 'no duplicate waited')
+    } finally {
+      await s.close()
+    }
+  })
+}
+
+test('fastify: a handler that fails after its whole response was sent: the response is the answer, and stored', async () => {
+  const s = await start({ store: new IdempotencyStore() }, (app, call) => {
+    app.post('/late', async (req, reply) => {
+      reply.code(201).send({ call: call() })
+      await new Promise((r) => setImmediate(r))
+      throw new Error('late failure')
+    })
+  })
+  try {
+    const req = { method: 'POST', path: '/late', headers: { 'idempotency-key': 'order-late2' }, body: 'x' }
+    const first = await send(s.url, req)
+    assert.equal(first.status, 201)
+    assert.deepEqual(JSON.parse(first.body.toString()), { call: 1 })
+    const second = await send(s.url, req)
+    assert.equal(second.status, 201)
+    assert.equal(second.headers.get('idempotent-replayed'), 'true')
+    assert.equal(s.calls(), 1)
+  } finally {
+    await s.close()
+  }
+})
+
+test('fastify: a 204 or HEAD answer is stored without the body the handler gave', async () => {
+  const store = new IdempotencyStore()
+  const s = await start({ store, methods: ['POST', 'HEAD'], fingerprint: () => 'fp' }, (app, call) => {
+    app.post('/nobody', async (req, reply) => {
+      call()
+      return reply.code(204).send('not sent')
+    })
+    app.head('/nobody', async (req, reply) => {
+      call()
+      return reply.code(200).send('not sent')
+    })
+  })
+  try {
+    for (const method of ['POST', 'HEAD']) {
+      const key = `order-nobody-${method}`
+      await send(s.url, { method, path: '/nobody', headers: { 'idempotency-key': key }, body: '' })
+      const r = await store.execute(http.scope('default', method, '/nobody', key), 'fp', () => {
+        throw new Error('the first request was not stored')
+      })
+      assert.equal(http.decodeResponse(Buffer.from(r.value)).body.length, 0, method)
+    }
+  } finally {
+    await s.close()
+  }
+})
+
+test('fastify: a tenant function that gives no string, or an unusable one: 500 tenant-unusable, the handler not run', async () => {
+  for (const tenant of [undefined, null, 42, '', 'x'.repeat(2000)]) {
+    const s = await start({ store: new IdempotencyStore(), tenant: () => tenant })
+    try {
+      const r = await send(s.url, { method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-0001' }, body: '{}' })
+      assert.equal(r.status, 500, String(tenant))
+      assert.equal(JSON.parse(r.body.toString()).type, 'urn:oncely:problem:tenant-unusable')
+      assert.equal(s.calls(), 0)
+    } finally {
+      await s.close()
+    }
   }
 })

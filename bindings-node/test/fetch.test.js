@@ -127,3 +127,64 @@ test('an abort ends the call during a wait; a stream body is refused', async () 
     await close(server)
   }
 })
+
+test('a Request as input: its headers and its body go with every attempt, under one key', async () => {
+  const seen = []
+  const server = http.createServer(async (req, res) => {
+    const chunks = []
+    for await (const c of req) chunks.push(c)
+    seen.push({ key: req.headers['idempotency-key'], auth: req.headers['x-auth'], type: req.headers['content-type'], body: Buffer.concat(chunks).toString() })
+    res.writeHead(seen.length === 1 ? 503 : 201).end()
+  })
+  const url = await listen(server)
+  try {
+    const request = new Request(`${url}/orders`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-auth': 'token-1' },
+      body: '{"sku":"A1"}',
+    })
+    const res = await idempotentFetch(request, {}, { policy: fast })
+    assert.equal(res.status, 201)
+    assert.equal(seen.length, 2)
+    for (const s of seen) {
+      assert.deepEqual({ ...s, key: undefined }, { key: undefined, auth: 'token-1', type: 'application/json', body: '{"sku":"A1"}' })
+      assert.equal(s.key, seen[0].key)
+    }
+    assert.ok(seen[0].key)
+    const used = new Request(`${url}/orders`, { method: 'POST', body: 'x' })
+    await used.text()
+    await assert.rejects(idempotentFetch(used, {}, { policy: fast }), TypeError)
+  } finally {
+    await close(server)
+  }
+})
+
+test('409 in progress (with Retry-After) is retried under the same key; a 409 without it is final', async () => {
+  const seen = []
+  let conflict = 'in-progress'
+  const server = http.createServer(async (req, res) => {
+    for await (const _ of req);
+    seen.push(req.headers['idempotency-key'])
+    if (seen.length === 1 || conflict === 'final') {
+      const headers = { 'content-type': 'application/problem+json' }
+      if (conflict === 'in-progress') headers['retry-after'] = '0'
+      return res.writeHead(409, headers).end('{}')
+    }
+    res.writeHead(201).end('done')
+  })
+  const url = await listen(server)
+  try {
+    const res = await idempotentFetch(`${url}/orders`, { method: 'POST', body: 'x' }, { policy: fast })
+    assert.equal(res.status, 201)
+    assert.equal(await res.text(), 'done')
+    assert.equal(seen.length, 2)
+    assert.equal(seen[0], seen[1])
+    conflict = 'final'
+    seen.length = 0
+    const final = await idempotentFetch(`${url}/orders`, { method: 'POST', body: 'x' }, { policy: fast })
+    assert.equal(final.status, 409)
+    assert.equal(seen.length, 1)
+  } finally {
+    await close(server)
+  }
+})

@@ -4,7 +4,7 @@ const test = require('node:test')
 const assert = require('node:assert/strict')
 
 const grpc = require('@grpc/grpc-js')
-const { IdempotencyStore, RedisStore, newKey } = require('oncely')
+const { IdempotencyStore, RedisStore, newKey, http } = require('oncely')
 const { withIdempotency } = require('oncely/grpc')
 
 const REDIS = process.env.ONCELY_REDIS_URL
@@ -172,6 +172,73 @@ test('grpc: a call cancelled while its handler runs: the answer is kept, the ret
     assert.deepEqual(retry.value, { id: 1, sku: 'A1' })
     assert.equal(replayedOf(retry), 'true')
     assert.equal(s.calls(), 1)
+  } finally {
+    await s.close()
+  }
+})
+
+test('grpc: the trailing metadata the handler gave is stored with the answer and replayed', async () => {
+  const s = await start({ store: new IdempotencyStore() }, async (n, call) => {
+    if (call.request.sku === 'bad') {
+      const metadata = new grpc.Metadata()
+      metadata.set('x-field', 'sku')
+      metadata.set('details-bin', Buffer.from([0, 1, 2]))
+      return { code: grpc.status.INVALID_ARGUMENT, details: 'no sku: 100% café', metadata }
+    }
+    return undefined
+  })
+  try {
+    const first = await s.create({ sku: 'bad' }, 'order-trl01')
+    const again = await s.create({ sku: 'bad' }, 'order-trl01')
+    for (const r of [first, again]) {
+      assert.equal(r.error.code, grpc.status.INVALID_ARGUMENT)
+      assert.equal(r.error.details, 'no sku: 100% café')
+      assert.deepEqual(r.status.metadata.get('x-field'), ['sku'])
+      assert.deepEqual(r.status.metadata.get('details-bin'), [Buffer.from([0, 1, 2])])
+    }
+    assert.equal(replayedOf(again), 'true')
+    assert.equal(s.calls(), 1)
+  } finally {
+    await s.close()
+  }
+})
+
+test('grpc: an answer stored by another adapter (framed-message fingerprint, encoded grpc-message) is replayed', async () => {
+  const store = new IdempotencyStore()
+  const path = service.create.path
+  const message = Buffer.from(JSON.stringify({ sku: 'A1' }))
+  const head = Buffer.alloc(5)
+  head.writeUInt32BE(message.length, 1)
+  const fp = http.requestFingerprint('POST', path, 'application/grpc', Buffer.concat([head, message]))
+  const record = http.encodeResponse({
+    status: 200,
+    headers: [{ name: 'content-type', value: Buffer.from('application/grpc') }],
+    body: Buffer.alloc(0),
+    trailers: [
+      { name: 'grpc-status', value: Buffer.from('5') },
+      { name: 'grpc-message', value: Buffer.from('no such sku: 100%25 caf%C3%A9') },
+    ],
+  })
+  await store.execute(http.scope('default', 'POST', path, 'order-xlang'), fp, () => record)
+  const s = await start({ store })
+  try {
+    const r = await s.create({ sku: 'A1' }, 'order-xlang')
+    assert.equal(r.error.code, grpc.status.NOT_FOUND)
+    assert.equal(r.error.details, 'no such sku: 100% café')
+    assert.equal(replayedOf(r), 'true')
+    assert.equal(s.calls(), 0)
+  } finally {
+    await s.close()
+  }
+})
+
+test('grpc: an empty tenant from the tenant function is INTERNAL (tenant-unusable), the handler not run', async () => {
+  const s = await start({ store: new IdempotencyStore(), tenant: () => '' })
+  try {
+    const r = await s.create({ sku: 'A1' }, 'order-0001')
+    assert.equal(r.error.code, grpc.status.INTERNAL)
+    assert.match(r.error.details, /tenant/)
+    assert.equal(s.calls(), 0)
   } finally {
     await s.close()
   }

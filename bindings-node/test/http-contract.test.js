@@ -46,7 +46,10 @@ const run = {
     }
   },
   status: (c) => assert.equal(http.storableStatus(c.status), c.storable),
-  header: (c) => assert.equal(config(c).storesHeader(c.name), c.stored),
+  header: (c) => {
+    assert.equal(config(c).storesHeader(c.name), c.stored)
+    assert.equal(config(c).sharesHeader(c.name), c.shared)
+  },
   record: (c) => {
     const field = ([name, value]) => ({ name, value: Buffer.from(value, 'utf8') })
     const response = {
@@ -80,6 +83,7 @@ const run = {
   },
   grpc_status: (c) => assert.equal(http.storableGrpcStatus(c.value), c.storable),
   is_grpc: (c) => assert.equal(http.isGrpc(c.content_type), c.grpc),
+  is_event_stream: (c) => assert.equal(http.isEventStream(c.content_type), c.event_stream),
 }
 
 test('http_server.json: every unit-level case', () => {
@@ -104,6 +108,10 @@ test('an error thrown by a store maps to its problem', () => {
   assert.deepEqual(p.headers, [['content-type', 'application/problem+json'], ['retry-after', '2']])
   assert.throws(() => http.problem({ kind: 'nonsense' }), /not an error kind/)
   assert.equal(http.problem({ kind: 'request_too_large', message: '100' }).status, 413)
+  const t = http.problem({ kind: 'tenant_unusable', message: 'empty' })
+  assert.equal(t.status, 500)
+  assert.equal(t.type, 'urn:oncely:problem:tenant-unusable')
+  assert.equal(t.code, 'INTERNAL')
 })
 
 test('bad settings and records are refused by the core', () => {
