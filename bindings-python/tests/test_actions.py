@@ -628,3 +628,91 @@ def test_an_action_that_exits_after_its_caller_left_still_stops_the_loop(
     # The action stopped: its key goes on.
     got = store.execute_sync(k, FP, lambda: "ran", wait=False)
     assert (got.value, got.source) == ("ran", "led")
+
+
+# ---------------------------------------------------------------------------------------
+# What happens after the action ran never runs it again
+# ---------------------------------------------------------------------------------------
+
+
+def test_execute_sync_coroutine_warning_raised_as_error_does_not_rerun(
+    make_store: Callable[[], Store],
+) -> None:
+    """Under ``-W error`` the warning about a returned coroutine is an exception; it
+    comes after the action ran, so the key keeps that result."""
+    store = make_store()
+    k = key()
+    made: list[Any] = []
+
+    def sneaky() -> Any:
+        made.append(_charge_async())
+        return made[-1]
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            with pytest.raises(RuntimeWarning, match="returned a coroutine"):
+                store.execute_sync(k, FP, sneaky)
+        try:
+            again = store.execute_sync(k, FP, sneaky)
+        except oncely.ResultNotStoredError:
+            pass  # Redis: a coroutine is not storable; it still is not run again
+        else:
+            assert again.replayed and again.value is made[0]
+        assert len(made) == 1
+    finally:
+        for c in made:
+            c.close()
+
+
+class _InterruptedDumps:
+    """A ``dumps`` hit by Ctrl-C once: after the action ran, while its result is encoded."""
+
+    def __init__(self) -> None:
+        self.hit = False
+
+    def __call__(self, value: Any) -> bytes:
+        if not self.hit:
+            self.hit = True
+            raise KeyboardInterrupt
+        return repr(value).encode()
+
+
+@needs_redis
+def test_redis_execute_sync_interrupted_while_encoding_does_not_rerun() -> None:
+    prefix = "pytest-" + oncely.new_key()
+    store = redis_store(prefix, lease=1.2, io_timeout=0.35, dumps=_InterruptedDumps(), loads=bytes)
+    k = key()
+    calls = 0
+
+    def action() -> str:
+        nonlocal calls
+        calls += 1
+        return "charged"
+
+    with pytest.raises(KeyboardInterrupt):
+        store.execute_sync(k, FP, action)
+    other = redis_store(prefix, lease=1.2, io_timeout=0.35, dumps=repr, loads=str)
+    with pytest.raises(oncely.ResultNotStoredError):
+        other.execute_sync(k, FP, action)
+    assert calls == 1
+
+
+@needs_redis
+async def test_redis_execute_interrupted_while_encoding_does_not_rerun() -> None:
+    prefix = "pytest-" + oncely.new_key()
+    store = redis_store(prefix, lease=1.2, io_timeout=0.35, dumps=_InterruptedDumps(), loads=bytes)
+    k = key()
+    calls = 0
+
+    async def action() -> str:
+        nonlocal calls
+        calls += 1
+        return "charged"
+
+    with pytest.raises(KeyboardInterrupt):
+        await store.execute(k, FP, action)
+    other = redis_store(prefix, lease=1.2, io_timeout=0.35, dumps=repr, loads=str)
+    with pytest.raises(oncely.ResultNotStoredError):
+        await asyncio.wait_for(other.execute(k, FP, action), 10)
+    assert calls == 1

@@ -72,15 +72,20 @@ def check_sync_action(fn: Callable[[], Any], method: str) -> None:
 
 def run_sync(ident: Hashable, fn: Callable[[], T], method: str) -> T:
     """Runs a blocking action marked as leading ``ident``. A plain function that
-    returns a coroutine anyway has run: the coroutine is its result (stored as is, with
-    a warning), never a reason to run it again."""
+    returns a coroutine anyway has run: the coroutine is its result (stored as is, then
+    :func:`warn_if_coroutine`), never a reason to run it again."""
     frame = Leading(ident, _LEADING.get())
     token = _LEADING.set(frame)
     try:
-        value = fn()
+        return fn()
     finally:
         frame.active = False
         _LEADING.reset(token)
+
+
+def warn_if_coroutine(value: Any, method: str) -> None:
+    """Warns that ``execute_sync``'s action returned a coroutine. Called once the result
+    is stored: a warning turned into an error (``-W error``) must not free the key."""
     if inspect.iscoroutine(value):
         warnings.warn(
             f"the action given to {method}.execute_sync returned a coroutine, which is its "
@@ -88,7 +93,6 @@ def run_sync(ident: Hashable, fn: Callable[[], T], method: str) -> T:
             RuntimeWarning,
             stacklevel=3,
         )
-    return value
 
 
 async def call(fn: Callable[[], Any]) -> Any:

@@ -44,7 +44,15 @@ import functools
 import json
 from typing import Any, Awaitable, Callable, NoReturn, Optional, TypeVar, overload
 
-from ._action import Leading, call, check_reentrant, check_sync_action, lead, run_sync
+from ._action import (
+    Leading,
+    call,
+    check_reentrant,
+    check_sync_action,
+    lead,
+    run_sync,
+    warn_if_coroutine,
+)
 from ._oncely import (
     Executed,
     RedisLease,
@@ -117,6 +125,14 @@ def encode_result(value: Any, dumps: Optional[Callable[[Any], Any]] = None) -> b
         return _encode(value, dumps)
     except Exception:
         return _encode_record("not_storable", _type_name(value))
+
+
+def _not_storable(value: Any) -> bytes:
+    """The "not storable" record of a result whose encoding was interrupted."""
+    try:
+        return _encode_record("not_storable", _type_name(value))
+    except Exception:
+        return _encode_record("not_storable", "object")
 
 
 def _encode(value: Any, dumps: Optional[Callable[[Any], Any]]) -> bytes:
@@ -249,12 +265,18 @@ class RedisStore(_RedisStore):
                 value = await call(fn)
             finally:
                 frame.active = False
-            data = encode_result(value, self.dumps)
         except Exception as exc:
             await _wait(lease.fail(exc))
             raise
         except BaseException:
             lease.abandon()  # the action stopped (its task was cancelled): a waiter leads
+            raise
+        try:
+            data = encode_result(value, self.dumps)
+        except BaseException:
+            # Interrupted (Ctrl-C in `dumps`) after the action ran: the key keeps its
+            # outcome, as not storable, instead of going to a leader that runs it again.
+            await _wait(lease.complete(_not_storable(value), value))
             raise
         done = await _wait(lease.complete(data, value))
         if done.__class__ is Executed:
@@ -288,14 +310,19 @@ class RedisStore(_RedisStore):
             lease: RedisLease = out
             try:
                 value = run_sync(ident, fn, "RedisStore")
-                data = encode_result(value, self.dumps)
             except Exception as exc:
                 lease.fail(exc).wait()
                 raise
             except BaseException:
                 lease.abandon()
                 raise
+            try:
+                data = encode_result(value, self.dumps)
+            except BaseException:
+                lease.complete(_not_storable(value), value).wait()  # it ran (see _lead)
+                raise
             done = lease.complete(data, value).wait()
+            warn_if_coroutine(value, "RedisStore")
             if done.__class__ is Executed:
                 return done
             _raise(done)

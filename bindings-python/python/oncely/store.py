@@ -30,7 +30,15 @@ import weakref
 from datetime import timedelta
 from typing import Any, Awaitable, Callable, Optional, TypeVar, overload
 
-from ._action import Leading, call, check_reentrant, check_sync_action, lead, run_sync
+from ._action import (
+    Leading,
+    call,
+    check_reentrant,
+    check_sync_action,
+    lead,
+    run_sync,
+    warn_if_coroutine,
+)
 from ._codes import Code
 from ._oncely import Executed, Join, Lease, ManualClock, ScopedKey, _Store
 from .extract import code_of
@@ -206,7 +214,9 @@ class IdempotencyStore(_Store):
                 except BaseException:
                     begun.abandon()
                     raise
-                return begun.complete(value)  # type: ignore[no-any-return]
+                done = begun.complete(value)
+                warn_if_coroutine(value, "IdempotencyStore")
+                return done  # type: ignore[no-any-return]
             if cls is Join:
                 out = begun.wait()
                 if out is None:
