@@ -138,18 +138,9 @@ impl ServerConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut out = Vec::new();
-        for m in methods {
-            let m = m.as_ref();
-            if m.is_empty() || !m.bytes().all(is_tchar) {
-                return Err(Error::invalid(
-                    "methods",
-                    format!("{m:?} is not an HTTP method (a token such as \"POST\")"),
-                ));
-            }
-            out.push(m.to_owned());
-        }
-        self.methods = out;
+        self.methods = checked_list(methods, "methods", is_token, |m| {
+            format!("{m:?} is not an HTTP method (a token such as \"POST\")")
+        })?;
         Ok(self)
     }
 
@@ -182,18 +173,10 @@ impl ServerConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut out = Vec::new();
-        for n in names {
-            let n = n.as_ref();
-            if n.is_empty() || !n.bytes().all(is_tchar) {
-                return Err(Error::invalid(
-                    "stored_headers",
-                    format!("{n:?} is not a header name"),
-                ));
-            }
-            out.push(n.to_ascii_lowercase());
-        }
-        self.stored_headers = out;
+        let names = checked_list(names, "stored_headers", is_token, |n| {
+            format!("{n:?} is not a header name")
+        })?;
+        self.stored_headers = names.iter().map(|n| n.to_ascii_lowercase()).collect();
         Ok(self)
     }
 
@@ -204,18 +187,13 @@ impl ServerConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut out = Vec::new();
-        for m in methods {
-            let m = m.as_ref();
-            if !m.starts_with('/') || m.len() < 2 {
-                return Err(Error::invalid(
-                    "grpc_methods",
-                    format!("{m:?} is not a full gRPC method name such as \"/pkg.Orders/Create\""),
-                ));
-            }
-            out.push(m.to_owned());
-        }
-        self.grpc_methods = Some(out);
+        let methods = checked_list(
+            methods,
+            "grpc_methods",
+            |m| m.starts_with('/') && m.len() >= 2,
+            |m| format!("{m:?} is not a full gRPC method name such as \"/pkg.Orders/Create\""),
+        )?;
+        self.grpc_methods = Some(methods);
         Ok(self)
     }
 
@@ -349,6 +327,36 @@ const GRPC_STORED_HEADERS: &[&str] = &[
     "grpc-message",
     "grpc-status-details-bin",
 ];
+
+/// `items` as owned strings; the first one `valid` refuses is INVALID_ARGUMENT on
+/// `field`, with the reason `reason` gives for it.
+fn checked_list<I, S>(
+    items: I,
+    field: &'static str,
+    valid: fn(&str) -> bool,
+    reason: fn(&str) -> String,
+) -> Result<Vec<String>, Error>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    items
+        .into_iter()
+        .map(|item| {
+            let item = item.as_ref();
+            if valid(item) {
+                Ok(item.to_owned())
+            } else {
+                Err(Error::invalid(field, reason(item)))
+            }
+        })
+        .collect()
+}
+
+/// An RFC 9110 token (method, header name): one or more `tchar`s.
+fn is_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(is_tchar)
+}
 
 /// RFC 9110 `tchar`: the characters of a token (method, header name).
 fn is_tchar(b: u8) -> bool {

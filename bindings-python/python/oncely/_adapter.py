@@ -170,6 +170,19 @@ class Settings:
                 kept.append((n, bytes(value)))
         return http.encode_response(status, kept, body)
 
+    def settle(self, run: Any, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> bytes:
+        """The record of ``run``'s whole response, counted: returned when its status is
+        stored, else raised as :class:`Unstored` (it still reaches the waiters). Marks
+        ``run.answered``."""
+        storable = http.storable_status(status)
+        record = self.record(status, headers, body, stored=storable)
+        run.answered = True
+        if not storable:
+            self.counters.bump("not_stored")
+            raise Unstored(run, record)
+        self.counters.bump("stored")
+        return record
+
     def scoped(self, request: Any, method: str, route: str, key: str) -> Union[ScopedKey, http.Problem]:
         """The scoped key of a request, or the problem to answer with: a tenant no key
         can be scoped by is the server's fault (500 ``tenant-unusable``)."""

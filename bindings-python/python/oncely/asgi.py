@@ -303,16 +303,8 @@ class _Lead:
         if self.start is None or not self.complete:
             counters.bump("not_stored")
             raise AppFailed(self, RuntimeError("the app returned without a whole response"))
-        status = int(self.start["status"])
-        storable = http.storable_status(status)
         headers = self.start.get("headers") or ()
-        record = self.s.record(status, headers, b"".join(self.chunks), stored=storable)
-        self.answered = True
-        if not storable:
-            counters.bump("not_stored")
-            raise Unstored(self, record)
-        counters.bump("stored")
-        return record
+        return self.s.settle(self, int(self.start["status"]), headers, b"".join(self.chunks))
 
     async def receive(self) -> Message:
         if self.body is not None:

@@ -306,14 +306,7 @@ class _Lead:
             raise AppFailed(self, RuntimeError("the app returned without calling start_response"))
         code = int(self.status.split(" ", 1)[0])
         raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
-        storable = http.storable_status(code)
-        record = self.s.record(code, raw, b"".join(self.chunks), stored=storable)
-        self.answered = True
-        if not storable:
-            counters.bump("not_stored")
-            raise Unstored(self, record)
-        counters.bump("stored")
-        return record
+        return self.s.settle(self, code, raw, b"".join(self.chunks))
 
     def finish(self) -> Iterable[bytes]:
         """The app's own response (every header it set), for the leader's client; what

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from urllib.parse import unquote
 
 from .. import http
-from .._adapter import CounterSet, Unstored
+from .._adapter import AppFailed, CounterSet, Unstored
 from .._oncely import ScopedKey
 from ..errors import OncelyError, StoreUnavailableError
 
@@ -133,6 +133,24 @@ class GrpcSettings:
                 return http.Problem.tenant_unusable(str(e))
             return http.Problem.from_error(e)
 
+    def admit(self, context: Any, method: str) -> Union[ScopedKey, http.Problem, None]:
+        """The scoped key of a call, the problem to refuse it with, or ``None`` for a
+        call without a key that is passed through (counted here)."""
+        decision = self.contract.read_grpc_key(method, self.key_values(context))
+        if decision is None:
+            self.counters.bump("passed_through")
+            return None
+        if isinstance(decision, http.Problem):
+            return decision
+        return self.scoped(context, method, decision)
+
+    def replaying(self, context: Any, scoped: ScopedKey, metadata: tuple[tuple[str, Any], ...]) -> None:
+        """Counts a replay, tells ``on_replay`` and sets the stored trailing metadata."""
+        self.counters.bump("replayed")
+        if self.on_replay is not None:
+            self.on_replay(context, scoped)
+        context.set_trailing_metadata(metadata)
+
     def key_values(self, context: Any) -> list[bytes]:
         out: list[bytes] = []
         for item in context.invocation_metadata() or ():
@@ -170,3 +188,46 @@ def settle(run: Any, counters: CounterSet, code: int) -> bytes:
         return record
     counters.bump("not_stored")
     raise Unstored(run, record)
+
+
+class Lead:
+    """One call's run of the handler under its key; its answer is kept for the leader
+    (every detail the handler set) and recorded for the store. The sync and asyncio
+    interceptors each drive the handler between :meth:`start` and :meth:`finish`."""
+
+    def __init__(
+        self,
+        s: GrpcSettings,
+        behavior: Callable[[Any, Any], Any],
+        deser: Callable[[bytes], Any],
+        ser: Callable[[Any], bytes],
+        raw: bytes,
+        context: Any,
+    ) -> None:
+        self.s, self.behavior, self.deser, self.ser = s, behavior, deser, ser
+        self.raw, self.context = raw, context
+        self.led = False
+        self.body = b""
+        self.error: Optional[BaseException] = None
+        self.answered = False  # the handler has given its answer (stored or not)
+
+    def start(self) -> None:
+        self.led = True
+        self.s.counters.bump("led")
+
+    def failed(self, e: Exception) -> None:
+        """The handler raised: kept when it set a status (an abort), else not stored."""
+        if code_of(self.context) == 0:  # a plain exception, not an abort: UNKNOWN, never stored
+            self.s.counters.bump("not_stored")
+            raise AppFailed(self, e) from None
+        self.error = e
+
+    def finish(self) -> bytes:
+        self.answered = True
+        return settle(self, self.s.counters, code_of(self.context))
+
+    def answer(self) -> bytes:
+        """The leader's own answer: its message, or the abort it raised."""
+        if self.error is not None:
+            raise self.error
+        return self.body

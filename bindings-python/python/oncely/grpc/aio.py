@@ -20,12 +20,11 @@ from ..errors import OncelyError
 from ._common import (
     STATUS,
     GrpcSettings,
-    code_of,
+    Lead,
     frame,
     grpc,
     pushback,
     read_record,
-    settle,
     unwrap,
 )
 
@@ -86,13 +85,9 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
         context: Any,
     ) -> bytes:
         s = self._s
-        decision = s.contract.read_grpc_key(method, s.key_values(context))
-        if decision is None:
-            s.counters.bump("passed_through")
+        scoped = s.admit(context, method)
+        if scoped is None:
             return ser(await _call(behavior, deser(raw), context))
-        if isinstance(decision, http.Problem):
-            await self._refuse(context, decision)
-        scoped = s.scoped(context, method, decision)
         if isinstance(scoped, http.Problem):
             await self._refuse(context, scoped)
         fp = http.request_fingerprint("POST", method, "application/grpc", frame(raw))
@@ -130,11 +125,7 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
             code, details, message, metadata = read_record(record)
         except OncelyError as e:
             await self._refuse(context, http.Problem.from_error(e))
-        s = self._s
-        s.counters.bump("replayed")
-        if s.on_replay is not None:
-            s.on_replay(context, scoped)
-        context.set_trailing_metadata(metadata)
+        self._s.replaying(context, scoped, metadata)
         if code != 0:
             await context.abort(STATUS[code], details)
         return message
@@ -147,38 +138,11 @@ async def _call(behavior: Callable[[Any, Any], Any], request: Any, context: Any)
     return out
 
 
-class _Lead:
-    def __init__(
-        self,
-        s: GrpcSettings,
-        behavior: Callable[[Any, Any], Any],
-        deser: Callable[[bytes], Any],
-        ser: Callable[[Any], bytes],
-        raw: bytes,
-        context: Any,
-    ) -> None:
-        self.s, self.behavior, self.deser, self.ser = s, behavior, deser, ser
-        self.raw, self.context = raw, context
-        self.led = False
-        self.body = b""
-        self.error: Optional[BaseException] = None
-        self.answered = False  # the handler has given its answer (stored or not)
-
+class _Lead(Lead):
     async def action(self) -> bytes:
-        self.led = True
-        counters = self.s.counters
-        counters.bump("led")
+        self.start()
         try:
             self.body = self.ser(await _call(self.behavior, self.deser(self.raw), self.context))
         except Exception as e:
-            if code_of(self.context) == 0:
-                counters.bump("not_stored")
-                raise AppFailed(self, e) from None
-            self.error = e
-        self.answered = True
-        return settle(self, counters, code_of(self.context))
-
-    def answer(self) -> bytes:
-        if self.error is not None:
-            raise self.error
-        return self.body
+            self.failed(e)
+        return self.finish()
