@@ -70,7 +70,7 @@ def check_sync_action(fn: Callable[[], Any], method: str) -> None:
         )
 
 
-def run_sync(ident: Hashable, fn: Callable[[], T], method: str) -> T:
+def run_sync(ident: Hashable, fn: Callable[[], T]) -> T:
     """Runs a blocking action marked as leading ``ident``. A plain function that
     returns a coroutine anyway has run: the coroutine is its result (stored as is, then
     :func:`warn_if_coroutine`), never a reason to run it again."""

@@ -309,7 +309,7 @@ class RedisStore(_RedisStore):
                 _raise(out)
             lease: RedisLease = out
             try:
-                value = run_sync(ident, fn, "RedisStore")
+                value = run_sync(ident, fn)
             except Exception as exc:
                 lease.fail(exc).wait()
                 raise

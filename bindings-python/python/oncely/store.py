@@ -207,7 +207,7 @@ class IdempotencyStore(_Store):
                 return begun  # type: ignore[no-any-return]
             if cls is Lease:
                 try:
-                    value = run_sync(ident, fn, "IdempotencyStore")
+                    value = run_sync(ident, fn)
                 except Exception as exc:
                     begun.fail(exc, self._code(exc))
                     raise
