@@ -39,22 +39,11 @@ itself, callers in other processes run their own ``fn``.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
-from typing import Any, Awaitable, Callable, NoReturn, Optional, TypeVar, overload
+from typing import Any, Callable, Hashable, Optional
 
-from ._action import (
-    Leading,
-    call,
-    check_reentrant,
-    check_sync_action,
-    lead,
-    run_sync,
-    warn_if_coroutine,
-)
+from ._driver import Driver
 from ._oncely import (
-    Executed,
     RedisLease,
     RedisPending,
     ScopedKey,
@@ -64,8 +53,6 @@ from ._oncely import (
 )
 
 __all__ = ["RedisStore", "encode_result", "decode_result"]
-
-T = TypeVar("T")
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
@@ -172,27 +159,7 @@ def decode_result(data: bytes, loads: Optional[Callable[[Any], Any]] = None) -> 
     return _decode_record(bytes(data), loads)
 
 
-async def _wait(pending: RedisPending) -> Any:
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-    out = pending.subscribe(loop, fut)
-    if out is fut:
-        try:
-            out = await fut
-        except BaseException:
-            pending.cancel()  # drops the step (a claim won meanwhile is released)
-            raise
-    return out
-
-
-def _raise(out: Any) -> NoReturn:
-    if isinstance(out, BaseException):
-        raise out
-    error, tb = out
-    raise error.with_traceback(tb)
-
-
-class RedisStore(_RedisStore):
+class RedisStore(_RedisStore, Driver):
     """A dedup store shared by every process using one Redis.
 
     ``RedisStore(url, lease=30.0, ttl=86400.0, *, prefix="oncely", connect_timeout=1.0,
@@ -207,122 +174,19 @@ class RedisStore(_RedisStore):
     module's doc).
     """
 
-    @overload
-    async def execute(
-        self,
-        scoped: ScopedKey,
-        fingerprint: str,
-        fn: Callable[[], Awaitable[T]],
-        /,
-        *,
-        wait: bool = True,
-    ) -> Executed[T]: ...
+    _method = "RedisStore"
 
-    @overload
-    async def execute(
-        self,
-        scoped: ScopedKey,
-        fingerprint: str,
-        fn: Callable[[], T],
-        /,
-        *,
-        wait: bool = True,
-    ) -> Executed[T]: ...
+    def _ident(self, scoped: ScopedKey) -> Hashable:
+        return self.record_key(scoped)
 
-    async def execute(
-        self,
-        scoped: ScopedKey,
-        fingerprint: str,
-        fn: Callable[[], Any],
-        /,
-        *,
-        wait: bool = True,
-    ) -> Executed[Any]:
-        """Runs ``fn()`` (awaiting it if it returns an awaitable) at most once per
-        ``scoped`` key across every instance sharing this Redis, within the TTL (the
-        rules of :meth:`IdempotencyStore.execute`). Waiting never blocks the event loop.
-        ``fn`` runs in a task of its own: if the caller is cancelled, it stops waiting
-        at once, while the action runs on with its claim renewed, and its outcome is
-        stored and given to the waiters as usual."""
-        ident = self.record_key(scoped)
-        check_reentrant(ident, scoped)
-        while True:
-            out = await _wait(self.begin(scoped, fingerprint, wait))
-            cls = out.__class__
-            if cls is Executed:
-                return out  # type: ignore[no-any-return]
-            if out is None:
-                continue  # the leader went away: claim again
-            if cls is not RedisLease:
-                _raise(out)
-            return await lead(ident, functools.partial(self._lead, out, fn))
+    def _settle_failure(self, lease: RedisLease, exc: Exception) -> RedisPending:
+        return lease.fail(exc)
 
-    async def _lead(
-        self, lease: RedisLease, fn: Callable[[], Any], frame: Leading
-    ) -> Executed[Any]:
-        try:
-            try:
-                value = await call(fn)
-            finally:
-                frame.active = False
-        except Exception as exc:
-            await _wait(lease.fail(exc))
-            raise
-        except BaseException:
-            lease.abandon()  # the action stopped (its task was cancelled): a waiter leads
-            raise
-        try:
-            data = encode_result(value, self.dumps)
-        except BaseException:
-            # Interrupted (Ctrl-C in `dumps`) after the action ran: the key keeps its
-            # outcome, as not storable, instead of going to a leader that runs it again.
-            await _wait(lease.complete(_not_storable(value), value))
-            raise
-        done = await _wait(lease.complete(data, value))
-        if done.__class__ is Executed:
-            return done
-        _raise(done)
+    def _encode(self, value: Any) -> bytes:
+        return encode_result(value, self.dumps)
 
-    def execute_sync(
-        self,
-        scoped: ScopedKey,
-        fingerprint: str,
-        fn: Callable[[], T],
-        /,
-        *,
-        wait: bool = True,
-    ) -> Executed[T]:
-        """The blocking variant of :meth:`execute`: runs ``fn()`` on this thread if
-        this call leads; every wait on Redis releases the GIL. An async function
-        raises ``TypeError`` (use :meth:`execute`) before anything runs."""
-        check_sync_action(fn, "RedisStore")
-        ident = self.record_key(scoped)
-        check_reentrant(ident, scoped)
-        while True:
-            out = self.begin(scoped, fingerprint, wait).wait()
-            cls = out.__class__
-            if cls is Executed:
-                return out  # type: ignore[no-any-return]
-            if out is None:
-                continue
-            if cls is not RedisLease:
-                _raise(out)
-            lease: RedisLease = out
-            try:
-                value = run_sync(ident, fn)
-            except Exception as exc:
-                lease.fail(exc).wait()
-                raise
-            except BaseException:
-                lease.abandon()
-                raise
-            try:
-                data = encode_result(value, self.dumps)
-            except BaseException:
-                lease.complete(_not_storable(value), value).wait()  # it ran (see _lead)
-                raise
-            done = lease.complete(data, value).wait()
-            warn_if_coroutine(value, "RedisStore")
-            if done.__class__ is Executed:
-                return done
-            _raise(done)
+    def _not_storable(self, value: Any) -> bytes:
+        return _not_storable(value)
+
+    def _settle_value(self, lease: RedisLease, stored: bytes, value: Any) -> RedisPending:
+        return lease.complete(stored, value)

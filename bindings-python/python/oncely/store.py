@@ -24,28 +24,17 @@ leads gets ``ReentrantCallError`` at once.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import weakref
 from datetime import timedelta
-from typing import Any, Awaitable, Callable, Optional, TypeVar, overload
+from typing import Any, Hashable, Optional
 
-from ._action import (
-    Leading,
-    call,
-    check_reentrant,
-    check_sync_action,
-    lead,
-    run_sync,
-    warn_if_coroutine,
-)
 from ._codes import Code
-from ._oncely import Executed, Join, Lease, ManualClock, ScopedKey, _Store
+from ._driver import Driver
+from ._oncely import Executed, Lease, ManualClock, ScopedKey, _Store
 from .extract import code_of
 
 __all__ = ["IdempotencyStore", "Executed"]
-
-T = TypeVar("T")
 
 # Every live store, so that a child made by fork() can forget the running entries it
 # copied: their actions stayed with the parent's threads and would never settle here.
@@ -61,7 +50,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_running_after_fork)
 
 
-class IdempotencyStore(_Store):
+class IdempotencyStore(_Store, Driver):
     """An in-process dedup store.
 
     ``IdempotencyStore(ttl=86400.0, max_entries=None, *, in_progress_retry_after=1.0,
@@ -89,89 +78,15 @@ class IdempotencyStore(_Store):
         # The native __new__ has built the store from the same arguments.
         _LIVE.add(self)
 
-    @overload
-    async def execute(
-        self,
-        scoped: ScopedKey,
-        fingerprint: str,
-        fn: Callable[[], Awaitable[T]],
-        /,
-        *,
-        wait: bool = True,
-    ) -> Executed[T]: ...
+    _method = "IdempotencyStore"
 
-    @overload
-    async def execute(
-        self,
-        scoped: ScopedKey,
-        fingerprint: str,
-        fn: Callable[[], T],
-        /,
-        *,
-        wait: bool = True,
-    ) -> Executed[T]: ...
+    def _ident(self, scoped: ScopedKey) -> Hashable:
+        return (self, scoped)
 
-    async def execute(
-        self,
-        scoped: ScopedKey,
-        fingerprint: str,
-        fn: Callable[[], Any],
-        /,
-        *,
-        wait: bool = True,
-    ) -> Executed[Any]:
-        """Runs ``fn()`` (awaiting it if it returns an awaitable) at most once per
-        ``scoped`` key within the TTL.
+    def _settle_failure(self, lease: Lease, exc: Exception) -> None:
+        lease.fail(exc, self._code(exc))
 
-        - a stored result with the same fingerprint is replayed;
-        - a running call with the same fingerprint is waited for and shared (with
-          ``wait=False``: ``InProgressError`` at once, with ``retry_after``);
-        - a different fingerprint raises ``FingerprintMismatchError``;
-        - otherwise this call runs ``fn``, in a task of its own. If the caller is
-          cancelled, it stops waiting at once; the action runs on, keeps the key until
-          it ends, and its outcome is stored and given to the waiters as usual;
-        - a call from inside the action on the key it leads raises
-          ``ReentrantCallError`` (it would wait for itself).
-        """
-        ident = (self, scoped)
-        check_reentrant(ident, scoped)
-        while True:
-            begun = self.begin(scoped, fingerprint, wait)
-            cls = begun.__class__
-            if cls is Executed:
-                return begun  # type: ignore[no-any-return]
-            if cls is Lease:
-                return await lead(ident, functools.partial(self._lead, begun, fn))
-            if cls is Join:
-                loop = asyncio.get_running_loop()
-                fut = loop.create_future()
-                out = begun.subscribe(loop, fut)
-                if out is fut:
-                    try:
-                        out = await fut
-                    except BaseException:
-                        begun.cancel()  # this waiter leaves; the others go on
-                        raise
-                if out is None:
-                    continue  # the leader went away: lead or join anew
-                if out.__class__ is Executed:
-                    return out
-                begun = out
-            error, tb = begun
-            raise error.with_traceback(tb)
-
-    async def _lead(self, lease: Lease, fn: Callable[[], Any], frame: Leading) -> Executed[Any]:
-        try:
-            try:
-                value = await call(fn)
-            finally:
-                frame.active = False
-        except Exception as exc:
-            lease.fail(exc, self._code(exc))
-            raise
-        except BaseException:
-            lease.abandon()  # the action stopped (its task was cancelled): a waiter leads
-            raise
+    def _settle_value(self, lease: Lease, stored: Any, value: Any) -> Executed[Any]:
         return lease.complete(value)
 
     def _code(self, exc: BaseException) -> Optional[Code]:
@@ -184,48 +99,6 @@ class IdempotencyStore(_Store):
             return code_of(exc)
         except Exception:
             return None
-
-    def execute_sync(
-        self,
-        scoped: ScopedKey,
-        fingerprint: str,
-        fn: Callable[[], T],
-        /,
-        *,
-        wait: bool = True,
-    ) -> Executed[T]:
-        """The blocking variant of :meth:`execute`: runs ``fn()`` if this call leads;
-        otherwise blocks the thread (GIL released) until the leader finishes. An async
-        function raises ``TypeError`` (use :meth:`execute`) before anything runs."""
-        check_sync_action(fn, "IdempotencyStore")
-        ident = (self, scoped)
-        check_reentrant(ident, scoped)
-        while True:
-            begun = self.begin(scoped, fingerprint, wait)
-            cls = begun.__class__
-            if cls is Executed:
-                return begun  # type: ignore[no-any-return]
-            if cls is Lease:
-                try:
-                    value = run_sync(ident, fn)
-                except Exception as exc:
-                    begun.fail(exc, self._code(exc))
-                    raise
-                except BaseException:
-                    begun.abandon()
-                    raise
-                done = begun.complete(value)
-                warn_if_coroutine(value, "IdempotencyStore")
-                return done  # type: ignore[no-any-return]
-            if cls is Join:
-                out = begun.wait()
-                if out is None:
-                    continue
-                if out.__class__ is Executed:
-                    return out
-                begun = out
-            error, tb = begun
-            raise error.with_traceback(tb)
 
 
 def _settle_batch(items: list[tuple[asyncio.Future[Any], Any]]) -> None:
