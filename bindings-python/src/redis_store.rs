@@ -18,9 +18,7 @@
 //! later caller reads the "not storable" record and gets `ResultNotStoredError`.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -34,8 +32,7 @@ use oncely_redis::{RedisJoin, RedisStore};
 use crate::convert::{int_in, opt_seconds};
 use crate::errors::{to_py, to_py_value, IntoPyResult};
 use crate::store::{
-    bury, executed, register_native, scoped_key, traceback_of, unregister, Deliver, Held,
-    NativeFuture,
+    bury, executed, lock, scoped_key, traceback_of, Deliver, Held, NativeFuture, Step, Waited,
 };
 
 /// A failed Python action, shared with this process's joiners (never stored in Redis).
@@ -46,10 +43,6 @@ pub struct RedisFailure {
 
 type Store = RedisStore<RedisFailure>;
 type CoreLease = oncely_redis::RedisLease<RedisFailure>;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// `Executed(decode(data), source)`, or the decoding error as an exception object.
 fn decoded(
@@ -467,21 +460,14 @@ impl PyRedisStore {
 /// on it with `wait` (GIL released). Dropping it cancels the step.
 #[pyclass(frozen, module = "oncely")]
 pub struct RedisPending {
-    future: Mutex<Option<NativeFuture>>,
-    registration: Mutex<Option<u64>>,
+    step: Step,
 }
 
 impl RedisPending {
     fn new(future: NativeFuture) -> Self {
         RedisPending {
-            future: Mutex::new(Some(future)),
-            registration: Mutex::new(None),
+            step: Step::new(Waited::Native(future)),
         }
-    }
-    fn take(&self) -> PyResult<NativeFuture> {
-        lock(&self.future)
-            .take()
-            .ok_or_else(|| PyRuntimeError::new_err("this pending step was already awaited"))
     }
 }
 
@@ -496,34 +482,17 @@ impl RedisPending {
         r#loop: Bound<'_, PyAny>,
         fut: Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
-        let future = self.take()?;
-        let keep = fut.clone().unbind();
-        match register_native(py, future, r#loop, fut) {
-            Ok(id) => {
-                *lock(&self.registration) = Some(id);
-                Ok(keep)
-            }
-            Err(out) => Ok(out),
-        }
+        self.step.subscribe(py, r#loop, fut)
     }
 
     /// Stops waiting (the caller was cancelled): the step is dropped.
     fn cancel(&self, py: Python<'_>) {
-        if let Some(id) = lock(&self.registration).take() {
-            unregister(py, id);
-        }
-        let future = lock(&self.future).take();
-        drop(future);
-        bury(py);
+        self.step.cancel(py)
     }
 
     /// Blocks this thread, with the GIL released, until the step is done.
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let future = self.take()?;
-        let deliver = py.detach(move || block_on(future));
-        let out = deliver(py);
-        bury(py);
-        Ok(out)
+        self.step.wait(py)
     }
 }
 
@@ -616,27 +585,5 @@ impl RedisLease {
         lock(&self.inner)
             .as_ref()
             .map(|l| l.record_key().to_owned())
-    }
-}
-
-/// Runs a future to completion on this thread, parking between polls.
-fn block_on<F: Future>(fut: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut fut = std::pin::pin!(fut);
-    loop {
-        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::park();
     }
 }

@@ -81,7 +81,9 @@ pub(crate) fn bury(_py: Python<'_>) {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks a mutex, going on after a panic elsewhere (no critical section leaves its state
+/// half-done).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -282,8 +284,7 @@ impl PyStore {
             Begin::Join(join) => Ok(Py::new(
                 py,
                 Join {
-                    inner: Mutex::new(Some(join)),
-                    registration: Mutex::new(None),
+                    step: Step::new(Waited::Memory(join)),
                 },
             )?
             .into_any()),
@@ -435,16 +436,7 @@ pub fn reentrant_error(py: Python<'_>, scoped: &Bound<'_, PyAny>) -> PyResult<Py
 /// A wait on a running call with the same key.
 #[pyclass(frozen, module = "oncely")]
 pub struct Join {
-    inner: Mutex<Option<CoreJoin>>,
-    registration: Mutex<Option<u64>>,
-}
-
-impl Join {
-    fn take(&self) -> PyResult<CoreJoin> {
-        lock(&self.inner)
-            .take()
-            .ok_or_else(|| PyRuntimeError::new_err("this join was already waited on"))
-    }
+    step: Step,
 }
 
 #[pymethods]
@@ -458,9 +450,56 @@ impl Join {
         r#loop: Bound<'_, PyAny>,
         fut: Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
-        let mut join = self.take()?;
-        if let Some(out) = join.try_get() {
-            return outcome(py, out, "joined");
+        self.step.subscribe(py, r#loop, fut)
+    }
+
+    /// Stops waiting (the waiter was cancelled); the leader and other waiters go on.
+    fn cancel(&self, py: Python<'_>) {
+        self.step.cancel(py)
+    }
+
+    /// Blocks this thread, with the GIL released, until the leader settles.
+    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.step.wait(py)
+    }
+}
+
+/// A wait handed to Python, shared by the memory store's `Join` and the Redis store's
+/// `RedisPending`: awaited from asyncio (`subscribe`, `cancel`) or blocked on (`wait`,
+/// GIL released). Dropping it drops what it waits for.
+pub(crate) struct Step {
+    waited: Mutex<Option<Waited>>,
+    registration: Mutex<Option<u64>>,
+}
+
+impl Step {
+    pub(crate) fn new(waited: Waited) -> Self {
+        Step {
+            waited: Mutex::new(Some(waited)),
+            registration: Mutex::new(None),
+        }
+    }
+
+    fn take(&self) -> PyResult<Waited> {
+        lock(&self.waited)
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("this step was already waited on"))
+    }
+
+    /// Returns the outcome at once if it is ready; otherwise registers `fut` (a future
+    /// of `loop`), which gets the outcome through `loop.call_soon_threadsafe` from the
+    /// pump, and returns `fut` itself.
+    pub(crate) fn subscribe(
+        &self,
+        py: Python<'_>,
+        event_loop: Bound<'_, PyAny>,
+        fut: Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let mut waited = self.take()?;
+        if let Waited::Memory(join) = &mut waited {
+            if let Some(out) = join.try_get() {
+                return outcome(py, out, "joined");
+            }
         }
         let id = REGISTRY.next.fetch_add(1, Ordering::Relaxed);
         let waker = Waker::from(Arc::new(IdWaker(id)));
@@ -468,15 +507,15 @@ impl Join {
             let mut map = lock(&REGISTRY.map);
             // Polled under the registry lock: a wake that comes before the entry is
             // in the map waits for the lock in the pump, so it is never lost.
-            match Pin::new(&mut join).poll(&mut Context::from_waker(&waker)) {
+            match waited.poll(&mut Context::from_waker(&waker)) {
                 Poll::Ready(out) => Some(out),
                 Poll::Pending => {
                     map.insert(
                         id,
                         Entry {
-                            join: Waited::Memory(join),
+                            waited,
                             waker,
-                            event_loop: r#loop.unbind(),
+                            event_loop: event_loop.unbind(),
                             fut: fut.clone().unbind(),
                         },
                     );
@@ -485,7 +524,11 @@ impl Join {
             }
         };
         match ready {
-            Some(out) => outcome(py, out, "joined"),
+            Some(out) => {
+                let v = ready_value(py, out);
+                bury(py);
+                Ok(v)
+            }
             None => {
                 *lock(&self.registration) = Some(id);
                 Ok(fut.unbind())
@@ -493,25 +536,28 @@ impl Join {
         }
     }
 
-    /// Stops waiting (the waiter was cancelled); the leader and other waiters go on.
-    fn cancel(&self, py: Python<'_>) {
+    /// Stops waiting (the waiter was cancelled): what it waited for is dropped.
+    pub(crate) fn cancel(&self, py: Python<'_>) {
         let id = lock(&self.registration).take();
         if let Some(id) = id {
             let entry = lock(&REGISTRY.map).remove(&id);
             drop(entry);
         }
-        let join = lock(&self.inner).take();
-        drop(join);
+        let waited = lock(&self.waited).take();
+        drop(waited);
         bury(py);
     }
 
-    /// Blocks this thread, with the GIL released, until the leader settles.
-    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let join = self.take()?;
-        let out = py.detach(move || join.wait());
-        let r = outcome(py, out, "joined");
+    /// Blocks this thread, with the GIL released, until the outcome is ready.
+    pub(crate) fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let waited = self.take()?;
+        let ready = py.detach(move || match waited {
+            Waited::Memory(join) => Ready::Memory(join.wait()),
+            Waited::Native(future) => Ready::Native(pollster::block_on(future)),
+        });
+        let out = ready_value(py, ready);
         bury(py);
-        r
+        Ok(out)
     }
 }
 
@@ -521,7 +567,7 @@ impl Join {
 
 /// What a registration waits for: a memory-store join, or any native future whose
 /// output is turned into a Python object once the GIL is held (the Redis store).
-enum Waited {
+pub(crate) enum Waited {
     Memory(CoreJoin),
     Native(NativeFuture),
 }
@@ -555,54 +601,8 @@ fn ready_value(py: Python<'_>, ready: Ready) -> Py<PyAny> {
     }
 }
 
-/// Awaits `future` from asyncio: returns its output at once if it is ready; otherwise
-/// registers `fut` (a future of `loop`), which gets the output through
-/// `loop.call_soon_threadsafe` from the pump, and returns the registration id.
-pub(crate) fn register_native(
-    py: Python<'_>,
-    mut future: NativeFuture,
-    event_loop: Bound<'_, PyAny>,
-    fut: Bound<'_, PyAny>,
-) -> Result<u64, Py<PyAny>> {
-    let id = REGISTRY.next.fetch_add(1, Ordering::Relaxed);
-    let waker = Waker::from(Arc::new(IdWaker(id)));
-    let ready = {
-        let mut map = lock(&REGISTRY.map);
-        match future.as_mut().poll(&mut Context::from_waker(&waker)) {
-            Poll::Ready(deliver) => Some(deliver),
-            Poll::Pending => {
-                map.insert(
-                    id,
-                    Entry {
-                        join: Waited::Native(future),
-                        waker,
-                        event_loop: event_loop.unbind(),
-                        fut: fut.unbind(),
-                    },
-                );
-                None
-            }
-        }
-    };
-    match ready {
-        Some(deliver) => {
-            let v = deliver(py);
-            bury(py);
-            Err(v)
-        }
-        None => Ok(id),
-    }
-}
-
-/// Forgets a registration (its waiter was cancelled): drops its future.
-pub(crate) fn unregister(py: Python<'_>, id: u64) {
-    let entry = lock(&REGISTRY.map).remove(&id);
-    drop(entry);
-    bury(py);
-}
-
 struct Entry {
-    join: Waited,
+    waited: Waited,
     waker: Waker,
     event_loop: Py<PyAny>,
     fut: Py<PyAny>,
@@ -685,7 +685,7 @@ fn poll_ready(ids: Vec<u64>) -> Vec<(Entry, Ready)> {
             continue; // cancelled, or already resolved by an earlier wake
         };
         let waker = entry.waker.clone();
-        if let Poll::Ready(out) = entry.join.poll(&mut Context::from_waker(&waker)) {
+        if let Poll::Ready(out) = entry.waited.poll(&mut Context::from_waker(&waker)) {
             let entry = map.remove(&id).expect("entry present");
             ready.push((entry, out));
         }

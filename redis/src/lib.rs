@@ -74,6 +74,12 @@ pub use scripts::RECORD_VERSION;
 use scripts::{Claim, Peek, Scripts};
 use threads::Link;
 
+/// Locks a mutex, going on after a panic elsewhere: every critical section leaves its
+/// state whole, so a poisoned lock holds nothing half-done.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Default lease: how long a claim lives without renewal (30 s).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Default key prefix.
@@ -688,31 +694,9 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     where
         F: FnOnce() -> Result<Vec<u8>, E>,
     {
-        block_on(oncely::execute(self, key, fingerprint, options, || {
+        pollster::block_on(oncely::execute(self, key, fingerprint, options, || {
             std::future::ready(action())
         }))
-    }
-}
-
-/// Runs a future to completion on this thread, parking between polls (no runtime).
-fn block_on<F: Future>(fut: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut fut = std::pin::pin!(fut);
-    loop {
-        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::park();
     }
 }
 

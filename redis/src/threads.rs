@@ -12,18 +12,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use event_listener::Event;
 use oncely::Error;
 
+use crate::lock;
 use crate::scripts::Scripts;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Redis could not be reached or answered with an error: UNAVAILABLE, fail closed.
 pub(crate) fn unavailable(e: &redis::RedisError) -> Error {
