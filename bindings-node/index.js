@@ -588,6 +588,28 @@ function reentry(store, key, fingerprint) {
 }
 
 /** The code of a leader's error for the cache decision; UNKNOWN when it cannot be read. */
+const EXECUTE_DEFAULTS = Object.freeze({ wait: true, signal: undefined })
+
+/**
+ * Checks the arguments of either store's `execute` and reads its options once:
+ * `{ wait, signal }`. Throws the caller's own abort reason when the signal has already
+ * aborted (nothing has started).
+ */
+function executeArgs(scoped, fingerprint, fn, options) {
+  if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
+  if (typeof fingerprint !== 'string') throw mustBe('a string', 'fingerprint', fingerprint)
+  if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
+  if (options === undefined) return EXECUTE_DEFAULTS
+  if (options === null || typeof options !== 'object') throw mustBe('an object', 'options', options)
+  const signal = options.signal
+  if (signal !== undefined && !isSignal(signal)) throw mustBe('an AbortSignal', 'signal', signal)
+  let wait = options.wait
+  if (wait === undefined) wait = true
+  else if (typeof wait !== 'boolean') throw mustBe('a boolean', 'wait', wait)
+  if (signal !== undefined && signal.aborted) throw signal.reason
+  return { wait, signal }
+}
+
 function cacheCode(error) {
   try {
     return codeOf(error)
@@ -630,21 +652,7 @@ class IdempotencyStore {
     // replay resolves at once, a join chains on the flight's one shared Promise). Every
     // error still comes back as a rejection.
     try {
-      if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
-      if (typeof fingerprint !== 'string') throw mustBe('a string', 'fingerprint', fingerprint)
-      if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
-      let wait = true
-      let signal
-      if (options !== undefined) {
-        if (options === null || typeof options !== 'object') throw mustBe('an object', 'options', options)
-        signal = options.signal
-        if (signal !== undefined && !isSignal(signal)) throw mustBe('an AbortSignal', 'signal', signal)
-        if (options.wait !== undefined) {
-          if (typeof options.wait !== 'boolean') throw mustBe('a boolean', 'wait', options.wait)
-          wait = options.wait
-        }
-        if (signal !== undefined && signal.aborted) throw signal.reason
-      }
+      const { wait, signal } = executeArgs(scoped, fingerprint, fn, options)
       const reentrant = reentry(this, scoped, fingerprint)
       if (reentrant !== undefined) throw reentrant
       // The strings cross into Rust only when they differ from the last call's.
@@ -955,21 +963,7 @@ class RedisStore {
    * value itself, later callers `result_not_stored`.
    */
   async execute(scoped, fingerprint, fn, options) {
-    if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
-    if (typeof fingerprint !== 'string') throw mustBe('a string', 'fingerprint', fingerprint)
-    if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
-    let wait = true
-    let signal
-    if (options !== undefined) {
-      if (options === null || typeof options !== 'object') throw mustBe('an object', 'options', options)
-      signal = options.signal
-      if (signal !== undefined && !isSignal(signal)) throw mustBe('an AbortSignal', 'signal', signal)
-      if (options.wait !== undefined) {
-        if (typeof options.wait !== 'boolean') throw mustBe('a boolean', 'wait', options.wait)
-        wait = options.wait
-      }
-    }
-    if (signal !== undefined && signal.aborted) throw signal.reason
+    const { wait, signal } = executeArgs(scoped, fingerprint, fn, options)
     const reentrant = reentry(this.#identity, scoped, fingerprint)
     if (reentrant !== undefined) throw reentrant
     // Every caller here counts until it leaves: one that waits on another process's
