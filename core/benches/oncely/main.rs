@@ -30,24 +30,24 @@ use oncely::{
 };
 
 mod alloc;
-mod fixtures;
 mod backoff;
+mod coalesce;
+mod fixtures;
+mod inserts;
+mod profile;
+mod report;
 mod retry;
 mod store;
-mod coalesce;
-mod inserts;
-mod report;
-mod profile;
 
 use alloc::*;
-use fixtures::*;
 use backoff::*;
+use coalesce::*;
+use fixtures::*;
+use inserts::*;
+use profile::*;
+use report::*;
 use retry::*;
 use store::*;
-use coalesce::*;
-use inserts::*;
-use report::*;
-use profile::*;
 
 criterion_group!(
     name = benches;

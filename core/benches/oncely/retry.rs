@@ -55,7 +55,8 @@ pub(crate) async fn ffs_oncely() -> u32 {
     r.unwrap()
 }
 
-pub(crate) const ZERO_BACKON: ExponentialBuilder = ExponentialBuilder::new().with_min_delay(Duration::ZERO);
+pub(crate) const ZERO_BACKON: ExponentialBuilder =
+    ExponentialBuilder::new().with_min_delay(Duration::ZERO);
 
 pub(crate) async fn ffs_backon_noop() -> u32 {
     let mut n = 0;
