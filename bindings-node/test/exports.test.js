@@ -36,3 +36,16 @@ test('the adapters load as CommonJS and ES modules without their frameworks', ()
     assert.equal(esm.stdout.trim(), 'function', sub)
   }
 })
+
+test('each ES module entry exports exactly the names of its CommonJS module', async () => {
+  for (const entry of ['index', 'express', 'fastify', 'grpc', 'fetch']) {
+    const cjs = require(`../${entry}.js`)
+    const esm = await import(path.join(pkg, `${entry}.mjs`))
+    // `default`: the whole module for index, the plugin for fastify (as `cjs.default`).
+    const named = Object.keys(esm).filter((k) => k !== 'default').sort()
+    const own = Object.keys(cjs).filter((k) => k !== 'default').sort()
+    assert.deepEqual(named, own, `${entry}.mjs and ${entry}.js export different names`)
+    for (const k of named) assert.equal(esm[k], cjs[k], `${entry}.mjs: ${k} is not the CommonJS object`)
+    if ('default' in cjs) assert.equal(esm.default, cjs.default, `${entry}.mjs: default`)
+  }
+})
