@@ -716,11 +716,12 @@ def simulate(case):
             break
         # A server-provided delay overrides the computed backoff.
         delay = sd["after_ms"] if sd is not None else backoff_delay_ms(pol, attempt, seed)
-        if deadline is not None:  # check 3: after the delay, min_attempt must be left
-            remaining = max(deadline - now, 0)
-            if delay + min_attempt > remaining:
-                result = "deadline"
-                break
+        # Check 3: the next attempt, after the delay, must have min_attempt before the
+        # deadline. Compared as instants: after an overrun (now > deadline) even a zero
+        # delay and a zero min_attempt do not start another attempt.
+        if deadline is not None and now + delay + min_attempt > deadline:
+            result = "deadline"
+            break
         delays.append(delay)
         now += delay
         attempt += 1
@@ -855,6 +856,35 @@ def retry_decision_cases():
                       retry_pol(max_attempts=5, base_delay_ms=400, max_delay_ms=1000,
                                 seed=2024), [step(U, 100)],
                       expect_result="attempts_exhausted"))
+    # Where two stop reasons apply at once, the order of SPEC §4 decides.
+    d.append(decision("an overrun attempt, then a server delay of 0 and min_attempt 0: "
+                      "no attempt starts after the deadline",
+                      retry_pol(jitter=0.0, min_attempt_ms=0), [step(U, 300, 0), step(OK, 1)],
+                      deadline_ms=200, expect_result="deadline"))
+    d.append(decision("an overrun attempt with base delay 0 and min_attempt 0: deadline",
+                      retry_pol(base_delay_ms=0, jitter=0.0, min_attempt_ms=0),
+                      [step(U, 201), step(OK, 1)], deadline_ms=200, expect_result="deadline"))
+    d.append(decision("an attempt that ends exactly at the deadline, zero delay, min_attempt 0: "
+                      "the next attempt may start at the deadline",
+                      retry_pol(base_delay_ms=0, jitter=0.0, min_attempt_ms=0),
+                      [step(U, 200), step(OK, 0)], deadline_ms=200, expect_result="ok"))
+    d.append(decision("do-not-retry on the last allowed attempt: server_said_no, "
+                      "not attempts_exhausted", retry_pol(jitter=0.0, max_attempts=2),
+                      [step(U, 5), step(U, 5, "do_not_retry")], expect_result="server_said_no"))
+    d.append(decision("do-not-retry with max_attempts 1: server_said_no",
+                      retry_pol(jitter=0.0, max_attempts=1), [step(RE, 5, "do_not_retry")],
+                      expect_result="server_said_no"))
+    d.append(decision("the last allowed attempt also overruns the deadline: attempts_exhausted "
+                      "(checked before the deadline)", retry_pol(jitter=0.0, max_attempts=2),
+                      [step(U, 10), step(U, 500)], deadline_ms=100,
+                      expect_result="attempts_exhausted"))
+    d.append(decision("not retryable and past the deadline: not_retryable",
+                      nj, [step("NOT_FOUND", 500)], deadline_ms=100,
+                      expect_result="not_retryable"))
+    d.append(decision("a success that ends after the deadline is a success",
+                      nj, [step(U, 10), step(OK, 500)], deadline_ms=100, expect_result="ok"))
+    d.append(decision("a first attempt that succeeds after the deadline is a success",
+                      nj, [step(OK, 500)], deadline_ms=100, expect_result="ok"))
     d.append(decision("a mixed timeline: backoff, server delay, backoff, success",
                       retry_pol(max_attempts=5, seed=77),
                       [step(U, 12), step(RE, 8, 250), step(U, 15), step(OK, 20)],
