@@ -370,7 +370,8 @@ impl RetryState {
     /// Decides what follows a failed attempt: the delay in ms before the next one, or
     /// -1 to stop (see `stopReason`). The server's delay, if any, is `delayMs` (already
     /// in ms), `doNotRetry`, a `grpc-retry-pushback-ms` value or a `Retry-After` value,
-    /// in that order of precedence; unparseable header values are ignored.
+    /// in that order of precedence; a malformed pushback means do not retry (gRFC A6), a
+    /// malformed `Retry-After` is ignored.
     #[napi]
     pub fn on_failure(
         &mut self,
@@ -397,7 +398,7 @@ impl RetryState {
                 oncely::duration_from_millis_f64("retry_after", d).or_throw(raw)?,
             ))
         } else if let Some(p) = pushback.as_deref() {
-            oncely::parse_pushback_ms(p).ok()
+            Some(oncely::parse_pushback_ms(p).unwrap_or(ServerDelay::DoNotRetry))
         } else if let Some(r) = retry_after.as_deref() {
             oncely::parse_retry_after(r, SystemTime::now()).ok()
         } else {

@@ -88,6 +88,11 @@ test('retry_after.json: Retry-After and grpc-retry-pushback-ms', () => {
   const cases = load('retry_after.json')
   cases.forEach((c, i) => {
     const what = label(i, c)
+    if (c.delay_ms_at_least !== undefined) {
+      // Saturated: a delay longer than any deadline.
+      const got = c.header === 'Retry-After' ? oncely.parseRetryAfter(c.value, c.now * 1000) : oncely.parsePushbackMs(c.value).delayMs
+      return assert.ok(got >= c.delay_ms_at_least, `${what}: ${got}`)
+    }
     if (c.header === 'Retry-After') {
       const parse = () => oncely.parseRetryAfter(c.value, c.now * 1000)
       if (c.error) return expectError(parse, c.error, what)

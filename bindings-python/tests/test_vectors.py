@@ -90,6 +90,13 @@ def test_http_table() -> None:
 @pytest.mark.parametrize("case", load_vectors("retry_after.json"), ids=case_id)
 def test_retry_after(case: dict[str, Any]) -> None:
     value = case["value"]
+    if "delay_ms_at_least" in case:  # saturated: longer than any deadline
+        if case["header"] == "Retry-After":
+            got = oncely.parse_retry_after(value, now=case["now"])
+        else:
+            got = oncely.parse_pushback_ms(value)
+        assert got is not None and got * 1000 >= case["delay_ms_at_least"]
+        return
     if case["header"] == "Retry-After":
         if "error" in case:
             with pytest.raises(oncely.InvalidArgumentError) as info:
@@ -99,6 +106,13 @@ def test_retry_after(case: dict[str, Any]) -> None:
             assert _ms(oncely.parse_retry_after(value, now=case["now"])) == case["delay_ms"]
     else:
         assert case["header"] == "grpc-retry-pushback-ms"
+        # Read as a failure's header, a malformed pushback means "do not retry" (gRFC
+        # A6) and wins over a Retry-After.
+        failure = Failure.from_headers(Code.UNAVAILABLE, retry_after="3", pushback_ms=value)
+        if "error" in case or case.get("do_not_retry"):
+            assert failure.do_not_retry and failure.delay is None
+        else:
+            assert failure.delay is not None and _ms(failure.delay) == case["delay_ms"]
         if "error" in case:
             with pytest.raises(oncely.InvalidArgumentError) as info:
                 oncely.parse_pushback_ms(value)

@@ -281,7 +281,7 @@ def retry_after_cases():
         else:
             # The hand-written date must name the right day of the week.
             wday = calendar.weekday(*time.gmtime(at_or_secs)[:3])
-            assert value.startswith(calendar.day_abbr[wday]), (value, calendar.day_name[wday])
+            assert value.strip(" \t").startswith(calendar.day_abbr[wday]), (value, wday)
             ms = max(at_or_secs - now, 0) * 1000
         assert ms <= MAX_SAFE
         c.append({"comment": comment, "header": RA, "value": value, "now": now, "delay_ms": ms})
@@ -324,7 +324,44 @@ def retry_after_cases():
     # is the most recent past year with those digits: in 2015, "69" is 1969, not 2069.
     delay("RFC 850 two-digit year more than 50 years ahead is in the past century: 0",
           "Tuesday, 21-Oct-69 07:28:00 GMT", now, utc(1969, 10, 21, 7, 28, 0))
+    delay("RFC 850 two-digit year exactly 50 years ahead stays in this century",
+          "Wednesday, 21-Oct-65 07:28:00 GMT", now, utc(2065, 10, 21, 7, 28, 0))
+    delay("RFC 850 two-digit year 51 years ahead is in the past century: 0",
+          "Friday, 21-Oct-66 07:28:00 GMT", now, utc(1966, 10, 21, 7, 28, 0))
+    delay("RFC 850 year 00 in 2015 is 2000: in the past, 0",
+          "Saturday, 01-Jan-00 00:00:00 GMT", now, utc(2000, 1, 1, 0, 0, 0))
+    delay("RFC 850 two-digit year of the current year",
+          "Thursday, 22-Oct-15 07:28:00 GMT", now, utc(2015, 10, 22, 7, 28, 0))
+    # A leap second: RFC 9110 allows second 60; 07:28:60 is the instant of 07:29:00.
+    delay("second 60 (a leap second) is accepted: 07:28:60 is 07:29:00",
+          "Wed, 21 Oct 2015 07:28:60 GMT", now, t_2015 + 60)
+    delay("whitespace is SP and HTAB only: tabs around the value are ignored",
+          "\t5\t", now, 5, "secs")
+    delay("spaces around an IMF-fixdate are ignored", "  Wed, 21 Oct 2015 07:28:00 GMT ",
+          now, t_2015)
+    delay("huge delta-seconds that still fit: 10^11 s", "99999999999", now, 99_999_999_999,
+          "secs")
+    delta_2_64 = str(2**64)
+    c.append({"comment": "delta-seconds beyond 2^64 - 1 saturate: a delay longer than any "
+                         "deadline (at least 2^53 - 1 ms)",
+              "header": RA, "value": delta_2_64, "now": now, "delay_ms_at_least": MAX_SAFE})
+    c.append({"comment": "a thousand-digit delta-seconds saturates too",
+              "header": RA, "value": "9" * 1000, "now": now, "delay_ms_at_least": MAX_SAFE})
     for value, why in [
+        ("Thu, 21 Oct 2015 07:28:00 GMT", "IMF-fixdate with the wrong day of the week"),
+        ("Thursday, 21-Oct-15 07:28:00 GMT", "RFC 850 date with the wrong day of the week"),
+        ("Thu Oct 21 07:28:00 2015", "asctime date with the wrong day of the week"),
+        ("Wed, 21 Oct 2015 07:28:61 GMT", "second 61"),
+        ("Wed, 21 Oct 2015 07:60:00 GMT", "minute 60"),
+        ("wed, 21 oct 2015 07:28:00 gmt", "names are case-sensitive"),
+        ("Wed,  21 Oct 2015 07:28:00 GMT", "two spaces after the comma"),
+        ("Wed, 21 Oct 15 07:28:00 GMT", "IMF-fixdate with a two-digit year"),
+        ("\n5", "a line break is not optional whitespace"),
+        ("5\r", "a carriage return is not optional whitespace"),
+        ("\u00a05", "a non-breaking space is not optional whitespace"),
+        ("\u20075", "a figure space is not optional whitespace"),
+        ("\uff15", "a full-width digit"),
+        ("5 5", "two numbers"),
         ("soon", "not a number or a date"),
         ("", "empty"),
         ("   ", "only whitespace"),
@@ -346,14 +383,23 @@ def retry_after_cases():
     for value, ms, comment in [("250", 250, "pushback in milliseconds"),
                                ("0", 0, "pushback 0: retry at once"),
                                ("86400000", 86_400_000, "pushback of a day"),
-                               (" 100 ", 100, "surrounding whitespace is ignored")]:
+                               (" 100 ", 100, "surrounding whitespace is ignored"),
+                               ("\t7\t", 7, "tabs around the value are ignored"),
+                               ("-0", 0, "-0 is the integer 0, not negative: retry at once"),
+                               ("-000", 0, "-000 is 0 too"),
+                               ("007", 7, "leading zeros"),
+                               ("9007199254740991", MAX_SAFE, "2^53 - 1 ms")]:
         c.append({"comment": comment, "header": PB, "value": value, "delay_ms": ms})
-    for value in ["-1", "-250"]:
+    for value in ["-1", "-250", "-01", " -5 ", "-99999999999999999999999"]:
         c.append({"comment": "a negative pushback means: do not retry", "header": PB,
                   "value": value, "do_not_retry": True})
+    c.append({"comment": "a pushback beyond 2^64 - 1 ms saturates", "header": PB,
+              "value": "9" * 30, "delay_ms_at_least": MAX_SAFE})
     for value, why in [("abc", "not a number"), ("", "empty"), ("1.5", "not an integer"),
                        ("-", "a sign alone"), ("--1", "two signs"), ("+5", "a plus sign"),
-                       ("10ms", "a unit")]:
+                       ("10ms", "a unit"), ("\n5", "a line break"),
+                       ("\u00a05", "a non-breaking space"), ("0x10", "hexadecimal"),
+                       ("1e3", "an exponent"), ("1 000", "a space inside")]:
         error(f"garbage pushback: {why}", value, None, PB, "grpc-retry-pushback-ms")
     return c
 
@@ -1391,11 +1437,11 @@ def x_header(shape, name):
 
 
 def x_pushback(v):
-    v = v.strip()
+    v = v.strip(" \t")  # optional whitespace: SP and HTAB only
     digits = v[1:] if v.startswith("-") else v
     if not digits or not (digits.isascii() and digits.isdigit()):
         return "do_not_retry"  # unparseable: do not retry (gRFC A6)
-    if v.startswith("-"):
+    if v.startswith("-") and int(digits) != 0:
         return "do_not_retry"
     return int(digits)
 
@@ -1628,6 +1674,27 @@ def extraction_cases():
          {"code": 8, "metadata": {"grpc-retry-pushback-ms": "50", "grpc-status-details-bin": ri}})
     case("RetryInfo before Retry-After",
          {"code": 8, "headers": {"Retry-After": "9"}, "metadata": {"grpc-status-details-bin": ri}})
+    # Precedence: pushback, then RetryInfo, then Retry-After; a pushback that is present
+    # decides even when it says "do not retry" or cannot be read.
+    case("an unparseable pushback beats a valid Retry-After: do not retry",
+         {"code": 14, "headers": {"Retry-After": "3"},
+          "metadata": {"grpc-retry-pushback-ms": "soon"}})
+    case("a negative pushback beats RetryInfo: do not retry",
+         {"code": 8, "metadata": {"grpc-retry-pushback-ms": "-1", "grpc-status-details-bin": ri}})
+    case("all three: the pushback wins",
+         {"code": 8, "headers": {"Retry-After": "9"},
+          "metadata": {"grpc-retry-pushback-ms": "75", "grpc-status-details-bin": ri}})
+    case("malformed status details fall through to Retry-After",
+         {"code": 8, "headers": {"Retry-After": "4"},
+          "metadata": {"grpc-status-details-bin": "not base64!"}})
+    case("an unparseable Retry-After does not hide RetryInfo",
+         {"code": 8, "headers": {"Retry-After": "soon"}, "metadata": {"grpc-status-details-bin": ri}})
+    case("pushback -0 is 0 ms, not do-not-retry",
+         {"code": 14, "metadata": {"grpc-retry-pushback-ms": "-0"}})
+    case("a pushback with a line break cannot be read: do not retry",
+         {"code": 14, "metadata": {"grpc-retry-pushback-ms": "5\n"}})
+    case("a Retry-After with a line break is ignored",
+         {"code": 14, "headers": {"Retry-After": "\n5"}})
     return c
 
 
