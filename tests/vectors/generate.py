@@ -49,7 +49,9 @@ def unit(seed, n):
 
 
 def backoff_delay_ms(policy, n, seed):
-    """Delay in whole ms after the n-th failed attempt (n >= 1)."""
+    """Delay in whole ms after the n-th failed attempt (n >= 1; 0 is taken as 1, for the
+    growth and the jitter draw alike)."""
+    n = max(n, 1)
     base = float(policy["base_delay_ms"])
     cap = float(policy["max_delay_ms"])
     mult = float(policy["multiplier"])
@@ -174,6 +176,48 @@ def backoff_cases():
                             "base_delay"))
     c.append(invalid_policy("a negative max delay is rejected", policy(max_delay_ms=-1000),
                             "max_delay"))
+    # Several bad fields: the host's numbers are converted first (base_delay, then
+    # max_delay), then validate() checks max_attempts, jitter, multiplier, then
+    # base_delay <= max_delay. The first that fails is named.
+    c.append(invalid_policy("bad max_attempts and jitter: max_attempts is named",
+                            policy(max_attempts=0, jitter=1.5), "max_attempts"))
+    c.append(invalid_policy("bad jitter and multiplier: jitter is named",
+                            policy(jitter=1.0, multiplier=0.5), "jitter"))
+    c.append(invalid_policy("bad multiplier and base_delay > max_delay: multiplier is named",
+                            policy(multiplier=0.5, base_delay_ms=2000, max_delay_ms=1000),
+                            "multiplier"))
+    c.append(invalid_policy("bad max_attempts and base_delay > max_delay: max_attempts",
+                            policy(max_attempts=0, base_delay_ms=2000, max_delay_ms=1000),
+                            "max_attempts"))
+    c.append(invalid_policy("a negative base_delay is named before a bad max_attempts "
+                            "(host numbers are converted first)",
+                            policy(max_attempts=0, base_delay_ms=-1), "base_delay"))
+    c.append(invalid_policy("a negative max_delay is named before a bad jitter",
+                            policy(jitter=2.0, max_delay_ms=-1), "max_delay"))
+    c.append(invalid_policy("negative base_delay and max_delay: base_delay is named",
+                            policy(base_delay_ms=-5, max_delay_ms=-1), "base_delay"))
+    c.append(invalid_policy("every field bad: base_delay is named",
+                            policy(max_attempts=0, base_delay_ms=-1, max_delay_ms=-1,
+                                   multiplier=0.0, jitter=-1.0), "base_delay"))
+    # n = 0 is taken as 1; the exponent is IEEE pow, not repeated multiplication.
+    c.append(backoff_case("failed_attempt 0 is taken as 1",
+                          policy(seed=42), [0, 1, 2]))
+    c.append(backoff_case("failed_attempt 0 without jitter: the base delay",
+                          policy(jitter=0.0, base_delay_ms=70), [0, 1]))
+    c.append(backoff_case("multiplier^(n-1) is pow(multiplier, n-1), one rounding: after the "
+                          "35th failure 1.7^34 x 9026 ms gives 617673054570 (34 multiplications "
+                          "give 617673054569)",
+                          policy(base_delay_ms=9026, max_delay_ms=10**13, multiplier=1.7,
+                                 jitter=0.0), [1, 2, 10, 34, 35]))
+    c.append(backoff_case("pow again: 1.7^37 x 1704 ms after the 38th failure",
+                          policy(base_delay_ms=1704, max_delay_ms=10**13, multiplier=1.7,
+                                 jitter=0.0), [38]))
+    c.append(backoff_case("the growth overflows to infinity, then the cap applies",
+                          policy(base_delay_ms=1000, max_delay_ms=10**13, multiplier=10.0,
+                                 jitter=0.0), [300, 309, 310, 400]))
+    c.append(backoff_case("base 0 with the largest jitter: still 0",
+                          policy(base_delay_ms=0, max_delay_ms=1000, jitter=0.99, seed=1),
+                          [0, 1, 2, 4_294_967_295]))
     return c
 
 
