@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -124,18 +125,31 @@ def test_retry_after(case: dict[str, Any]) -> None:
             assert got is not None and _ms(got) == case["delay_ms"]
 
 
+def _text(case: dict[str, Any], name: str) -> str:
+    """A string field, given as text or as UTF-16 code units (`<name>_utf16`, which may
+    hold a lone surrogate: a Python str can)."""
+    if name in case:
+        return str(case[name])
+    units = case[name + "_utf16"]
+    raw = b"".join(u.to_bytes(2, "big") for u in units)
+    return raw.decode("utf-16-be", "surrogatepass")
+
+
 @pytest.mark.parametrize("case", load_vectors("keys.json"), ids=case_id)
 def test_keys(case: dict[str, Any]) -> None:
     op = case["op"]
     if op == "parse":
-        call = lambda: oncely.validate_key(case["key"])  # noqa: E731
-        expect = case["key"] if case.get("valid") else None
+        key = _text(case, "key")
+        call = lambda: oncely.validate_key(key)  # noqa: E731
+        expect = key if case.get("valid") else None
     elif op == "derive":
-        call = lambda: oncely.derive_key(case["business_id"], case["operation"])  # noqa: E731
+        b, o = _text(case, "business_id"), _text(case, "operation")
+        call = lambda: oncely.derive_key(b, o)  # noqa: E731
         expect = case.get("key")
     else:
         assert op == "scope"
-        call = lambda: str(oncely.scope(case["tenant"], case["method"], case["key"]))  # noqa: E731
+        t, m, k = _text(case, "tenant"), _text(case, "method"), _text(case, "key")
+        call = lambda: str(oncely.scope(t, m, k))  # noqa: E731
         expect = case.get("scoped")
     if "error" in case:
         with pytest.raises(oncely.InvalidArgumentError) as info:
@@ -149,15 +163,42 @@ def test_keys(case: dict[str, Any]) -> None:
 
 def test_scoped_keys_are_distinct() -> None:
     cases = [c for c in load_vectors("keys.json") if c["op"] == "scope" and "scoped" in c]
-    triples = {(c["tenant"], c["method"], c["key"]) for c in cases}
+    triples = {(_text(c, "tenant"), _text(c, "method"), _text(c, "key")) for c in cases}
     scoped = {str(oncely.scope(*t)) for t in triples}
     assert len(scoped) == len(triples)
 
 
+def _fingerprint_input(case: dict[str, Any]) -> Any:
+    """The value of a case: `value`, `value_json` (read by Python's json), a NaN or
+    infinite float, a string of UTF-16 code units, or `nested` arrays/objects."""
+    if "value" in case:
+        return case["value"]
+    if "value_json" in case:
+        return json.loads(case["value_json"])
+    if "value_special" in case:
+        x = float(case["value_special"]["float"].lower().replace("infinity", "inf"))
+        return {"top": x, "array": [x], "object": {"x": x}}[case["value_special"]["in"]]
+    if "value_utf16" in case:
+        text = _text(case["value_utf16"], "string")
+        return text if case["value_utf16"]["in"] == "top" else {text: 0}
+    depth, kind = case["nested"]["depth"], case["nested"]["kind"]
+    value: Any = [] if kind == "array" else {}
+    for _ in range(depth - 1):
+        value = [value] if kind == "array" else {"a": value}
+    return value
+
+
 @pytest.mark.parametrize("case", load_vectors("fingerprints.json"), ids=case_id)
 def test_fingerprints(case: dict[str, Any]) -> None:
-    assert oncely.canonical_json(case["value"]) == case["canonical"].encode("utf-8")
-    assert oncely.fingerprint(case["value"]) == case["sha256"]
+    value = _fingerprint_input(case)
+    if "error" in case:
+        for refuse in (oncely.canonical_json, oncely.fingerprint):
+            with pytest.raises(oncely.InvalidArgumentError) as info:
+                refuse(value)
+            _check_error(info.value, case["error"])
+        return
+    assert oncely.canonical_json(value) == case["canonical"].encode("utf-8")
+    assert oncely.fingerprint(value) == case["sha256"]
     assert oncely.fingerprint_bytes(case["canonical"].encode("utf-8")) == case["sha256"]
 
 

@@ -589,6 +589,68 @@ def keys_cases():
     scope("both empty: tenant is named first", "", "")
     scope("the key is checked too", "t", "m", "bad key!")
     scope("a missing key", "t", "m", "")
+    # Whitespace and case: a key is taken exactly as given (no trimming, no folding).
+    parse("a leading space is not trimmed", " order-42-x")
+    parse("a trailing space is not trimmed", "order-42-x ")
+    parse("a trailing newline is not trimmed", "order-42-x\n")
+    parse("upper case is kept: keys are case-sensitive", "ORDER-42-CHARGE")
+    parse("mixed case is kept", "Order-42-Charge")
+    derive("a trailing space in the business id is data", "order-42 ", "charge")
+    derive("case in the business id is data", "ORDER-42", "charge")
+    scope("keys that differ in case are different keys ...", "case", "m", "ORDER-42-CHARGE")
+    scope("... (the same key in lower case)", "case", "m", "order-42-charge")
+    scope("tenants that differ in case are different tenants ...", "Acme", "m")
+    scope("... (lower case)", "acme", "m")
+    scope("spaces around a tenant are kept (and encoded)", " acme ", "m")
+    # Which error first: the key, then the tenant, then the method.
+    scope("a bad key and an empty tenant: the key is named", "", "m", "bad key!")
+    scope("a missing key, an empty tenant and method: missing_key", "", "", "")
+    scope("a good key, an empty tenant and a too long method: tenant", "", "m" * 1025)
+    scope("a good key and tenant, a too long method: method", "t2", "m" * 1025)
+
+    # Strings as UTF-16 code units (`<field>_utf16`): Python and JavaScript strings may
+    # hold a lone surrogate, which UTF-8 (and a Rust `str`) cannot. Such a string is
+    # INVALID_ARGUMENT naming its field; the Rust suite cannot build it and skips it.
+    def utf16(text):
+        raw = text.encode("utf-16-be", "surrogatepass")
+        return [int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2)]
+
+    def lone(comment, op, fields, error_field=None, **expect):
+        case = {"op": op, "comment": comment}
+        for name, value in fields.items():
+            if isinstance(value, list):
+                case[name + "_utf16"] = value
+            else:
+                case[name] = value
+        if error_field is not None:
+            case["error"] = {"kind": "invalid_argument", "field": error_field}
+        case.update(expect)
+        c.append(case)
+
+    hi, lo = 0xD800, 0xDC00
+    lone("a key with a lone high surrogate", "parse",
+         {"key": utf16("order-42") + [hi]}, "idempotency_key")
+    lone("a tenant with a lone high surrogate", "scope",
+         {"tenant": utf16("acme") + [hi], "method": "m", "key": k}, "tenant")
+    lone("a tenant that is a lone low surrogate", "scope",
+         {"tenant": [lo], "method": "m", "key": k}, "tenant")
+    lone("a method with a lone surrogate", "scope",
+         {"tenant": "t", "method": [0xDFFF, 0x61], "key": k}, "method")
+    lone("surrogates in the wrong order are two lone surrogates", "scope",
+         {"tenant": [lo, hi], "method": "m", "key": k}, "tenant")
+    lone("a lone surrogate in the tenant and a bad key: the key is named", "scope",
+         {"tenant": [hi], "method": "m", "key": "bad key!"}, "idempotency_key")
+    lone("a surrogate pair is one character: scoped as its UTF-8", "scope",
+         {"tenant": utf16("\U0001F600x"), "method": "m", "key": k},
+         scoped=scoped_key("\U0001F600x", "m", k))
+    lone("a business id with a lone surrogate", "derive",
+         {"business_id": [hi], "operation": "charge"}, "business_id")
+    lone("an operation with a lone surrogate", "derive",
+         {"business_id": "order-42", "operation": utf16("charge") + [lo]}, "operation")
+    lone("a surrogate pair in a business id is one character", "derive",
+         {"business_id": utf16("\U0001F389x"), "operation": "charge"},
+         key=derive_key("\U0001F389x", "charge"))
+
     # Injectivity: the triples of this file give pairwise different scoped keys.
     scoped = [x["scoped"] for x in c if x.get("op") == "scope" and "scoped" in x]
     assert len(scoped) == len(set(scoped))
@@ -766,6 +828,53 @@ def fingerprint_cases():
                 '"a\u2028b\u2029c"'))
     f.append(fp("escapes in keys too", {"k\n": "v\t", "\"": "\\"},
                 '{"\\"":"\\\\","k\\n":"v\\t"}'))
+
+    def special(comment, canonical=None, **form):
+        case = {"comment": comment}
+        case.update(form)
+        if canonical is None:
+            case["error"] = {"kind": "invalid_argument", "field": "value"}
+        else:
+            case["canonical"] = canonical
+            case["sha256"] = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+        f.append(case)
+
+    # JSON text read by each language's own parser (`value_json`).
+    special("duplicate names: the parsers keep the last member",
+            '{"a":2}', value_json='{"a":1,"a":2}')
+    special("duplicate names in a nested object, then sorted",
+            '{"a":0,"b":{"x":[2]}}', value_json='{"b":{"x":1,"x":[2]},"a":0}')
+    special("an integer beyond 2^64 is the nearest double",
+            "18446744073709552000", value_json="18446744073709551616")
+    special("an integer beyond 2^53 inside an object (read by the parser)",
+            '{"id":9007199254740992}', value_json='{"id":9007199254740993}')
+    special("an integer beyond the range of a double is refused",
+            value_json="1" + "0" * 400)
+    # NaN and infinities, which JSON cannot write (`value_special`).
+    for name in ("NaN", "Infinity", "-Infinity"):
+        for where in ("top", "array", "object"):
+            special(f"{name} ({where}) has no JSON form: refused",
+                    value_special={"float": name, "in": where})
+    # Strings as UTF-16 code units (`value_utf16`, see keys.json).
+    for where in ("top", "key"):
+        special(f"a lone high surrogate in a string ({where}) is refused",
+                value_utf16={"string_utf16": [0x61, 0xD800], "in": where})
+        special(f"a lone low surrogate in a string ({where}) is refused",
+                value_utf16={"string_utf16": [0xDC00], "in": where})
+    special("a surrogate pair is one character, written as UTF-8",
+            '"\U0001F600"', value_utf16={"string_utf16": [0xD83D, 0xDE00], "in": "top"})
+    special("a surrogate pair in a key", '{"\U0001F600":0}',
+            value_utf16={"string_utf16": [0xD83D, 0xDE00], "in": "key"})
+    # Nesting (`nested`): `depth` arrays [[...]] or objects {"a":{"a":...}} inside each
+    # other, the innermost empty. At most 100 levels (SPEC §6).
+    for depth in (1, 2, 99, 100, 101, 128, 300):
+        for kind in ("array", "object"):
+            open_, close = ("[", "]") if kind == "array" else ('{"a":', "}")
+            inner = "[]" if kind == "array" else "{}"
+            canonical = open_ * (depth - 1) + inner + close * (depth - 1)
+            special(f"{depth} nested {kind}s" + ("" if depth <= 100 else ": refused"),
+                    canonical if depth <= 100 else None,
+                    nested={"depth": depth, "kind": kind})
     return f
 
 
