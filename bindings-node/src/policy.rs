@@ -312,6 +312,20 @@ impl RetryBudget {
         Ok(RetryBudget { inner: budget })
     }
 
+    /// Counts one call (not one attempt); the retry loop does this for each call given
+    /// the budget.
+    #[napi]
+    pub fn record_request(&self) {
+        self.inner.record_request();
+    }
+
+    /// Takes one retry from the budget if it has room; `false` means the retry must not
+    /// happen. The retry loop does this before each retry.
+    #[napi]
+    pub fn try_withdraw(&self) -> bool {
+        self.inner.try_withdraw()
+    }
+
     /// The window's counts now.
     #[napi]
     pub fn snapshot(&self) -> BudgetSnapshot {

@@ -305,3 +305,27 @@ test('extraction.json: foreign errors read by the core', async () => {
     assert.equal(calls, c.retryable && !c.do_not_retry ? 2 : 1, label(i, c))
   }
 })
+
+test('budget.json: the retry budget on a manual clock', () => {
+  const cases = load('budget.json')
+  cases.forEach((c, i) => {
+    const what = label(i, c)
+    const clock = new ManualClock()
+    const make = () => new oncely.RetryBudget({ ratio: c.budget.ratio, windowMs: c.budget.window_ms, minPerSec: c.budget.min_per_sec, _clock: clock })
+    if (c.error) return expectError(make, c.error, what)
+    const budget = make()
+    for (const step of c.steps) {
+      clock.set(step.at_ms)
+      if (step.requests !== undefined) {
+        for (let k = 0; k < step.requests; k++) budget.recordRequest()
+        budget.snapshot() // places the requests in the window now
+      } else if (step.withdraw !== undefined) {
+        const results = Array.from({ length: step.withdraw }, () => budget.tryWithdraw())
+        const want = Array.from({ length: step.withdraw }, (_, k) => k < step.granted)
+        assert.deepEqual(results, want, `${what}: withdraw at ${step.at_ms}`)
+      } else {
+        assert.deepEqual({ ...budget.snapshot() }, step.snapshot, `${what}: snapshot at ${step.at_ms}`)
+      }
+    }
+  })
+})

@@ -389,3 +389,37 @@ def test_extraction(case: dict[str, Any]) -> None:
     else:
         pytest.fail("the last error was not raised")
     assert len(calls) == (2 if case["retryable"] and not case["do_not_retry"] else 1)
+
+
+@pytest.mark.parametrize("case", load_vectors("budget.json"), ids=case_id)
+def test_budget(case: dict[str, Any]) -> None:
+    """The retry budget's window and formula (SPEC §4) on a manual clock."""
+    b = case["budget"]
+    clock = ManualClock()
+
+    def make() -> oncely.RetryBudget:
+        return oncely.RetryBudget(
+            b["ratio"], b["window_ms"] / 1000, b["min_per_sec"], _clock=clock
+        )
+
+    if "error" in case:
+        with pytest.raises(oncely.InvalidArgumentError) as info:
+            make()
+        _check_error(info.value, case["error"])
+        return
+    budget = make()
+    for step in case["steps"]:
+        clock.set(step["at_ms"] / 1000)
+        if "requests" in step:
+            for _ in range(step["requests"]):
+                budget.record_request()
+            budget.snapshot()  # places the requests in the window now
+        elif "withdraw" in step:
+            results = [budget.try_withdraw() for _ in range(step["withdraw"])]
+            granted = step["granted"]
+            assert results == [True] * granted + [False] * (len(results) - granted)
+        else:
+            s = budget.snapshot()
+            assert {"requests": s.requests, "retries": s.retries, "allowed": s.allowed} == step[
+                "snapshot"
+            ], step["at_ms"]

@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use oncely::{
     canonical_json, classify, duration_from_millis_f64, extract, fingerprint, fingerprint_bytes,
     parse_pushback_ms, parse_retry_after, CallFacts, Code, Error, Failure, IdempotencyKey,
-    RawFailure, RawValue, ReasonCodes, RetryPolicy, ScopedKey, Scripted, ServerDelay, Simulation,
-    Timeline,
+    ManualClock, RawFailure, RawValue, ReasonCodes, RetryBudget, RetryPolicy, ScopedKey, Scripted,
+    ServerDelay, Simulation, Timeline,
 };
 use serde_json::{json, Value};
 
@@ -737,6 +737,63 @@ fn retry_decisions() {
         let numbers: Vec<u32> = t.steps.iter().map(|s| s.attempt).collect();
         let want: Vec<u32> = (1..=t.attempts()).collect();
         r.check(i, case, "attempt numbers", &json!(numbers), &json!(want));
+    }
+    r.finish();
+}
+
+// ----------------------------------------------------------------------------------------
+// budget.json
+// ----------------------------------------------------------------------------------------
+
+#[test]
+fn budget() {
+    let cases = load("budget.json");
+    let mut r = Report::new("budget.json", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let b = field(case, "budget");
+        let window = Duration::from_millis(u64_of(b, "window_ms"));
+        let made = RetryBudget::new(f64_of(b, "ratio"), window, u32_of(b, "min_per_sec"));
+        if let Some(want) = case.get("error") {
+            let got = made.map_or_else(|e| error_json(&e), |_| json!("accepted"));
+            r.check(i, case, "RetryBudget::new refused", &got, want);
+            continue;
+        }
+        let clock = ManualClock::new();
+        let budget = made.expect("a valid budget").with_clock(clock.clone());
+        for step in field(case, "steps").as_array().expect("steps") {
+            clock.set(Duration::from_millis(u64_of(step, "at_ms")));
+            if let Some(n) = step.get("requests") {
+                for _ in 0..n.as_u64().unwrap() {
+                    budget.record_request();
+                }
+                // Places the requests in the window now (see tests/vectors/README.md).
+                budget.snapshot();
+            } else if let Some(n) = step.get("withdraw") {
+                let results: Vec<bool> = (0..n.as_u64().unwrap())
+                    .map(|_| budget.try_withdraw())
+                    .collect();
+                let granted = results.iter().take_while(|g| **g).count();
+                let in_order = results[granted..].iter().all(|g| !g);
+                r.check(
+                    i,
+                    case,
+                    "withdrawals",
+                    &json!([granted, in_order]),
+                    &json!([field(step, "granted"), true]),
+                );
+            } else {
+                let s = budget.snapshot();
+                let got =
+                    json!({"requests": s.requests, "retries": s.retries, "allowed": s.allowed});
+                r.check(
+                    i,
+                    case,
+                    &format!("snapshot at {}", field(step, "at_ms")),
+                    &got,
+                    field(step, "snapshot"),
+                );
+            }
+        }
     }
     r.finish();
 }

@@ -1093,6 +1093,125 @@ def retry_decision_cases():
 
 
 # --------------------------------------------------------------------------------------
+# 7b. The retry budget (SPEC §4 "Retry budget"), on a manual clock
+# --------------------------------------------------------------------------------------
+
+BUDGET_SLOTS = 10
+
+
+class BudgetModel:
+    """SPEC §4's budget: `window` kept as 10 slots of window/10; a retry is allowed while
+    retries + 1 <= ratio x requests + min_per_sec x window (seconds), both counted over the
+    slots from floor(t/slot) - 9 to floor(t/slot)."""
+
+    def __init__(self, ratio, window_ms, min_per_sec):
+        assert window_ms % BUDGET_SLOTS == 0
+        self.ratio, self.window_ms, self.min_per_sec = ratio, window_ms, min_per_sec
+        self.slot_ms = window_ms // BUDGET_SLOTS
+        self.slots = [[0, 0, 0] for _ in range(BUDGET_SLOTS)]  # tick, requests, retries
+
+    def _current(self, now_ms):
+        tick = now_ms // self.slot_ms
+        slot = self.slots[tick % BUDGET_SLOTS]
+        if slot[0] != tick:
+            slot[:] = [tick, 0, 0]
+        return tick, slot
+
+    def _totals(self, tick):
+        oldest = max(tick - (BUDGET_SLOTS - 1), 0)
+        live = [s for s in self.slots if oldest <= s[0] <= tick]
+        return sum(s[1] for s in live), sum(s[2] for s in live)
+
+    def allowed(self, requests):
+        return self.ratio * requests + self.min_per_sec * (self.window_ms / 1000)
+
+    def requests(self, now_ms, n):
+        _, slot = self._current(now_ms)
+        slot[1] += n
+
+    def withdraw(self, now_ms):
+        tick, slot = self._current(now_ms)
+        requests, retries = self._totals(tick)
+        if retries + 1 <= self.allowed(requests):
+            slot[2] += 1
+            return True
+        return False
+
+    def snapshot(self, now_ms):
+        tick, _ = self._current(now_ms)
+        requests, retries = self._totals(tick)
+        return {"requests": requests, "retries": retries, "allowed": self.allowed(requests)}
+
+
+def budget_case(comment, ratio, window_ms, min_per_sec, script):
+    """`script`: (at_ms, "requests", n) | (at_ms, "withdraw", n) | (at_ms, "snapshot")."""
+    model = BudgetModel(ratio, window_ms, min_per_sec)
+    steps = []
+    last = 0
+    for at, op, *n in script:
+        assert at >= last  # the clock never goes back
+        last = at
+        if op == "requests":
+            model.requests(at, n[0])
+            steps.append({"at_ms": at, "requests": n[0]})
+        elif op == "withdraw":
+            results = [model.withdraw(at) for _ in range(n[0])]
+            granted = results.count(True)
+            assert results == [True] * granted + [False] * (n[0] - granted)
+            steps.append({"at_ms": at, "withdraw": n[0], "granted": granted})
+        else:
+            steps.append({"at_ms": at, "snapshot": model.snapshot(at)})
+    return {"comment": comment,
+            "budget": {"ratio": ratio, "window_ms": window_ms, "min_per_sec": min_per_sec},
+            "steps": steps}
+
+
+def budget_cases():
+    b = []
+    b.append(budget_case("the doc example: 10 % of 20 requests is 2 retries", 0.1, 10_000, 0,
+                         [(0, "requests", 20), (0, "withdraw", 3), (0, "snapshot")]))
+    b.append(budget_case("the floor alone: 10 per second over 10 s allows 100 retries", 0.1,
+                         10_000, 10, [(0, "snapshot"), (0, "withdraw", 101), (0, "snapshot")]))
+    b.append(budget_case("the defaults: 0.1 x 50 requests + 10 x 10 s = 105", 0.1, 10_000, 10,
+                         [(0, "requests", 50), (100, "withdraw", 106), (200, "snapshot")]))
+    b.append(budget_case("a fraction: 0.1 x 15 = 1.5 allows one retry (retries + 1 <= 1.5)",
+                         0.1, 10_000, 0, [(0, "requests", 15), (0, "withdraw", 2),
+                                          (0, "snapshot")]))
+    b.append(budget_case("ratio 0 with a floor of 1 per second over 2 s: 2 retries", 0.0,
+                         2_000, 1, [(0, "requests", 1000), (0, "withdraw", 3)]))
+    b.append(budget_case("no ratio, no floor: never a retry", 0.0, 10_000, 0,
+                         [(0, "requests", 100), (0, "withdraw", 1), (0, "snapshot")]))
+    b.append(budget_case("the window slides in steps of window/10: counts leave it whole",
+                         0.5, 1_000, 0,
+                         [(0, "requests", 10), (0, "withdraw", 6), (950, "snapshot"),
+                          (999, "snapshot"), (1000, "snapshot"), (1000, "withdraw", 1)]))
+    b.append(budget_case("requests from two slots: the older leaves first", 0.5, 1_000, 0,
+                         [(0, "requests", 10), (500, "requests", 10), (600, "snapshot"),
+                          (1000, "snapshot"), (1000, "withdraw", 6), (1499, "snapshot"),
+                          (1500, "snapshot"), (1500, "withdraw", 1)]))
+    b.append(budget_case("retries withdrawn in a later slot outlive the requests that "
+                         "allowed them", 1.0, 1_000, 0,
+                         [(0, "requests", 4), (900, "withdraw", 4), (1000, "snapshot"),
+                          (1000, "requests", 4), (1000, "withdraw", 1), (1900, "snapshot"),
+                          (1900, "withdraw", 1)]))
+    b.append(budget_case("a long quiet gap empties the window", 0.2, 10_000, 0,
+                         [(0, "requests", 100), (0, "withdraw", 5), (3_600_000, "snapshot"),
+                          (3_600_000, "withdraw", 1)]))
+    b.append(budget_case("the smallest window, 10 ms: 1 ms slots", 1.0, 10, 0,
+                         [(0, "requests", 3), (9, "withdraw", 4), (10, "snapshot"),
+                          (10, "withdraw", 1)]))
+    for comment, ratio, window_ms, field in [
+        ("a negative ratio is refused", -0.1, 10_000, "ratio"),
+        ("a window shorter than 10 ms is refused", 0.1, 9, "window"),
+        ("a window of 0 is refused", 0.1, 0, "window"),
+    ]:
+        b.append({"comment": comment,
+                  "budget": {"ratio": ratio, "window_ms": window_ms, "min_per_sec": 0},
+                  "error": {"kind": "invalid_argument", "field": field}})
+    return b
+
+
+# --------------------------------------------------------------------------------------
 # 8. The server contract (SPEC §8; oncely::http)
 # --------------------------------------------------------------------------------------
 
@@ -1871,6 +1990,7 @@ def main():
         "keys.json": keys_cases(),
         "fingerprints.json": fingerprint_cases(),
         "retry_decisions.json": retry_decision_cases(),
+        "budget.json": budget_cases(),
         "result_codec.json": result_codec_cases(),
         "http_server.json": http_server_cases(),
         "extraction.json": extraction_cases(),
