@@ -68,6 +68,9 @@ __all__ = ["RedisStore", "encode_result", "decode_result"]
 T = TypeVar("T")
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
+# JavaScript reads every JSON number as a double: beyond this an int would come back
+# changed in a Node instance sharing the store, so it is not stored as JSON.
+_MAX_SAFE_INT = 2**53 - 1
 
 
 def _type_name(value: Any) -> str:
@@ -89,6 +92,8 @@ def _not_json(value: Any) -> Optional[str]:
         if t in _JSON_SCALARS:
             if t is float and (v != v or v in (float("inf"), float("-inf"))):
                 return f"float ({v})"
+            if t is int and not -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT:
+                return "int (beyond 2^53 - 1)"
             if t is str:
                 try:
                     v.encode("utf-8")
