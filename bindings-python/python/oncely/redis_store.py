@@ -15,7 +15,8 @@ what another one stored:
 
 - ``None`` → "no value", replayed as ``None``;
 - ``bytes`` / ``bytearray`` / ``memoryview`` → bytes, read back as ``bytes``;
-- JSON data (``dict`` with ``str`` keys, ``list``, ``tuple``, ``str``, ``int``, finite
+- JSON data (``dict`` with ``str`` keys, ``list``, ``tuple``, ``str``, ``int`` within
+  ±(2**53 - 1), which a Node reader reads exactly, finite
   ``float``, ``bool``, ``None``, exactly these types) → compact JSON, read back with
   ``json.loads`` (so a tuple comes back as a list);
 - anything else (``datetime``, ``Decimal``, ``set``, NaN, a lone surrogate, ``dict``
