@@ -148,14 +148,15 @@ impl RetryPolicy {
         ms(self.inner.min_attempt())
     }
 
-    /// The delay (ms) after the `failedAttempt`-th failure (1-based).
+    /// The delay (ms) after the `failedAttempt`-th failure (1-based; 0 is taken as 1, as
+    /// in Rust and Python).
     #[napi(ts_args_type = "failedAttempt: number")]
     pub fn delay_after(&self, env: &Env, failed_attempt: Unknown<'_>) -> Result<f64> {
         let n = convert::integer(
             env.raw(),
             failed_attempt.raw(),
             "failedAttempt",
-            1.0,
+            0.0,
             f64::from(u32::MAX),
         )?;
         Ok(ms(self.inner.delay_after(n as u32)))

@@ -23,6 +23,7 @@ const JS_FIELD = {
   idempotency_key: 'idempotencyKey',
   business_id: 'businessId',
   retry_after: 'retryAfter',
+  window: 'windowMs',
 }
 
 function expectError(fn, want, what) {
