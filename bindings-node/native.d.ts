@@ -192,6 +192,16 @@ export declare class ReasonCodes {
  */
 export declare class RetryBudget {
   constructor(options?: RetryBudgetOptions)
+  /**
+   * Counts one call (not one attempt); the retry loop does this for each call given
+   * the budget.
+   */
+  recordRequest(): void
+  /**
+   * Takes one retry from the budget if it has room; `false` means the retry must not
+   * happen. The retry loop does this before each retry.
+   */
+  tryWithdraw(): boolean
   /** The window's counts now. */
   snapshot(): BudgetSnapshot
 }
@@ -216,7 +226,10 @@ export declare class RetryPolicy {
   get seed(): bigint | null
   /** Time an attempt needs at least before the deadline. */
   get minAttemptMs(): number
-  /** The delay (ms) after the `failedAttempt`-th failure (1-based). */
+  /**
+   * The delay (ms) after the `failedAttempt`-th failure (1-based; 0 is taken as 1, as
+   * in Rust and Python).
+   */
   delayAfter(failedAttempt: number): number
   /** The whole delay sequence (`maxAttempts − 1` delays, ms). */
   delays(): Array<number>
@@ -236,7 +249,8 @@ export declare class RetryState {
    * Decides what follows a failed attempt: the delay in ms before the next one, or
    * -1 to stop (see `stopReason`). The server's delay, if any, is `delayMs` (already
    * in ms), `doNotRetry`, a `grpc-retry-pushback-ms` value or a `Retry-After` value,
-   * in that order of precedence; unparseable header values are ignored.
+   * in that order of precedence; a malformed pushback means do not retry (gRFC A6), a
+   * malformed `Retry-After` is ignored.
    */
   onFailure(code: number, delayMs?: number | undefined | null, doNotRetry?: boolean | undefined | null, pushback?: string | undefined | null, retryAfter?: string | undefined | null): number
   /** The number of the attempt in progress (1 for the first). */

@@ -143,9 +143,42 @@ pub(crate) fn string(
         sys::napi_get_value_string_utf8(env, v, buf.as_mut_ptr().cast(), len + 1, &mut written)
     };
     buf.truncate(written);
-    // napi writes valid UTF-8 (lone surrogates become U+FFFD).
-    Ok(String::from_utf8(buf)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+    // napi writes valid UTF-8, lone surrogates as U+FFFD: refuse those.
+    let s = String::from_utf8(buf)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    check_well_formed(env, v, field, &s)?;
+    Ok(s)
+}
+
+/// A string that napi wrote with U+FFFD may have held a lone surrogate (U+D800..U+DFFF
+/// alone), which UTF-8 cannot hold: napi would replace it silently, so two different
+/// tenants could scope to one key. Such strings are INVALID_ARGUMENT naming `field`, as
+/// in Python. Only strings with U+FFFD in them are read again, as UTF-16.
+fn check_well_formed(
+    env: sys::napi_env,
+    v: sys::napi_value,
+    field: &str,
+    utf8: &str,
+) -> napi::Result<()> {
+    if !utf8.contains('\u{FFFD}') {
+        return Ok(());
+    }
+    let mut len = 0usize;
+    // SAFETY: `v` is a string; a null buffer asks for its UTF-16 length.
+    unsafe { sys::napi_get_value_string_utf16(env, v, ptr::null_mut(), 0, &mut len) };
+    let mut units = vec![0u16; len + 1];
+    let mut written = 0usize;
+    // SAFETY: `units` has room for `len` code units and the terminating NUL.
+    unsafe { sys::napi_get_value_string_utf16(env, v, units.as_mut_ptr(), len + 1, &mut written) };
+    units.truncate(written);
+    if char::decode_utf16(units).any(|c| c.is_err()) {
+        return Err(range_error(
+            env,
+            field,
+            "must be well-formed Unicode: it holds a lone surrogate (U+D800..U+DFFF)",
+        ));
+    }
+    Ok(())
 }
 
 /// Runs `f` on the UTF-8 text of the string `v` (at most `max` bytes). Short strings
@@ -182,6 +215,7 @@ pub(crate) fn with_str<R>(
         }
         // napi writes whole characters of valid UTF-8.
         let s = std::str::from_utf8(&buf[..written]).unwrap_or_default();
+        check_well_formed(env, v, field, s)?;
         return Ok(f(s));
     }
     let s = string(env, v, field, max)?;

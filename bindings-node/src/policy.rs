@@ -148,14 +148,15 @@ impl RetryPolicy {
         ms(self.inner.min_attempt())
     }
 
-    /// The delay (ms) after the `failedAttempt`-th failure (1-based).
+    /// The delay (ms) after the `failedAttempt`-th failure (1-based; 0 is taken as 1, as
+    /// in Rust and Python).
     #[napi(ts_args_type = "failedAttempt: number")]
     pub fn delay_after(&self, env: &Env, failed_attempt: Unknown<'_>) -> Result<f64> {
         let n = convert::integer(
             env.raw(),
             failed_attempt.raw(),
             "failedAttempt",
-            1.0,
+            0.0,
             f64::from(u32::MAX),
         )?;
         Ok(ms(self.inner.delay_after(n as u32)))
@@ -312,6 +313,20 @@ impl RetryBudget {
         Ok(RetryBudget { inner: budget })
     }
 
+    /// Counts one call (not one attempt); the retry loop does this for each call given
+    /// the budget.
+    #[napi]
+    pub fn record_request(&self) {
+        self.inner.record_request();
+    }
+
+    /// Takes one retry from the budget if it has room; `false` means the retry must not
+    /// happen. The retry loop does this before each retry.
+    #[napi]
+    pub fn try_withdraw(&self) -> bool {
+        self.inner.try_withdraw()
+    }
+
     /// The window's counts now.
     #[napi]
     pub fn snapshot(&self) -> BudgetSnapshot {
@@ -370,7 +385,8 @@ impl RetryState {
     /// Decides what follows a failed attempt: the delay in ms before the next one, or
     /// -1 to stop (see `stopReason`). The server's delay, if any, is `delayMs` (already
     /// in ms), `doNotRetry`, a `grpc-retry-pushback-ms` value or a `Retry-After` value,
-    /// in that order of precedence; unparseable header values are ignored.
+    /// in that order of precedence; a malformed pushback means do not retry (gRFC A6), a
+    /// malformed `Retry-After` is ignored.
     #[napi]
     pub fn on_failure(
         &mut self,
@@ -397,7 +413,7 @@ impl RetryState {
                 oncely::duration_from_millis_f64("retry_after", d).or_throw(raw)?,
             ))
         } else if let Some(p) = pushback.as_deref() {
-            oncely::parse_pushback_ms(p).ok()
+            Some(oncely::parse_pushback_ms(p).unwrap_or(ServerDelay::DoNotRetry))
         } else if let Some(r) = retry_after.as_deref() {
             oncely::parse_retry_after(r, SystemTime::now()).ok()
         } else {

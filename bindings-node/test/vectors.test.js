@@ -23,6 +23,7 @@ const JS_FIELD = {
   idempotency_key: 'idempotencyKey',
   business_id: 'businessId',
   retry_after: 'retryAfter',
+  window: 'windowMs',
 }
 
 function expectError(fn, want, what) {
@@ -88,6 +89,11 @@ test('retry_after.json: Retry-After and grpc-retry-pushback-ms', () => {
   const cases = load('retry_after.json')
   cases.forEach((c, i) => {
     const what = label(i, c)
+    if (c.delay_ms_at_least !== undefined) {
+      // Saturated: a delay longer than any deadline.
+      const got = c.header === 'Retry-After' ? oncely.parseRetryAfter(c.value, c.now * 1000) : oncely.parsePushbackMs(c.value).delayMs
+      return assert.ok(got >= c.delay_ms_at_least, `${what}: ${got}`)
+    }
     if (c.header === 'Retry-After') {
       const parse = () => oncely.parseRetryAfter(c.value, c.now * 1000)
       if (c.error) return expectError(parse, c.error, what)
@@ -102,38 +108,67 @@ test('retry_after.json: Retry-After and grpc-retry-pushback-ms', () => {
   })
 })
 
+// A string field, given as text or as UTF-16 code units (`<name>_utf16`, which may hold
+// a lone surrogate: a JavaScript string can).
+const text = (c, name) => (name in c ? c[name] : String.fromCharCode(...c[`${name}_utf16`]))
+
 test('keys.json: parse, derive, scope', () => {
   const cases = load('keys.json')
   const scopedSeen = new Map()
   cases.forEach((c, i) => {
     const what = label(i, c)
     if (c.op === 'parse') {
-      if (c.error) return expectError(() => oncely.validateKey(c.key), c.error, what)
-      assert.equal(oncely.validateKey(c.key), c.key, what)
+      const key = text(c, 'key')
+      if (c.error) return expectError(() => oncely.validateKey(key), c.error, what)
+      assert.equal(oncely.validateKey(key), key, what)
     } else if (c.op === 'derive') {
-      const derive = () => oncely.deriveKey(c.business_id, c.operation)
+      const derive = () => oncely.deriveKey(text(c, 'business_id'), text(c, 'operation'))
       if (c.error) return expectError(derive, c.error, what)
       assert.equal(derive(), c.key, what)
     } else if (c.op === 'scope') {
-      const make = () => oncely.scope(c.tenant, c.method, c.key)
+      const triple = [text(c, 'tenant'), text(c, 'method'), text(c, 'key')]
+      const make = () => oncely.scope(...triple)
       if (c.error) return expectError(make, c.error, what)
       const s = make()
       assert.equal(s, c.scoped, what)
-      const triple = JSON.stringify([c.tenant, c.method, c.key])
-      if (scopedSeen.has(c.scoped)) assert.equal(scopedSeen.get(c.scoped), triple, `${what}: injective`)
-      scopedSeen.set(c.scoped, triple)
+      const id = JSON.stringify(triple)
+      if (scopedSeen.has(c.scoped)) assert.equal(scopedSeen.get(c.scoped), id, `${what}: injective`)
+      scopedSeen.set(c.scoped, id)
     } else {
       assert.fail(`unknown op ${c.op}`)
     }
   })
 })
 
+// The value of a fingerprints.json case: `value`, `value_json` (read by JSON.parse), a
+// NaN or infinite number, a string of UTF-16 code units, or `nested` arrays/objects.
+function fingerprintInput(c) {
+  if ('value' in c) return c.value
+  if ('value_json' in c) return JSON.parse(c.value_json)
+  if ('value_special' in c) {
+    const x = Number(c.value_special.float)
+    return { top: x, array: [x], object: { x } }[c.value_special.in]
+  }
+  if ('value_utf16' in c) {
+    const s = text(c.value_utf16, 'string')
+    return c.value_utf16.in === 'top' ? s : { [s]: 0 }
+  }
+  let v = c.nested.kind === 'array' ? [] : {}
+  for (let d = 1; d < c.nested.depth; d++) v = c.nested.kind === 'array' ? [v] : { a: v }
+  return v
+}
+
 test('fingerprints.json: canonical JSON and SHA-256', () => {
   const cases = load('fingerprints.json')
   cases.forEach((c, i) => {
     const what = label(i, c)
-    assert.equal(oncely.canonicalJson(c.value), c.canonical, what)
-    assert.equal(oncely.fingerprint(c.value), c.sha256, what)
+    const value = fingerprintInput(c)
+    if (c.error) {
+      expectError(() => oncely.canonicalJson(value), c.error, `${what}: canonicalJson`)
+      return expectError(() => oncely.fingerprint(value), c.error, `${what}: fingerprint`)
+    }
+    assert.equal(oncely.canonicalJson(value), c.canonical, what)
+    assert.equal(oncely.fingerprint(value), c.sha256, what)
     assert.equal(oncely.fingerprintBytes(Buffer.from(c.canonical, 'utf8')), c.sha256, what)
     assert.equal(oncely.fingerprintBytes(c.canonical), c.sha256, what)
   })
@@ -270,4 +305,28 @@ test('extraction.json: foreign errors read by the core', async () => {
     )
     assert.equal(calls, c.retryable && !c.do_not_retry ? 2 : 1, label(i, c))
   }
+})
+
+test('budget.json: the retry budget on a manual clock', () => {
+  const cases = load('budget.json')
+  cases.forEach((c, i) => {
+    const what = label(i, c)
+    const clock = new ManualClock()
+    const make = () => new oncely.RetryBudget({ ratio: c.budget.ratio, windowMs: c.budget.window_ms, minPerSec: c.budget.min_per_sec, _clock: clock })
+    if (c.error) return expectError(make, c.error, what)
+    const budget = make()
+    for (const step of c.steps) {
+      clock.set(step.at_ms)
+      if (step.requests !== undefined) {
+        for (let k = 0; k < step.requests; k++) budget.recordRequest()
+        budget.snapshot() // places the requests in the window now
+      } else if (step.withdraw !== undefined) {
+        const results = Array.from({ length: step.withdraw }, () => budget.tryWithdraw())
+        const want = Array.from({ length: step.withdraw }, (_, k) => k < step.granted)
+        assert.deepEqual(results, want, `${what}: withdraw at ${step.at_ms}`)
+      } else {
+        assert.deepEqual({ ...budget.snapshot() }, step.snapshot, `${what}: snapshot at ${step.at_ms}`)
+      }
+    }
+  })
 })

@@ -99,6 +99,26 @@ pub fn finite(py: Python<'_>, field: &'static str, obj: &Bound<'_, PyAny>) -> Py
     Ok(v)
 }
 
+/// The UTF-8 text of a `str` argument. A `str` holding a lone surrogate (U+D800..U+DFFF
+/// alone, which Python allows and UTF-8 cannot hold) is INVALID_ARGUMENT naming `field`,
+/// as in Node, rather than a bare `UnicodeEncodeError`.
+pub fn text<'a>(
+    py: Python<'_>,
+    field: &'static str,
+    obj: &'a Bound<'_, PyAny>,
+) -> PyResult<std::borrow::Cow<'a, str>> {
+    let s = obj
+        .cast::<PyString>()
+        .map_err(|_| wrong_type(field, "a str", obj))?;
+    s.to_cow().map_err(|_| {
+        invalid(
+            py,
+            field,
+            "must be valid Unicode: it holds a lone surrogate (U+D800..U+DFFF)",
+        )
+    })
+}
+
 /// Deepest nesting accepted by [`to_json`]: deeper input (or a cycle) is refused
 /// instead of exhausting the stack.
 pub const MAX_DEPTH: usize = 256;
@@ -120,8 +140,8 @@ pub fn to_json(py: Python<'_>, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult
     if let Ok(b) = obj.cast::<PyBool>() {
         return Ok(Value::Bool(b.is_true()));
     }
-    if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(Value::String(s.to_cow()?.into_owned()));
+    if obj.is_instance_of::<PyString>() {
+        return Ok(Value::String(text(py, "value", obj)?.into_owned()));
     }
     if obj.is_instance_of::<PyInt>() {
         if let Ok(n) = obj.extract::<i64>() {
@@ -158,7 +178,10 @@ pub fn to_json(py: Python<'_>, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult
                     ),
                 )
             })?;
-            map.insert(key.to_cow()?.into_owned(), to_json(py, &v, depth + 1)?);
+            map.insert(
+                text(py, "value", key.as_any())?.into_owned(),
+                to_json(py, &v, depth + 1)?,
+            );
         }
         return Ok(Value::Object(map));
     }

@@ -447,7 +447,9 @@ impl Failure {
     }
 
     /// A failure from the raw `Retry-After` and `grpc-retry-pushback-ms` values
-    /// (either may be None). A malformed value is ignored: local backoff applies.
+    /// (either may be None). A pushback, when given, decides: a negative or malformed one
+    /// means do not retry (gRFC A6). A malformed `Retry-After` is ignored: local backoff
+    /// applies.
     #[staticmethod]
     #[pyo3(signature = (code, retry_after=None, pushback_ms=None))]
     fn from_headers(
@@ -458,7 +460,7 @@ impl Failure {
     ) -> PyResult<Self> {
         let mut f = CoreFailure::new(code_of(py, code)?);
         let delay = pushback_ms
-            .and_then(|v| oncely::parse_pushback_ms(v).ok())
+            .map(|v| oncely::parse_pushback_ms(v).unwrap_or(ServerDelay::DoNotRetry))
             .or_else(|| {
                 retry_after.and_then(|v| oncely::parse_retry_after(v, SystemTime::now()).ok())
             });

@@ -85,6 +85,10 @@ def test_encoding_tags_json_and_bytes() -> None:
         decode_result(b"")
 
 
+def test_ints_a_javascript_reader_reads_exactly_are_json() -> None:
+    assert encode_result([2**53 - 1, -(2**53 - 1)]) == b"j[9007199254740991,-9007199254740991]"
+
+
 def test_shared_parts_are_not_cycles() -> None:
     part = [1, {"a": "b"}]
     assert encode_result({"x": part, "y": [part, part]}) == (
@@ -119,6 +123,9 @@ UNSTORABLE = [
     (float("nan"), "float (nan)"),
     (float("inf"), "float (inf)"),
     ("a\ud800b", "str (lone surrogate)"),
+    (2**53, "int (beyond 2^53 - 1)"),
+    ({"id": [-(2**53)]}, "int (beyond 2^53 - 1)"),
+    (2**64, "int (beyond 2^53 - 1)"),
     ({"total": decimal.Decimal("1")}, "decimal.Decimal"),
     ([1, [2, {"at": datetime.date(2024, 1, 1)}]], "datetime.date"),
     ({1: "one"}, "dict with int keys"),

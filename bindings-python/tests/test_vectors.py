@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -90,6 +91,13 @@ def test_http_table() -> None:
 @pytest.mark.parametrize("case", load_vectors("retry_after.json"), ids=case_id)
 def test_retry_after(case: dict[str, Any]) -> None:
     value = case["value"]
+    if "delay_ms_at_least" in case:  # saturated: longer than any deadline
+        if case["header"] == "Retry-After":
+            got = oncely.parse_retry_after(value, now=case["now"])
+        else:
+            got = oncely.parse_pushback_ms(value)
+        assert got is not None and got * 1000 >= case["delay_ms_at_least"]
+        return
     if case["header"] == "Retry-After":
         if "error" in case:
             with pytest.raises(oncely.InvalidArgumentError) as info:
@@ -99,6 +107,13 @@ def test_retry_after(case: dict[str, Any]) -> None:
             assert _ms(oncely.parse_retry_after(value, now=case["now"])) == case["delay_ms"]
     else:
         assert case["header"] == "grpc-retry-pushback-ms"
+        # Read as a failure's header, a malformed pushback means "do not retry" (gRFC
+        # A6) and wins over a Retry-After.
+        failure = Failure.from_headers(Code.UNAVAILABLE, retry_after="3", pushback_ms=value)
+        if "error" in case or case.get("do_not_retry"):
+            assert failure.do_not_retry and failure.delay is None
+        else:
+            assert failure.delay is not None and _ms(failure.delay) == case["delay_ms"]
         if "error" in case:
             with pytest.raises(oncely.InvalidArgumentError) as info:
                 oncely.parse_pushback_ms(value)
@@ -110,18 +125,31 @@ def test_retry_after(case: dict[str, Any]) -> None:
             assert got is not None and _ms(got) == case["delay_ms"]
 
 
+def _text(case: dict[str, Any], name: str) -> str:
+    """A string field, given as text or as UTF-16 code units (`<name>_utf16`, which may
+    hold a lone surrogate: a Python str can)."""
+    if name in case:
+        return str(case[name])
+    units = case[name + "_utf16"]
+    raw = b"".join(u.to_bytes(2, "big") for u in units)
+    return raw.decode("utf-16-be", "surrogatepass")
+
+
 @pytest.mark.parametrize("case", load_vectors("keys.json"), ids=case_id)
 def test_keys(case: dict[str, Any]) -> None:
     op = case["op"]
     if op == "parse":
-        call = lambda: oncely.validate_key(case["key"])  # noqa: E731
-        expect = case["key"] if case.get("valid") else None
+        key = _text(case, "key")
+        call = lambda: oncely.validate_key(key)  # noqa: E731
+        expect = key if case.get("valid") else None
     elif op == "derive":
-        call = lambda: oncely.derive_key(case["business_id"], case["operation"])  # noqa: E731
+        b, o = _text(case, "business_id"), _text(case, "operation")
+        call = lambda: oncely.derive_key(b, o)  # noqa: E731
         expect = case.get("key")
     else:
         assert op == "scope"
-        call = lambda: str(oncely.scope(case["tenant"], case["method"], case["key"]))  # noqa: E731
+        t, m, k = _text(case, "tenant"), _text(case, "method"), _text(case, "key")
+        call = lambda: str(oncely.scope(t, m, k))  # noqa: E731
         expect = case.get("scoped")
     if "error" in case:
         with pytest.raises(oncely.InvalidArgumentError) as info:
@@ -135,15 +163,42 @@ def test_keys(case: dict[str, Any]) -> None:
 
 def test_scoped_keys_are_distinct() -> None:
     cases = [c for c in load_vectors("keys.json") if c["op"] == "scope" and "scoped" in c]
-    triples = {(c["tenant"], c["method"], c["key"]) for c in cases}
+    triples = {(_text(c, "tenant"), _text(c, "method"), _text(c, "key")) for c in cases}
     scoped = {str(oncely.scope(*t)) for t in triples}
     assert len(scoped) == len(triples)
 
 
+def _fingerprint_input(case: dict[str, Any]) -> Any:
+    """The value of a case: `value`, `value_json` (read by Python's json), a NaN or
+    infinite float, a string of UTF-16 code units, or `nested` arrays/objects."""
+    if "value" in case:
+        return case["value"]
+    if "value_json" in case:
+        return json.loads(case["value_json"])
+    if "value_special" in case:
+        x = float(case["value_special"]["float"].lower().replace("infinity", "inf"))
+        return {"top": x, "array": [x], "object": {"x": x}}[case["value_special"]["in"]]
+    if "value_utf16" in case:
+        text = _text(case["value_utf16"], "string")
+        return text if case["value_utf16"]["in"] == "top" else {text: 0}
+    depth, kind = case["nested"]["depth"], case["nested"]["kind"]
+    value: Any = [] if kind == "array" else {}
+    for _ in range(depth - 1):
+        value = [value] if kind == "array" else {"a": value}
+    return value
+
+
 @pytest.mark.parametrize("case", load_vectors("fingerprints.json"), ids=case_id)
 def test_fingerprints(case: dict[str, Any]) -> None:
-    assert oncely.canonical_json(case["value"]) == case["canonical"].encode("utf-8")
-    assert oncely.fingerprint(case["value"]) == case["sha256"]
+    value = _fingerprint_input(case)
+    if "error" in case:
+        for refuse in (oncely.canonical_json, oncely.fingerprint):
+            with pytest.raises(oncely.InvalidArgumentError) as info:
+                refuse(value)
+            _check_error(info.value, case["error"])
+        return
+    assert oncely.canonical_json(value) == case["canonical"].encode("utf-8")
+    assert oncely.fingerprint(value) == case["sha256"]
     assert oncely.fingerprint_bytes(case["canonical"].encode("utf-8")) == case["sha256"]
 
 
@@ -334,3 +389,37 @@ def test_extraction(case: dict[str, Any]) -> None:
     else:
         pytest.fail("the last error was not raised")
     assert len(calls) == (2 if case["retryable"] and not case["do_not_retry"] else 1)
+
+
+@pytest.mark.parametrize("case", load_vectors("budget.json"), ids=case_id)
+def test_budget(case: dict[str, Any]) -> None:
+    """The retry budget's window and formula (SPEC §4) on a manual clock."""
+    b = case["budget"]
+    clock = ManualClock()
+
+    def make() -> oncely.RetryBudget:
+        return oncely.RetryBudget(
+            b["ratio"], b["window_ms"] / 1000, b["min_per_sec"], _clock=clock
+        )
+
+    if "error" in case:
+        with pytest.raises(oncely.InvalidArgumentError) as info:
+            make()
+        _check_error(info.value, case["error"])
+        return
+    budget = make()
+    for step in case["steps"]:
+        clock.set(step["at_ms"] / 1000)
+        if "requests" in step:
+            for _ in range(step["requests"]):
+                budget.record_request()
+            budget.snapshot()  # places the requests in the window now
+        elif "withdraw" in step:
+            results = [budget.try_withdraw() for _ in range(step["withdraw"])]
+            granted = step["granted"]
+            assert results == [True] * granted + [False] * (len(results) - granted)
+        else:
+            s = budget.snapshot()
+            assert {"requests": s.requests, "retries": s.retries, "allowed": s.allowed} == step[
+                "snapshot"
+            ], step["at_ms"]

@@ -140,7 +140,8 @@ pub enum ServerDelay {
 /// Parses an HTTP `Retry-After` value: delta-seconds (`"120"`) or an HTTP-date
 /// (`"Wed, 21 Oct 2015 07:28:00 GMT"`, also the obsolete RFC 850 and asctime forms).
 /// A date in the past gives a zero delay. `now` is the wall clock to measure a date
-/// against.
+/// against. Only spaces and horizontal tabs around the value are ignored (RFC 9110's
+/// OWS); delta-seconds too large for a `u64` saturate.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -149,7 +150,7 @@ pub enum ServerDelay {
 /// assert!(parse_retry_after("soon", SystemTime::now()).is_err());
 /// ```
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Result<ServerDelay, Error> {
-    let v = value.trim();
+    let v = trim_ows(value);
     if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
         // Delta-seconds; absurdly long values saturate instead of failing.
         let secs = v.parse::<u64>().unwrap_or(u64::MAX);
@@ -173,7 +174,10 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Result<ServerDelay, Er
 }
 
 /// Parses gRPC's `grpc-retry-pushback-ms` trailer: a non-negative integer is the delay
-/// in milliseconds; a negative one means do not retry.
+/// in milliseconds (`-0` is 0; values too large for a `u64` saturate); a negative one
+/// means do not retry. Anything else is an error, which the retry loop and
+/// [`extract`](crate::extract) read as "do not retry" (gRFC A6). Spaces and tabs around
+/// the value are ignored.
 ///
 /// ```
 /// use std::time::Duration;
@@ -182,7 +186,7 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Result<ServerDelay, Er
 /// assert_eq!(parse_pushback_ms("-1").unwrap(), ServerDelay::DoNotRetry);
 /// ```
 pub fn parse_pushback_ms(value: &str) -> Result<ServerDelay, Error> {
-    let v = value.trim();
+    let v = trim_ows(value);
     let digits = v.strip_prefix('-').unwrap_or(v);
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(Error::invalid(
@@ -190,11 +194,18 @@ pub fn parse_pushback_ms(value: &str) -> Result<ServerDelay, Error> {
             format!("{value:?} is not an integer number of milliseconds"),
         ));
     }
-    if v.starts_with('-') {
+    // Negative is below zero: "-0" is the integer 0.
+    if v.starts_with('-') && digits.bytes().any(|b| b != b'0') {
         return Ok(ServerDelay::DoNotRetry);
     }
     let ms = digits.parse::<u64>().unwrap_or(u64::MAX);
     Ok(ServerDelay::After(Duration::from_millis(ms)))
+}
+
+/// Strips RFC 9110's optional whitespace (spaces and horizontal tabs) at both ends; other
+/// whitespace (a line break, a non-breaking space) makes the value malformed.
+fn trim_ows(value: &str) -> &str {
+    value.trim_matches([' ', '\t'])
 }
 
 /// A failure reduced to what the retry decision needs.

@@ -320,10 +320,61 @@ pub fn fingerprint<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
     Ok(fingerprint_bytes(&bytes))
 }
 
+/// The deepest nesting of arrays and objects that [`canonical_json`] and
+/// [`fingerprint`] accept (SPEC §6): the same limit in Rust, Python and Node, below the
+/// limits of the languages' own JSON parsers.
+pub const CANONICAL_JSON_MAX_DEPTH: usize = 100;
+
 /// The canonical JSON (RFC 8785) bytes of `value`.
+///
+/// Refused with INVALID_ARGUMENT naming `value`: NaN and infinities (JSON has no such
+/// numbers) and nesting deeper than [`CANONICAL_JSON_MAX_DEPTH`].
 pub fn canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Error> {
-    serde_jcs::to_vec(value)
-        .map_err(|e| Error::invalid("value", format!("cannot be written as canonical JSON: {e}")))
+    if crate::finite::has_non_finite(value) {
+        return Err(Error::invalid(
+            "value",
+            "holds NaN or an infinite number, which JSON cannot write",
+        ));
+    }
+    let bytes = serde_jcs::to_vec(value).map_err(|e| {
+        Error::invalid("value", format!("cannot be written as canonical JSON: {e}"))
+    })?;
+    check_depth(&bytes)?;
+    Ok(bytes)
+}
+
+/// Checks the nesting of canonical JSON text: one pass over the bytes, brackets inside
+/// strings skipped (the writer's own output, so strings are well-formed).
+fn check_depth(json: &[u8]) -> Result<(), Error> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in json {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > CANONICAL_JSON_MAX_DEPTH {
+                    return Err(Error::invalid(
+                        "value",
+                        format!(
+                            "is nested deeper than {CANONICAL_JSON_MAX_DEPTH} levels of arrays and objects"
+                        ),
+                    ));
+                }
+            }
+            b']' | b'}' => depth -= 1,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// SHA-256 (lower-case hex) of raw request bytes, for callers with their own canonical form.

@@ -58,6 +58,7 @@ mod clock;
 mod code;
 mod error;
 mod extract;
+mod finite;
 pub mod http;
 mod http_date;
 mod key;

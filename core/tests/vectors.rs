@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use oncely::{
     canonical_json, classify, duration_from_millis_f64, extract, fingerprint, fingerprint_bytes,
     parse_pushback_ms, parse_retry_after, CallFacts, Code, Error, Failure, IdempotencyKey,
-    RawFailure, RawValue, ReasonCodes, RetryPolicy, ScopedKey, Scripted, ServerDelay, Simulation,
-    Timeline,
+    ManualClock, RawFailure, RawValue, ReasonCodes, RetryBudget, RetryPolicy, ScopedKey, Scripted,
+    ServerDelay, Simulation, Timeline,
 };
 use serde_json::{json, Value};
 
@@ -55,6 +55,7 @@ struct Report {
     file: &'static str,
     cases: usize,
     checks: usize,
+    skipped: usize,
     failures: Vec<String>,
 }
 
@@ -64,6 +65,7 @@ impl Report {
             file,
             cases,
             checks: 0,
+            skipped: 0,
             failures: Vec::new(),
         }
     }
@@ -74,6 +76,13 @@ impl Report {
         if got != want {
             self.fail(i, case, &format!("{what}: got {got}, want {want}"));
         }
+    }
+
+    /// Counts a case that Rust cannot express (a lone surrogate: a Rust `str` is always
+    /// UTF-8); the Python and Node suites run it.
+    fn skip(&mut self) {
+        self.checks += 1;
+        self.skipped += 1;
     }
 
     fn fail(&mut self, i: usize, case: &Value, message: &str) {
@@ -91,6 +100,11 @@ impl Report {
     }
 
     fn finish(self) {
+        assert!(
+            self.skipped < self.cases,
+            "{}: every case was skipped",
+            self.file
+        );
         assert!(
             self.checks >= self.cases,
             "{}: some cases were not checked",
@@ -126,6 +140,21 @@ fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
     field(v, key)
         .as_str()
         .unwrap_or_else(|| panic!("vector field {key:?} must be a string in {v}"))
+}
+
+/// A string field, given as text (`key`) or as UTF-16 code units (`key_utf16`); `None`
+/// when the code units hold a lone surrogate, which a Rust `String` cannot.
+fn text_of(v: &Value, key: &str) -> Option<String> {
+    if let Some(s) = v.get(key) {
+        return Some(s.as_str().expect("a string field").to_owned());
+    }
+    let units: Vec<u16> = field(v, &format!("{key}_utf16"))
+        .as_array()
+        .expect("code units are an array")
+        .iter()
+        .map(|u| u16::try_from(u.as_u64().expect("a code unit")).expect("a u16"))
+        .collect();
+    String::from_utf16(&units).ok()
 }
 
 fn u64_of(v: &Value, key: &str) -> u64 {
@@ -164,7 +193,7 @@ fn error_json(e: &Error) -> Value {
 /// A duration as whole milliseconds, or a marker that makes the comparison fail.
 fn ms_json(d: Duration) -> Value {
     if d.subsec_nanos() % 1_000_000 == 0 {
-        json!(d.as_millis() as u64)
+        json!(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     } else {
         json!(format!("{d:?} is not a whole number of milliseconds"))
     }
@@ -384,6 +413,16 @@ fn retry_after() {
             "grpc-retry-pushback-ms" => server_delay_json(parse_pushback_ms(value)),
             other => panic!("unknown header {other:?}"),
         };
+        if let Some(least) = case.get("delay_ms_at_least") {
+            // A saturated delay: longer than any deadline, not a whole number to compare.
+            let least = least.as_u64().expect("delay_ms_at_least is an integer");
+            let ok = got
+                .get("delay_ms")
+                .and_then(Value::as_u64)
+                .is_some_and(|ms| ms >= least);
+            r.check(i, case, "saturated delay", &json!(ok), &json!(true));
+            continue;
+        }
         r.check(i, case, "parsed", &got, &expected_outcome(case));
     }
     r.finish();
@@ -402,7 +441,11 @@ fn keys() {
     for (i, case) in cases.iter().enumerate() {
         match str_of(case, "op") {
             "parse" => {
-                let key = str_of(case, "key");
+                let Some(key) = text_of(case, "key") else {
+                    r.skip();
+                    continue;
+                };
+                let key = key.as_str();
                 let got = match IdempotencyKey::parse(key) {
                     Ok(k) if k.as_str() == key => json!({"valid": true}),
                     Ok(k) => json!({"valid": format!("changed to {:?}", k.as_str())}),
@@ -415,7 +458,12 @@ fn keys() {
                 r.check(i, case, "IdempotencyKey::parse", &got, &want);
             }
             "derive" => {
-                let (b, o) = (str_of(case, "business_id"), str_of(case, "operation"));
+                let (Some(b), Some(o)) = (text_of(case, "business_id"), text_of(case, "operation"))
+                else {
+                    r.skip();
+                    continue;
+                };
+                let (b, o) = (b.as_str(), o.as_str());
                 let got = match IdempotencyKey::derive(b, o) {
                     Ok(k) => {
                         // A derived key is itself a valid key (a UUID, version 8).
@@ -444,14 +492,27 @@ fn keys() {
                 r.check(i, case, "IdempotencyKey::derive", &got, &want);
             }
             "scope" => {
-                let (t, m, k) = (
-                    str_of(case, "tenant"),
-                    str_of(case, "method"),
-                    str_of(case, "key"),
-                );
+                let (Some(t), Some(m), Some(k)) = (
+                    text_of(case, "tenant"),
+                    text_of(case, "method"),
+                    text_of(case, "key"),
+                ) else {
+                    r.skip();
+                    continue;
+                };
+                let (t, m, k) = (t.as_str(), m.as_str(), k.as_str());
                 let got = match IdempotencyKey::parse(k).and_then(|key| ScopedKey::new(t, m, &key))
                 {
                     Ok(s) => {
+                        // Only Rust has ScopedKey::parse: it gives the same key back.
+                        let reparsed = ScopedKey::parse(s.as_str()).map(|p| p == s);
+                        r.check(
+                            i,
+                            case,
+                            "ScopedKey::parse(scoped) round trip",
+                            &json!(reparsed.ok()),
+                            &json!(Some(true)),
+                        );
                         let triple = (t.to_owned(), m.to_owned(), k.to_owned());
                         if let Some(prev) = scoped_seen.insert(s.to_string(), triple.clone()) {
                             if prev != triple {
@@ -487,7 +548,28 @@ fn fingerprints() {
     let cases = load("fingerprints.json");
     let mut r = Report::new("fingerprints.json", cases.len());
     for (i, case) in cases.iter().enumerate() {
-        let value = field(case, "value");
+        let value = match fingerprint_input(case) {
+            Input::Value(v) => v,
+            Input::Refused(got) => {
+                r.check(i, case, "refused", &got, field(case, "error"));
+                continue;
+            }
+            Input::Skip => {
+                r.skip();
+                continue;
+            }
+        };
+        let value = &value;
+        if let Some(want) = case.get("error") {
+            let got = match canonical_json(value) {
+                Ok(_) => json!("accepted"),
+                Err(e) => error_json(&e),
+            };
+            r.check(i, case, "canonical_json refused", &got, want);
+            let got = fingerprint(value).map_or_else(|e| error_json(&e), |_| json!("accepted"));
+            r.check(i, case, "fingerprint refused", &got, want);
+            continue;
+        }
         let canonical = field(case, "canonical");
         let sha = field(case, "sha256");
         let got = match canonical_json(value) {
@@ -516,6 +598,67 @@ fn fingerprints() {
         );
     }
     r.finish();
+}
+
+enum Input {
+    Value(Value),
+    /// The input cannot be built: the error that refused it, as in the vectors.
+    Refused(Value),
+    /// Rust cannot express it (a lone surrogate).
+    Skip,
+}
+
+/// The value of a fingerprints.json case: `value`, or `value_json` read by serde_json
+/// (the Rust parser: its refusal is the refusal), `value_special` (a NaN or infinite
+/// float), `value_utf16` or `nested`.
+fn fingerprint_input(case: &Value) -> Input {
+    if let Some(v) = case.get("value") {
+        return Input::Value(v.clone());
+    }
+    if let Some(text) = case.get("value_json") {
+        return match serde_json::from_str(text.as_str().expect("value_json is text")) {
+            Ok(v) => Input::Value(v),
+            Err(_) => Input::Refused(json!({"kind": "invalid_argument", "field": "value"})),
+        };
+    }
+    if let Some(sp) = case.get("value_special") {
+        let x = match str_of(sp, "float") {
+            "NaN" => f64::NAN,
+            "Infinity" => f64::INFINITY,
+            "-Infinity" => f64::NEG_INFINITY,
+            other => panic!("unknown float {other:?}"),
+        };
+        // serde_json's Value cannot hold these: serialize the float itself.
+        let got = match str_of(sp, "in") {
+            "top" => canonical_json(&x),
+            "array" => canonical_json(&[x]),
+            "object" => canonical_json(&HashMap::from([("x", x)])),
+            other => panic!("unknown place {other:?}"),
+        };
+        return Input::Refused(got.map_or_else(|e| error_json(&e), |_| json!("accepted")));
+    }
+    if let Some(u) = case.get("value_utf16") {
+        let Some(s) = text_of(u, "string") else {
+            return Input::Skip;
+        };
+        return Input::Value(match str_of(u, "in") {
+            "top" => json!(s),
+            "key" => json!({ s: 0 }),
+            other => panic!("unknown place {other:?}"),
+        });
+    }
+    let n = field(case, "nested");
+    let mut v = match str_of(n, "kind") {
+        "array" => json!([]),
+        _ => json!({}),
+    };
+    for _ in 1..u64_of(n, "depth") {
+        v = match str_of(n, "kind") {
+            "array" => json!([v]),
+            _ => json!({ "a": v }),
+        };
+    }
+    Input::Value(v)
 }
 
 // ----------------------------------------------------------------------------------------
@@ -594,6 +737,63 @@ fn retry_decisions() {
         let numbers: Vec<u32> = t.steps.iter().map(|s| s.attempt).collect();
         let want: Vec<u32> = (1..=t.attempts()).collect();
         r.check(i, case, "attempt numbers", &json!(numbers), &json!(want));
+    }
+    r.finish();
+}
+
+// ----------------------------------------------------------------------------------------
+// budget.json
+// ----------------------------------------------------------------------------------------
+
+#[test]
+fn budget() {
+    let cases = load("budget.json");
+    let mut r = Report::new("budget.json", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let b = field(case, "budget");
+        let window = Duration::from_millis(u64_of(b, "window_ms"));
+        let made = RetryBudget::new(f64_of(b, "ratio"), window, u32_of(b, "min_per_sec"));
+        if let Some(want) = case.get("error") {
+            let got = made.map_or_else(|e| error_json(&e), |_| json!("accepted"));
+            r.check(i, case, "RetryBudget::new refused", &got, want);
+            continue;
+        }
+        let clock = ManualClock::new();
+        let budget = made.expect("a valid budget").with_clock(clock.clone());
+        for step in field(case, "steps").as_array().expect("steps") {
+            clock.set(Duration::from_millis(u64_of(step, "at_ms")));
+            if let Some(n) = step.get("requests") {
+                for _ in 0..n.as_u64().unwrap() {
+                    budget.record_request();
+                }
+                // Places the requests in the window now (see tests/vectors/README.md).
+                budget.snapshot();
+            } else if let Some(n) = step.get("withdraw") {
+                let results: Vec<bool> = (0..n.as_u64().unwrap())
+                    .map(|_| budget.try_withdraw())
+                    .collect();
+                let granted = results.iter().take_while(|g| **g).count();
+                let in_order = results[granted..].iter().all(|g| !g);
+                r.check(
+                    i,
+                    case,
+                    "withdrawals",
+                    &json!([granted, in_order]),
+                    &json!([field(step, "granted"), true]),
+                );
+            } else {
+                let s = budget.snapshot();
+                let got =
+                    json!({"requests": s.requests, "retries": s.retries, "allowed": s.allowed});
+                r.check(
+                    i,
+                    case,
+                    &format!("snapshot at {}", field(step, "at_ms")),
+                    &got,
+                    field(step, "snapshot"),
+                );
+            }
+        }
     }
     r.finish();
 }

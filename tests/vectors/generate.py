@@ -49,7 +49,9 @@ def unit(seed, n):
 
 
 def backoff_delay_ms(policy, n, seed):
-    """Delay in whole ms after the n-th failed attempt (n >= 1)."""
+    """Delay in whole ms after the n-th failed attempt (n >= 1; 0 is taken as 1, for the
+    growth and the jitter draw alike)."""
+    n = max(n, 1)
     base = float(policy["base_delay_ms"])
     cap = float(policy["max_delay_ms"])
     mult = float(policy["multiplier"])
@@ -174,6 +176,48 @@ def backoff_cases():
                             "base_delay"))
     c.append(invalid_policy("a negative max delay is rejected", policy(max_delay_ms=-1000),
                             "max_delay"))
+    # Several bad fields: the host's numbers are converted first (base_delay, then
+    # max_delay), then validate() checks max_attempts, jitter, multiplier, then
+    # base_delay <= max_delay. The first that fails is named.
+    c.append(invalid_policy("bad max_attempts and jitter: max_attempts is named",
+                            policy(max_attempts=0, jitter=1.5), "max_attempts"))
+    c.append(invalid_policy("bad jitter and multiplier: jitter is named",
+                            policy(jitter=1.0, multiplier=0.5), "jitter"))
+    c.append(invalid_policy("bad multiplier and base_delay > max_delay: multiplier is named",
+                            policy(multiplier=0.5, base_delay_ms=2000, max_delay_ms=1000),
+                            "multiplier"))
+    c.append(invalid_policy("bad max_attempts and base_delay > max_delay: max_attempts",
+                            policy(max_attempts=0, base_delay_ms=2000, max_delay_ms=1000),
+                            "max_attempts"))
+    c.append(invalid_policy("a negative base_delay is named before a bad max_attempts "
+                            "(host numbers are converted first)",
+                            policy(max_attempts=0, base_delay_ms=-1), "base_delay"))
+    c.append(invalid_policy("a negative max_delay is named before a bad jitter",
+                            policy(jitter=2.0, max_delay_ms=-1), "max_delay"))
+    c.append(invalid_policy("negative base_delay and max_delay: base_delay is named",
+                            policy(base_delay_ms=-5, max_delay_ms=-1), "base_delay"))
+    c.append(invalid_policy("every field bad: base_delay is named",
+                            policy(max_attempts=0, base_delay_ms=-1, max_delay_ms=-1,
+                                   multiplier=0.0, jitter=-1.0), "base_delay"))
+    # n = 0 is taken as 1; the exponent is IEEE pow, not repeated multiplication.
+    c.append(backoff_case("failed_attempt 0 is taken as 1",
+                          policy(seed=42), [0, 1, 2]))
+    c.append(backoff_case("failed_attempt 0 without jitter: the base delay",
+                          policy(jitter=0.0, base_delay_ms=70), [0, 1]))
+    c.append(backoff_case("multiplier^(n-1) is pow(multiplier, n-1), one rounding: after the "
+                          "35th failure 1.7^34 x 9026 ms gives 617673054570 (34 multiplications "
+                          "give 617673054569)",
+                          policy(base_delay_ms=9026, max_delay_ms=10**13, multiplier=1.7,
+                                 jitter=0.0), [1, 2, 10, 34, 35]))
+    c.append(backoff_case("pow again: 1.7^37 x 1704 ms after the 38th failure",
+                          policy(base_delay_ms=1704, max_delay_ms=10**13, multiplier=1.7,
+                                 jitter=0.0), [38]))
+    c.append(backoff_case("the growth overflows to infinity, then the cap applies",
+                          policy(base_delay_ms=1000, max_delay_ms=10**13, multiplier=10.0,
+                                 jitter=0.0), [300, 309, 310, 400]))
+    c.append(backoff_case("base 0 with the largest jitter: still 0",
+                          policy(base_delay_ms=0, max_delay_ms=1000, jitter=0.99, seed=1),
+                          [0, 1, 2, 4_294_967_295]))
     return c
 
 
@@ -281,7 +325,7 @@ def retry_after_cases():
         else:
             # The hand-written date must name the right day of the week.
             wday = calendar.weekday(*time.gmtime(at_or_secs)[:3])
-            assert value.startswith(calendar.day_abbr[wday]), (value, calendar.day_name[wday])
+            assert value.strip(" \t").startswith(calendar.day_abbr[wday]), (value, wday)
             ms = max(at_or_secs - now, 0) * 1000
         assert ms <= MAX_SAFE
         c.append({"comment": comment, "header": RA, "value": value, "now": now, "delay_ms": ms})
@@ -324,7 +368,44 @@ def retry_after_cases():
     # is the most recent past year with those digits: in 2015, "69" is 1969, not 2069.
     delay("RFC 850 two-digit year more than 50 years ahead is in the past century: 0",
           "Tuesday, 21-Oct-69 07:28:00 GMT", now, utc(1969, 10, 21, 7, 28, 0))
+    delay("RFC 850 two-digit year exactly 50 years ahead stays in this century",
+          "Wednesday, 21-Oct-65 07:28:00 GMT", now, utc(2065, 10, 21, 7, 28, 0))
+    delay("RFC 850 two-digit year 51 years ahead is in the past century: 0",
+          "Friday, 21-Oct-66 07:28:00 GMT", now, utc(1966, 10, 21, 7, 28, 0))
+    delay("RFC 850 year 00 in 2015 is 2000: in the past, 0",
+          "Saturday, 01-Jan-00 00:00:00 GMT", now, utc(2000, 1, 1, 0, 0, 0))
+    delay("RFC 850 two-digit year of the current year",
+          "Thursday, 22-Oct-15 07:28:00 GMT", now, utc(2015, 10, 22, 7, 28, 0))
+    # A leap second: RFC 9110 allows second 60; 07:28:60 is the instant of 07:29:00.
+    delay("second 60 (a leap second) is accepted: 07:28:60 is 07:29:00",
+          "Wed, 21 Oct 2015 07:28:60 GMT", now, t_2015 + 60)
+    delay("whitespace is SP and HTAB only: tabs around the value are ignored",
+          "\t5\t", now, 5, "secs")
+    delay("spaces around an IMF-fixdate are ignored", "  Wed, 21 Oct 2015 07:28:00 GMT ",
+          now, t_2015)
+    delay("huge delta-seconds that still fit: 10^11 s", "99999999999", now, 99_999_999_999,
+          "secs")
+    delta_2_64 = str(2**64)
+    c.append({"comment": "delta-seconds beyond 2^64 - 1 saturate: a delay longer than any "
+                         "deadline (at least 2^53 - 1 ms)",
+              "header": RA, "value": delta_2_64, "now": now, "delay_ms_at_least": MAX_SAFE})
+    c.append({"comment": "a thousand-digit delta-seconds saturates too",
+              "header": RA, "value": "9" * 1000, "now": now, "delay_ms_at_least": MAX_SAFE})
     for value, why in [
+        ("Thu, 21 Oct 2015 07:28:00 GMT", "IMF-fixdate with the wrong day of the week"),
+        ("Thursday, 21-Oct-15 07:28:00 GMT", "RFC 850 date with the wrong day of the week"),
+        ("Thu Oct 21 07:28:00 2015", "asctime date with the wrong day of the week"),
+        ("Wed, 21 Oct 2015 07:28:61 GMT", "second 61"),
+        ("Wed, 21 Oct 2015 07:60:00 GMT", "minute 60"),
+        ("wed, 21 oct 2015 07:28:00 gmt", "names are case-sensitive"),
+        ("Wed,  21 Oct 2015 07:28:00 GMT", "two spaces after the comma"),
+        ("Wed, 21 Oct 15 07:28:00 GMT", "IMF-fixdate with a two-digit year"),
+        ("\n5", "a line break is not optional whitespace"),
+        ("5\r", "a carriage return is not optional whitespace"),
+        ("\u00a05", "a non-breaking space is not optional whitespace"),
+        ("\u20075", "a figure space is not optional whitespace"),
+        ("\uff15", "a full-width digit"),
+        ("5 5", "two numbers"),
         ("soon", "not a number or a date"),
         ("", "empty"),
         ("   ", "only whitespace"),
@@ -346,14 +427,23 @@ def retry_after_cases():
     for value, ms, comment in [("250", 250, "pushback in milliseconds"),
                                ("0", 0, "pushback 0: retry at once"),
                                ("86400000", 86_400_000, "pushback of a day"),
-                               (" 100 ", 100, "surrounding whitespace is ignored")]:
+                               (" 100 ", 100, "surrounding whitespace is ignored"),
+                               ("\t7\t", 7, "tabs around the value are ignored"),
+                               ("-0", 0, "-0 is the integer 0, not negative: retry at once"),
+                               ("-000", 0, "-000 is 0 too"),
+                               ("007", 7, "leading zeros"),
+                               ("1000000000000000", 10**15, "a very long pushback: 10^15 ms")]:
         c.append({"comment": comment, "header": PB, "value": value, "delay_ms": ms})
-    for value in ["-1", "-250"]:
+    for value in ["-1", "-250", "-01", " -5 ", "-99999999999999999999999"]:
         c.append({"comment": "a negative pushback means: do not retry", "header": PB,
                   "value": value, "do_not_retry": True})
+    c.append({"comment": "a pushback beyond 2^64 - 1 ms saturates", "header": PB,
+              "value": "9" * 30, "delay_ms_at_least": MAX_SAFE})
     for value, why in [("abc", "not a number"), ("", "empty"), ("1.5", "not an integer"),
                        ("-", "a sign alone"), ("--1", "two signs"), ("+5", "a plus sign"),
-                       ("10ms", "a unit")]:
+                       ("10ms", "a unit"), ("\n5", "a line break"),
+                       ("\u00a05", "a non-breaking space"), ("0x10", "hexadecimal"),
+                       ("1e3", "an exponent"), ("1 000", "a space inside")]:
         error(f"garbage pushback: {why}", value, None, PB, "grpc-retry-pushback-ms")
     return c
 
@@ -499,6 +589,68 @@ def keys_cases():
     scope("both empty: tenant is named first", "", "")
     scope("the key is checked too", "t", "m", "bad key!")
     scope("a missing key", "t", "m", "")
+    # Whitespace and case: a key is taken exactly as given (no trimming, no folding).
+    parse("a leading space is not trimmed", " order-42-x")
+    parse("a trailing space is not trimmed", "order-42-x ")
+    parse("a trailing newline is not trimmed", "order-42-x\n")
+    parse("upper case is kept: keys are case-sensitive", "ORDER-42-CHARGE")
+    parse("mixed case is kept", "Order-42-Charge")
+    derive("a trailing space in the business id is data", "order-42 ", "charge")
+    derive("case in the business id is data", "ORDER-42", "charge")
+    scope("keys that differ in case are different keys ...", "case", "m", "ORDER-42-CHARGE")
+    scope("... (the same key in lower case)", "case", "m", "order-42-charge")
+    scope("tenants that differ in case are different tenants ...", "Acme", "m")
+    scope("... (lower case)", "acme", "m")
+    scope("spaces around a tenant are kept (and encoded)", " acme ", "m")
+    # Which error first: the key, then the tenant, then the method.
+    scope("a bad key and an empty tenant: the key is named", "", "m", "bad key!")
+    scope("a missing key, an empty tenant and method: missing_key", "", "", "")
+    scope("a good key, an empty tenant and a too long method: tenant", "", "m" * 1025)
+    scope("a good key and tenant, a too long method: method", "t2", "m" * 1025)
+
+    # Strings as UTF-16 code units (`<field>_utf16`): Python and JavaScript strings may
+    # hold a lone surrogate, which UTF-8 (and a Rust `str`) cannot. Such a string is
+    # INVALID_ARGUMENT naming its field; the Rust suite cannot build it and skips it.
+    def utf16(text):
+        raw = text.encode("utf-16-be", "surrogatepass")
+        return [int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2)]
+
+    def lone(comment, op, fields, error_field=None, **expect):
+        case = {"op": op, "comment": comment}
+        for name, value in fields.items():
+            if isinstance(value, list):
+                case[name + "_utf16"] = value
+            else:
+                case[name] = value
+        if error_field is not None:
+            case["error"] = {"kind": "invalid_argument", "field": error_field}
+        case.update(expect)
+        c.append(case)
+
+    hi, lo = 0xD800, 0xDC00
+    lone("a key with a lone high surrogate", "parse",
+         {"key": utf16("order-42") + [hi]}, "idempotency_key")
+    lone("a tenant with a lone high surrogate", "scope",
+         {"tenant": utf16("acme") + [hi], "method": "m", "key": k}, "tenant")
+    lone("a tenant that is a lone low surrogate", "scope",
+         {"tenant": [lo], "method": "m", "key": k}, "tenant")
+    lone("a method with a lone surrogate", "scope",
+         {"tenant": "t", "method": [0xDFFF, 0x61], "key": k}, "method")
+    lone("surrogates in the wrong order are two lone surrogates", "scope",
+         {"tenant": [lo, hi], "method": "m", "key": k}, "tenant")
+    lone("a lone surrogate in the tenant and a bad key: the key is named", "scope",
+         {"tenant": [hi], "method": "m", "key": "bad key!"}, "idempotency_key")
+    lone("a surrogate pair is one character: scoped as its UTF-8", "scope",
+         {"tenant": utf16("\U0001F600x"), "method": "m", "key": k},
+         scoped=scoped_key("\U0001F600x", "m", k))
+    lone("a business id with a lone surrogate", "derive",
+         {"business_id": [hi], "operation": "charge"}, "business_id")
+    lone("an operation with a lone surrogate", "derive",
+         {"business_id": "order-42", "operation": utf16("charge") + [lo]}, "operation")
+    lone("a surrogate pair in a business id is one character", "derive",
+         {"business_id": utf16("\U0001F389x"), "operation": "charge"},
+         key=derive_key("\U0001F389x", "charge"))
+
     # Injectivity: the triples of this file give pairwise different scoped keys.
     scoped = [x["scoped"] for x in c if x.get("op") == "scope" and "scoped" in x]
     assert len(scoped) == len(set(scoped))
@@ -676,6 +828,53 @@ def fingerprint_cases():
                 '"a\u2028b\u2029c"'))
     f.append(fp("escapes in keys too", {"k\n": "v\t", "\"": "\\"},
                 '{"\\"":"\\\\","k\\n":"v\\t"}'))
+
+    def special(comment, canonical=None, **form):
+        case = {"comment": comment}
+        case.update(form)
+        if canonical is None:
+            case["error"] = {"kind": "invalid_argument", "field": "value"}
+        else:
+            case["canonical"] = canonical
+            case["sha256"] = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+        f.append(case)
+
+    # JSON text read by each language's own parser (`value_json`).
+    special("duplicate names: the parsers keep the last member",
+            '{"a":2}', value_json='{"a":1,"a":2}')
+    special("duplicate names in a nested object, then sorted",
+            '{"a":0,"b":{"x":[2]}}', value_json='{"b":{"x":1,"x":[2]},"a":0}')
+    special("an integer beyond 2^64 is the nearest double",
+            "18446744073709552000", value_json="18446744073709551616")
+    special("an integer beyond 2^53 inside an object (read by the parser)",
+            '{"id":9007199254740992}', value_json='{"id":9007199254740993}')
+    special("an integer beyond the range of a double is refused",
+            value_json="1" + "0" * 400)
+    # NaN and infinities, which JSON cannot write (`value_special`).
+    for name in ("NaN", "Infinity", "-Infinity"):
+        for where in ("top", "array", "object"):
+            special(f"{name} ({where}) has no JSON form: refused",
+                    value_special={"float": name, "in": where})
+    # Strings as UTF-16 code units (`value_utf16`, see keys.json).
+    for where in ("top", "key"):
+        special(f"a lone high surrogate in a string ({where}) is refused",
+                value_utf16={"string_utf16": [0x61, 0xD800], "in": where})
+        special(f"a lone low surrogate in a string ({where}) is refused",
+                value_utf16={"string_utf16": [0xDC00], "in": where})
+    special("a surrogate pair is one character, written as UTF-8",
+            '"\U0001F600"', value_utf16={"string_utf16": [0xD83D, 0xDE00], "in": "top"})
+    special("a surrogate pair in a key", '{"\U0001F600":0}',
+            value_utf16={"string_utf16": [0xD83D, 0xDE00], "in": "key"})
+    # Nesting (`nested`): `depth` arrays [[...]] or objects {"a":{"a":...}} inside each
+    # other, the innermost empty. At most 100 levels (SPEC §6).
+    for depth in (1, 2, 99, 100, 101, 128, 300):
+        for kind in ("array", "object"):
+            open_, close = ("[", "]") if kind == "array" else ('{"a":', "}")
+            inner = "[]" if kind == "array" else "{}"
+            canonical = open_ * (depth - 1) + inner + close * (depth - 1)
+            special(f"{depth} nested {kind}s" + ("" if depth <= 100 else ": refused"),
+                    canonical if depth <= 100 else None,
+                    nested={"depth": depth, "kind": kind})
     return f
 
 
@@ -716,11 +915,12 @@ def simulate(case):
             break
         # A server-provided delay overrides the computed backoff.
         delay = sd["after_ms"] if sd is not None else backoff_delay_ms(pol, attempt, seed)
-        if deadline is not None:  # check 3: after the delay, min_attempt must be left
-            remaining = max(deadline - now, 0)
-            if delay + min_attempt > remaining:
-                result = "deadline"
-                break
+        # Check 3: the next attempt, after the delay, must have min_attempt before the
+        # deadline. Compared as instants: after an overrun (now > deadline) even a zero
+        # delay and a zero min_attempt do not start another attempt.
+        if deadline is not None and now + delay + min_attempt > deadline:
+            result = "deadline"
+            break
         delays.append(delay)
         now += delay
         attempt += 1
@@ -855,12 +1055,160 @@ def retry_decision_cases():
                       retry_pol(max_attempts=5, base_delay_ms=400, max_delay_ms=1000,
                                 seed=2024), [step(U, 100)],
                       expect_result="attempts_exhausted"))
+    # Where two stop reasons apply at once, the order of SPEC §4 decides.
+    d.append(decision("an overrun attempt, then a server delay of 0 and min_attempt 0: "
+                      "no attempt starts after the deadline",
+                      retry_pol(jitter=0.0, min_attempt_ms=0), [step(U, 300, 0), step(OK, 1)],
+                      deadline_ms=200, expect_result="deadline"))
+    d.append(decision("an overrun attempt with base delay 0 and min_attempt 0: deadline",
+                      retry_pol(base_delay_ms=0, jitter=0.0, min_attempt_ms=0),
+                      [step(U, 201), step(OK, 1)], deadline_ms=200, expect_result="deadline"))
+    d.append(decision("an attempt that ends exactly at the deadline, zero delay, min_attempt 0: "
+                      "the next attempt may start at the deadline",
+                      retry_pol(base_delay_ms=0, jitter=0.0, min_attempt_ms=0),
+                      [step(U, 200), step(OK, 0)], deadline_ms=200, expect_result="ok"))
+    d.append(decision("do-not-retry on the last allowed attempt: server_said_no, "
+                      "not attempts_exhausted", retry_pol(jitter=0.0, max_attempts=2),
+                      [step(U, 5), step(U, 5, "do_not_retry")], expect_result="server_said_no"))
+    d.append(decision("do-not-retry with max_attempts 1: server_said_no",
+                      retry_pol(jitter=0.0, max_attempts=1), [step(RE, 5, "do_not_retry")],
+                      expect_result="server_said_no"))
+    d.append(decision("the last allowed attempt also overruns the deadline: attempts_exhausted "
+                      "(checked before the deadline)", retry_pol(jitter=0.0, max_attempts=2),
+                      [step(U, 10), step(U, 500)], deadline_ms=100,
+                      expect_result="attempts_exhausted"))
+    d.append(decision("not retryable and past the deadline: not_retryable",
+                      nj, [step("NOT_FOUND", 500)], deadline_ms=100,
+                      expect_result="not_retryable"))
+    d.append(decision("a success that ends after the deadline is a success",
+                      nj, [step(U, 10), step(OK, 500)], deadline_ms=100, expect_result="ok"))
+    d.append(decision("a first attempt that succeeds after the deadline is a success",
+                      nj, [step(OK, 500)], deadline_ms=100, expect_result="ok"))
     d.append(decision("a mixed timeline: backoff, server delay, backoff, success",
                       retry_pol(max_attempts=5, seed=77),
                       [step(U, 12), step(RE, 8, 250), step(U, 15), step(OK, 20)],
                       deadline_ms=5000, expect_result="ok"))
     return d
 
+
+
+# --------------------------------------------------------------------------------------
+# 7b. The retry budget (SPEC §4 "Retry budget"), on a manual clock
+# --------------------------------------------------------------------------------------
+
+BUDGET_SLOTS = 10
+
+
+class BudgetModel:
+    """SPEC §4's budget: `window` kept as 10 slots of window/10; a retry is allowed while
+    retries + 1 <= ratio x requests + min_per_sec x window (seconds), both counted over the
+    slots from floor(t/slot) - 9 to floor(t/slot)."""
+
+    def __init__(self, ratio, window_ms, min_per_sec):
+        assert window_ms % BUDGET_SLOTS == 0
+        self.ratio, self.window_ms, self.min_per_sec = ratio, window_ms, min_per_sec
+        self.slot_ms = window_ms // BUDGET_SLOTS
+        self.slots = [[0, 0, 0] for _ in range(BUDGET_SLOTS)]  # tick, requests, retries
+
+    def _current(self, now_ms):
+        tick = now_ms // self.slot_ms
+        slot = self.slots[tick % BUDGET_SLOTS]
+        if slot[0] != tick:
+            slot[:] = [tick, 0, 0]
+        return tick, slot
+
+    def _totals(self, tick):
+        oldest = max(tick - (BUDGET_SLOTS - 1), 0)
+        live = [s for s in self.slots if oldest <= s[0] <= tick]
+        return sum(s[1] for s in live), sum(s[2] for s in live)
+
+    def allowed(self, requests):
+        return self.ratio * requests + self.min_per_sec * (self.window_ms / 1000)
+
+    def requests(self, now_ms, n):
+        _, slot = self._current(now_ms)
+        slot[1] += n
+
+    def withdraw(self, now_ms):
+        tick, slot = self._current(now_ms)
+        requests, retries = self._totals(tick)
+        if retries + 1 <= self.allowed(requests):
+            slot[2] += 1
+            return True
+        return False
+
+    def snapshot(self, now_ms):
+        tick, _ = self._current(now_ms)
+        requests, retries = self._totals(tick)
+        return {"requests": requests, "retries": retries, "allowed": self.allowed(requests)}
+
+
+def budget_case(comment, ratio, window_ms, min_per_sec, script):
+    """`script`: (at_ms, "requests", n) | (at_ms, "withdraw", n) | (at_ms, "snapshot")."""
+    model = BudgetModel(ratio, window_ms, min_per_sec)
+    steps = []
+    last = 0
+    for at, op, *n in script:
+        assert at >= last  # the clock never goes back
+        last = at
+        if op == "requests":
+            model.requests(at, n[0])
+            steps.append({"at_ms": at, "requests": n[0]})
+        elif op == "withdraw":
+            results = [model.withdraw(at) for _ in range(n[0])]
+            granted = results.count(True)
+            assert results == [True] * granted + [False] * (n[0] - granted)
+            steps.append({"at_ms": at, "withdraw": n[0], "granted": granted})
+        else:
+            steps.append({"at_ms": at, "snapshot": model.snapshot(at)})
+    return {"comment": comment,
+            "budget": {"ratio": ratio, "window_ms": window_ms, "min_per_sec": min_per_sec},
+            "steps": steps}
+
+
+def budget_cases():
+    b = []
+    b.append(budget_case("the doc example: 10 % of 20 requests is 2 retries", 0.1, 10_000, 0,
+                         [(0, "requests", 20), (0, "withdraw", 3), (0, "snapshot")]))
+    b.append(budget_case("the floor alone: 10 per second over 10 s allows 100 retries", 0.1,
+                         10_000, 10, [(0, "snapshot"), (0, "withdraw", 101), (0, "snapshot")]))
+    b.append(budget_case("the defaults: 0.1 x 50 requests + 10 x 10 s = 105", 0.1, 10_000, 10,
+                         [(0, "requests", 50), (100, "withdraw", 106), (200, "snapshot")]))
+    b.append(budget_case("a fraction: 0.1 x 15 = 1.5 allows one retry (retries + 1 <= 1.5)",
+                         0.1, 10_000, 0, [(0, "requests", 15), (0, "withdraw", 2),
+                                          (0, "snapshot")]))
+    b.append(budget_case("ratio 0 with a floor of 1 per second over 2 s: 2 retries", 0.0,
+                         2_000, 1, [(0, "requests", 1000), (0, "withdraw", 3)]))
+    b.append(budget_case("no ratio, no floor: never a retry", 0.0, 10_000, 0,
+                         [(0, "requests", 100), (0, "withdraw", 1), (0, "snapshot")]))
+    b.append(budget_case("the window slides in steps of window/10: counts leave it whole",
+                         0.5, 1_000, 0,
+                         [(0, "requests", 10), (0, "withdraw", 6), (950, "snapshot"),
+                          (999, "snapshot"), (1000, "snapshot"), (1000, "withdraw", 1)]))
+    b.append(budget_case("requests from two slots: the older leaves first", 0.5, 1_000, 0,
+                         [(0, "requests", 10), (500, "requests", 10), (600, "snapshot"),
+                          (1000, "snapshot"), (1000, "withdraw", 6), (1499, "snapshot"),
+                          (1500, "snapshot"), (1500, "withdraw", 1)]))
+    b.append(budget_case("retries withdrawn in a later slot outlive the requests that "
+                         "allowed them", 1.0, 1_000, 0,
+                         [(0, "requests", 4), (900, "withdraw", 4), (1000, "snapshot"),
+                          (1000, "requests", 4), (1000, "withdraw", 1), (1900, "snapshot"),
+                          (1900, "withdraw", 1)]))
+    b.append(budget_case("a long quiet gap empties the window", 0.2, 10_000, 0,
+                         [(0, "requests", 100), (0, "withdraw", 5), (3_600_000, "snapshot"),
+                          (3_600_000, "withdraw", 1)]))
+    b.append(budget_case("the smallest window, 10 ms: 1 ms slots", 1.0, 10, 0,
+                         [(0, "requests", 3), (9, "withdraw", 4), (10, "snapshot"),
+                          (10, "withdraw", 1)]))
+    for comment, ratio, window_ms, field in [
+        ("a negative ratio is refused", -0.1, 10_000, "ratio"),
+        ("a window shorter than 10 ms is refused", 0.1, 9, "window"),
+        ("a window of 0 is refused", 0.1, 0, "window"),
+    ]:
+        b.append({"comment": comment,
+                  "budget": {"ratio": ratio, "window_ms": window_ms, "min_per_sec": 0},
+                  "error": {"kind": "invalid_argument", "field": field}})
+    return b
 
 
 # --------------------------------------------------------------------------------------
@@ -1361,11 +1709,11 @@ def x_header(shape, name):
 
 
 def x_pushback(v):
-    v = v.strip()
+    v = v.strip(" \t")  # optional whitespace: SP and HTAB only
     digits = v[1:] if v.startswith("-") else v
     if not digits or not (digits.isascii() and digits.isdigit()):
         return "do_not_retry"  # unparseable: do not retry (gRFC A6)
-    if v.startswith("-"):
+    if v.startswith("-") and int(digits) != 0:
         return "do_not_retry"
     return int(digits)
 
@@ -1598,6 +1946,27 @@ def extraction_cases():
          {"code": 8, "metadata": {"grpc-retry-pushback-ms": "50", "grpc-status-details-bin": ri}})
     case("RetryInfo before Retry-After",
          {"code": 8, "headers": {"Retry-After": "9"}, "metadata": {"grpc-status-details-bin": ri}})
+    # Precedence: pushback, then RetryInfo, then Retry-After; a pushback that is present
+    # decides even when it says "do not retry" or cannot be read.
+    case("an unparseable pushback beats a valid Retry-After: do not retry",
+         {"code": 14, "headers": {"Retry-After": "3"},
+          "metadata": {"grpc-retry-pushback-ms": "soon"}})
+    case("a negative pushback beats RetryInfo: do not retry",
+         {"code": 8, "metadata": {"grpc-retry-pushback-ms": "-1", "grpc-status-details-bin": ri}})
+    case("all three: the pushback wins",
+         {"code": 8, "headers": {"Retry-After": "9"},
+          "metadata": {"grpc-retry-pushback-ms": "75", "grpc-status-details-bin": ri}})
+    case("malformed status details fall through to Retry-After",
+         {"code": 8, "headers": {"Retry-After": "4"},
+          "metadata": {"grpc-status-details-bin": "not base64!"}})
+    case("an unparseable Retry-After does not hide RetryInfo",
+         {"code": 8, "headers": {"Retry-After": "soon"}, "metadata": {"grpc-status-details-bin": ri}})
+    case("pushback -0 is 0 ms, not do-not-retry",
+         {"code": 14, "metadata": {"grpc-retry-pushback-ms": "-0"}})
+    case("a pushback with a line break cannot be read: do not retry",
+         {"code": 14, "metadata": {"grpc-retry-pushback-ms": "5\n"}})
+    case("a Retry-After with a line break is ignored",
+         {"code": 14, "headers": {"Retry-After": "\n5"}})
     return c
 
 
@@ -1621,6 +1990,7 @@ def main():
         "keys.json": keys_cases(),
         "fingerprints.json": fingerprint_cases(),
         "retry_decisions.json": retry_decision_cases(),
+        "budget.json": budget_cases(),
         "result_codec.json": result_codec_cases(),
         "http_server.json": http_server_cases(),
         "extraction.json": extraction_cases(),

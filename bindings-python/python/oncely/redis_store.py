@@ -15,7 +15,8 @@ what another one stored:
 
 - ``None`` → "no value", replayed as ``None``;
 - ``bytes`` / ``bytearray`` / ``memoryview`` → bytes, read back as ``bytes``;
-- JSON data (``dict`` with ``str`` keys, ``list``, ``tuple``, ``str``, ``int``, finite
+- JSON data (``dict`` with ``str`` keys, ``list``, ``tuple``, ``str``, ``int`` within
+  ±(2**53 - 1), which a Node reader reads exactly, finite
   ``float``, ``bool``, ``None``, exactly these types) → compact JSON, read back with
   ``json.loads`` (so a tuple comes back as a list);
 - anything else (``datetime``, ``Decimal``, ``set``, NaN, a lone surrogate, ``dict``
@@ -55,6 +56,9 @@ from ._oncely import (
 __all__ = ["RedisStore", "encode_result", "decode_result"]
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
+# JavaScript reads every JSON number as a double: beyond this an int would come back
+# changed in a Node instance sharing the store, so it is not stored as JSON.
+_MAX_SAFE_INT = 2**53 - 1
 
 
 def _type_name(value: Any) -> str:
@@ -76,6 +80,8 @@ def _not_json(value: Any) -> Optional[str]:
         if t in _JSON_SCALARS:
             if t is float and (v != v or v in (float("inf"), float("-inf"))):
                 return f"float ({v})"
+            if t is int and not -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT:
+                return "int (beyond 2^53 - 1)"
             if t is str:
                 try:
                     v.encode("utf-8")

@@ -184,8 +184,12 @@ impl RetryState {
             }
         };
         if let Some(deadline) = self.deadline {
-            let needed = delay.saturating_add(self.policy.min_attempt());
-            if needed > deadline.remaining_at(now) {
+            // Compared as instants, not against the time left: that saturates at zero,
+            // and would let a zero delay start an attempt after an overrun deadline.
+            let next_ends = now
+                .saturating_add(delay)
+                .saturating_add(self.policy.min_attempt());
+            if next_ends > deadline.instant() {
                 return Decision::Stop(StopReason::Deadline);
             }
         }
