@@ -190,7 +190,8 @@ pub fn parse_pushback_ms(value: &str) -> Result<ServerDelay, Error> {
             format!("{value:?} is not an integer number of milliseconds"),
         ));
     }
-    if v.starts_with('-') {
+    // "-0" is zero, not negative.
+    if v.starts_with('-') && digits.bytes().any(|b| b != b'0') {
         return Ok(ServerDelay::DoNotRetry);
     }
     let ms = digits.parse::<u64>().unwrap_or(u64::MAX);
