@@ -54,7 +54,11 @@ function invalid(Ctor, field, message) {
 
 function typeName(v) {
   if (v === null) return 'null'
-  if (Array.isArray(v)) return 'an array'
+  try {
+    if (Array.isArray(v)) return 'an array'
+  } catch {
+    return 'a revoked proxy' // Array.isArray throws on one
+  }
   const t = typeof v
   return t === 'undefined' ? 'undefined' : t === 'object' ? 'an object' : `a ${t}`
 }

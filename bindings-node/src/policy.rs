@@ -624,9 +624,10 @@ impl ReasonCodes {
         self.inner.register(&r, c).or_throw(raw)
     }
     /// The code a reason means, or `null`.
-    #[napi(ts_return_type = "Code | null")]
-    pub fn resolve(&self, reason: String) -> Option<u32> {
-        self.inner.resolve(&reason).map(|c| c as u32)
+    #[napi(ts_args_type = "reason: string", ts_return_type = "Code | null")]
+    pub fn resolve(&self, env: &Env, reason: Unknown<'_>) -> Result<Option<u32>> {
+        let r = convert::string(env.raw(), reason.raw(), "reason", SHORT_STRING_MAX)?;
+        Ok(self.inner.resolve(&r).map(|c| c as u32))
     }
 }
 

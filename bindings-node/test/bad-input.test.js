@@ -192,3 +192,15 @@ test('strings around the native stack buffer (256 bytes) are read whole, multi-b
     }
   }
 })
+
+test('a revoked proxy or a non-string reason is refused with the field named', async () => {
+  const { proxy, revoke } = Proxy.revocable({}, {})
+  revoke()
+  const store = new oncely.IdempotencyStore()
+  await assert.rejects(store.execute(proxy, 'fp', () => 1), { name: 'TypeError', code: 'INVALID_ARGUMENT', field: 'scoped' })
+  await assert.rejects(store.execute('k', proxy, () => 1), { name: 'TypeError', code: 'INVALID_ARGUMENT', field: 'fingerprint' })
+  for (const bad of [0, 1n, null, undefined, {}, Symbol('s')]) {
+    throwsField(() => new ReasonCodes().resolve(bad), 'TypeError', 'reason')
+  }
+  assert.equal(new ReasonCodes().resolve('RATE_LIMITED'), oncely.Code.RESOURCE_EXHAUSTED)
+})

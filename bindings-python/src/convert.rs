@@ -25,8 +25,7 @@ fn seconds_f64(field: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<f64> {
         return Ok(f.value());
     }
     if obj.is_instance_of::<PyInt>() {
-        // Huge ints become inf, which the core rejects as too large.
-        return obj.extract::<f64>();
+        return int_as_f64(obj);
     }
     if let Ok(total) = obj.getattr(pyo3::intern!(obj.py(), "total_seconds")) {
         if obj.getattr("days").is_ok() {
@@ -34,6 +33,18 @@ fn seconds_f64(field: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<f64> {
         }
     }
     Err(wrong_type(field, "seconds (float or timedelta)", obj))
+}
+
+/// A Python int as a float: one beyond a double's range becomes an infinity of its sign,
+/// which the core's checks refuse as too large (Python itself raises `OverflowError`).
+fn int_as_f64(obj: &Bound<'_, PyAny>) -> PyResult<f64> {
+    match obj.extract::<f64>() {
+        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
+            let negative = obj.lt(0)?;
+            Ok(if negative { f64::NEG_INFINITY } else { f64::INFINITY })
+        }
+        other => other,
+    }
 }
 
 /// Optional seconds: `None` stays `None`.
@@ -88,7 +99,11 @@ pub fn finite(py: Python<'_>, field: &'static str, obj: &Bound<'_, PyAny>) -> Py
     {
         return Err(wrong_type(field, "a number", obj));
     }
-    let v: f64 = obj.extract()?;
+    let v = if obj.is_instance_of::<PyInt>() {
+        int_as_f64(obj)?
+    } else {
+        obj.extract()?
+    };
     if !v.is_finite() {
         return Err(invalid(
             py,

@@ -598,11 +598,15 @@ pub fn parse_retry_after(
         None => SystemTime::now(),
         Some(n) => {
             let secs = finite(py, "now", n)?;
-            if secs >= 0.0 {
-                SystemTime::UNIX_EPOCH + oncely::duration_from_secs_f64("now", secs).py(py)?
+            let offset = oncely::duration_from_secs_f64("now", secs.abs()).py(py)?;
+            let at = if secs >= 0.0 {
+                SystemTime::UNIX_EPOCH.checked_add(offset)
             } else {
-                SystemTime::UNIX_EPOCH - oncely::duration_from_secs_f64("now", -secs).py(py)?
-            }
+                SystemTime::UNIX_EPOCH.checked_sub(offset)
+            };
+            at.ok_or_else(|| {
+                invalid(py, "now", format!("{secs} seconds is beyond the system clock's range"))
+            })?
         }
     };
     match oncely::parse_retry_after(value, now).py(py)? {
@@ -657,6 +661,12 @@ pub fn extract_headers() -> Vec<&'static str> {
     oncely::RawFailure::HEADERS.to_vec()
 }
 
+/// A text read off a foreign error; one Rust cannot hold (a lone surrogate) keeps its
+/// other characters, so that the rest of the error is still read.
+fn lossy(s: &Bound<'_, PyString>) -> String {
+    s.to_string_lossy().into_owned()
+}
+
 fn raw_value(v: &Bound<'_, PyAny>) -> Option<oncely::RawValue> {
     if v.is_none() || v.is_instance_of::<pyo3::types::PyBool>() {
         return None;
@@ -686,8 +696,18 @@ pub fn extract(
             status: raw_value(&t.get_item(1)?),
             status_code: raw_value(&t.get_item(2)?),
             errno: t.get_item(3)?.extract::<Option<String>>()?,
-            type_names: t.get_item(4)?.extract::<Vec<String>>()?,
-            headers: t.get_item(5)?.extract::<Vec<(String, String)>>()?,
+            type_names: t
+                .get_item(4)?
+                .extract::<Vec<Bound<'_, PyString>>>()?
+                .iter()
+                .map(lossy)
+                .collect(),
+            headers: t
+                .get_item(5)?
+                .extract::<Vec<(Bound<'_, PyString>, Bound<'_, PyString>)>>()?
+                .iter()
+                .map(|(n, v)| (lossy(n), lossy(v)))
+                .collect(),
             delay: if delay.is_none() {
                 None
             } else {

@@ -220,3 +220,31 @@ def test_leader_panicked_reaches_waiters() -> None:
     exc, tb = join.wait()
     assert isinstance(exc, oncely.LeaderPanickedError) and exc.code == Code.INTERNAL
     assert "segfault-like failure" in str(exc)
+
+
+def test_ints_beyond_a_double_are_refused_as_too_large() -> None:
+    for make, field in [
+        (lambda: oncely.RetryBudget(window=10**400), "window"),
+        (lambda: oncely.Deadline(10**400), "deadline"),
+        (lambda: oncely.RetryPolicy(base_delay=-(10**400)), "base_delay"),
+        (lambda: oncely.parse_retry_after("1", 10**400), "now"),
+    ]:
+        with pytest.raises(oncely.InvalidArgumentError) as info:
+            make()
+        assert info.value.field == field
+
+
+def test_a_clock_beyond_the_system_range_is_refused() -> None:
+    for now in [1e19, -1e19]:
+        with pytest.raises(oncely.InvalidArgumentError) as info:
+            oncely.parse_retry_after("1", now)
+        assert info.value.field == "now"
+
+
+def test_a_lone_surrogate_in_a_header_does_not_hide_the_code() -> None:
+    exc: Any = Exception("x")
+    exc.code = 14
+    exc.headers = {"retry-after": "\ud800", "grpc-retry-pushback-ms": "12\udfff"}
+    assert oncely.code_of(exc) is Code.UNAVAILABLE
+    f = oncely.failure_of(exc)
+    assert not isinstance(f, int) and f.do_not_retry  # an unreadable pushback: do not retry

@@ -769,7 +769,7 @@ impl Problem {
     /// The `Retry-After` value in whole seconds (rounded up, at least 1), if any.
     pub fn retry_after_secs(&self) -> Option<u64> {
         self.retry_after.map(|d| {
-            let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+            let s = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
             s.max(1)
         })
     }

@@ -110,7 +110,8 @@ fn assemble(year: i64, month: i64, day: i64, secs: i64, wday: usize) -> Option<i
     if (days + 3).rem_euclid(7) as usize != wday {
         return None;
     }
-    Some(days * 86_400 + secs)
+    // Checked: a two-digit year resolved against an extreme clock can be out of range.
+    days.checked_mul(86_400)?.checked_add(secs)
 }
 
 fn days_in_month(year: i64, month: i64) -> i64 {
