@@ -74,8 +74,8 @@ struct ReadmeDoctests;
 pub use backoff::{duration_from_millis_f64, duration_from_secs_f64, Backoff, RetryPolicy};
 pub use budget::{BudgetSnapshot, RetryBudget};
 pub use classify::{
-    classify, parse_pushback_ms, parse_retry_after, CallFacts, Classification, Classify, Failure,
-    Rule, ServerDelay,
+    classify, classify_failure, parse_pushback_ms, parse_retry_after, CallFacts, Classification,
+    Classify, Failure, Rule, ServerDelay,
 };
 pub use clock::{Clock, Deadline, ManualClock, SharedClock, SystemClock};
 pub use code::{Code, ReasonCodes};
