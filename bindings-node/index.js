@@ -285,10 +285,16 @@ function sleep(ms, signal) {
   })
 }
 
-/** What the action is told about its attempt. */
-class AttemptInfo {
-  constructor(attempt, signal, deadline) {
-    this.attempt = attempt
+/**
+ * What the action is told about its attempt, the same shape as Rust's `Attempt` and
+ * Python's `Attempt`: `number` (1 for the first), `remainingMs` before the deadline
+ * (`Infinity` without one) and `previousAttempts`; also the caller's `signal` and the
+ * `deadline`. It converts to its number (`attempt < 3`, `` `${attempt}` ``), and is also
+ * passed as the second argument, where earlier versions gave the attempt's details.
+ */
+class Attempt {
+  constructor(number, signal, deadline) {
+    this.number = number
     this.signal = signal
     this.deadline = deadline
   }
@@ -296,13 +302,31 @@ class AttemptInfo {
   get remainingMs() {
     return this.deadline === undefined ? Infinity : this.deadline.remainingMs
   }
+  /** Attempts made before this one (for a `grpc-previous-rpc-attempts` header). */
+  get previousAttempts() {
+    return this.number - 1
+  }
+  /** @deprecated The same as `number`. */
+  get attempt() {
+    return this.number
+  }
+  valueOf() {
+    return this.number
+  }
+  toString() {
+    return String(this.number)
+  }
+  [Symbol.toPrimitive]() {
+    return this.number
+  }
 }
 
-function annotate(error, attempt, reason) {
+function annotate(error, attempt, reason, why) {
   if (error !== null && (typeof error === 'object' || typeof error === 'function')) {
     try {
       error.attempts = attempt
       error.stopReason = reason
+      error.whyStopped = `oncely: gave up after ${attempt} attempt${attempt === 1 ? '' : 's'} (${why})`
       // The name before `attempts` (deprecated).
       error.attemptNumber = attempt
     } catch {
@@ -335,7 +359,7 @@ function retryOptions(options) {
 const NO_OPTIONS = Object.freeze({ safe: false, rereads: false, transientInternal: false })
 
 /**
- * Calls `fn(attempt, info)` until it succeeds or the core says stop (SPEC §4); the
+ * Calls `fn(attempt)` (an `Attempt`) until it succeeds or the core says stop (SPEC §4); the
  * last error is rethrown unchanged, with `attempts` and `stopReason` added.
  */
 async function retry(fn, options) {
@@ -347,16 +371,17 @@ async function retry(fn, options) {
   let attempt = 1
   for (;;) {
     try {
-      if (signal === undefined) return await fn(attempt, new AttemptInfo(attempt, signal, o.deadline))
+      const a = new Attempt(attempt, signal, o.deadline)
+      if (signal === undefined) return await fn(a, a)
       // With a signal, an abort ends the call at once, even while an attempt runs.
-      return await abortable(Promise.resolve(fn(attempt, new AttemptInfo(attempt, signal, o.deadline))), signal)
+      return await abortable(Promise.resolve(fn(a, a)), signal)
     } catch (error) {
       if (signal !== undefined && signal.aborted) throw signal.reason
       if (state === null) state = newState(o)
       const f = o.classify === undefined ? extract(error, o.reasons) : fromUser(o.classify(error), error, o.reasons)
       const delay = state.onFailure(f.code, f.delayMs, f.doNotRetry, f.pushback, f.retryAfter)
       if (delay < 0) {
-        annotate(error, attempt, state.stopReason)
+        annotate(error, attempt, state.stopReason, state.whyStopped)
         throw error
       }
       if (o.onRetry !== undefined) o.onRetry({ attempt, delayMs: delay, error, rule: state.rule, reason: state.rule, code: f.code })

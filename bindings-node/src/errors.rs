@@ -106,6 +106,10 @@ pub(crate) fn js_field(core: &str) -> &str {
         "max_entries" => "maxEntries",
         "min_per_sec" => "minPerSec",
         "in_progress_retry_after" => "inProgressRetryAfterMs",
+        "lease" => "leaseMs",
+        "connect_timeout" => "connectTimeoutMs",
+        "io_timeout" => "ioTimeoutMs",
+        "poll_interval" => "pollIntervalMs",
         "idempotency_key" => "idempotencyKey",
         "business_id" => "businessId",
         "retry_after" => "retryAfter",
@@ -115,6 +119,10 @@ pub(crate) fn js_field(core: &str) -> &str {
 }
 
 /// A `TypeError` for an argument or option of the wrong type.
+/// How Node names the core's settings (camelCase, durations in ms) in the core's messages.
+pub(crate) const NAMING: oncely::Naming =
+    oncely::Naming::new(js_field, oncely::DurationUnit::Milliseconds);
+
 pub(crate) fn type_error(env: sys::napi_env, field: &str, message: &str) -> napi::Error {
     throw(
         env,

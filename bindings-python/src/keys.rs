@@ -6,7 +6,7 @@ use pyo3::types::PyBytes;
 use oncely::{IdempotencyKey, ScopedKey as CoreScopedKey};
 
 use crate::convert::to_json;
-use crate::errors::IntoPyResult;
+use crate::errors::{text, IntoPyResult};
 
 /// A random UUID v4 key.
 #[pyfunction]
@@ -16,8 +16,16 @@ pub fn new_key() -> String {
 
 /// The stable key of one business intent (the same in Rust, Python and Node).
 #[pyfunction]
-pub fn derive_key(py: Python<'_>, business_id: &str, operation: &str) -> PyResult<String> {
-    IdempotencyKey::derive(business_id, operation)
+pub fn derive_key(
+    py: Python<'_>,
+    business_id: &Bound<'_, PyAny>,
+    operation: &Bound<'_, PyAny>,
+) -> PyResult<String> {
+    let (business_id, operation) = (
+        text(business_id, "business_id")?,
+        text(operation, "operation")?,
+    );
+    IdempotencyKey::derive(&business_id, &operation)
         .map(|k| k.as_str().to_owned())
         .py(py)
 }
@@ -25,8 +33,8 @@ pub fn derive_key(py: Python<'_>, business_id: &str, operation: &str) -> PyResul
 /// Returns `key` if it matches `[A-Za-z0-9_-]{8,64}`; raises `InvalidKeyError` (or
 /// `MissingKeyError` for the empty string) otherwise.
 #[pyfunction]
-pub fn validate_key(py: Python<'_>, key: &str) -> PyResult<String> {
-    IdempotencyKey::parse(key)
+pub fn validate_key(py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<String> {
+    IdempotencyKey::parse(&text(key, "key")?)
         .map(|k| k.as_str().to_owned())
         .py(py)
 }
@@ -56,9 +64,15 @@ impl ScopedKey {
 
 /// Scopes an idempotency key to a tenant and a method.
 #[pyfunction]
-pub fn scope(py: Python<'_>, tenant: &str, method: &str, key: &str) -> PyResult<ScopedKey> {
-    let key = IdempotencyKey::parse(key).py(py)?;
-    CoreScopedKey::new(tenant, method, &key)
+pub fn scope(
+    py: Python<'_>,
+    tenant: &Bound<'_, PyAny>,
+    method: &Bound<'_, PyAny>,
+    key: &Bound<'_, PyAny>,
+) -> PyResult<ScopedKey> {
+    let (tenant, method) = (text(tenant, "tenant")?, text(method, "method")?);
+    let key = IdempotencyKey::parse(&text(key, "key")?).py(py)?;
+    CoreScopedKey::new(&tenant, &method, &key)
         .map(|inner| ScopedKey { inner })
         .py(py)
 }

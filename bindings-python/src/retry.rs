@@ -59,7 +59,8 @@ impl Classification {
     }
 }
 
-/// SPEC §3: may a failure with `code` be retried, given the facts of the call?
+/// SPEC §3: may a failure (a `Failure`, whose server delay counts, or a code) be
+/// retried, given the facts of the call?
 #[pyfunction]
 #[pyo3(signature = (code, *, safe=false, rereads=false, transient_internal=false))]
 pub fn classify(
@@ -69,8 +70,8 @@ pub fn classify(
     rereads: bool,
     transient_internal: bool,
 ) -> PyResult<Classification> {
-    let c = oncely::classify(
-        code_of(py, code)?,
+    let c = oncely::classify_failure(
+        failure_of(py, code)?,
         CallFacts {
             safe,
             rereads,
@@ -127,7 +128,7 @@ impl RetryPolicy {
         if let Some(d) = opt_seconds(py, "min_attempt", min_attempt)? {
             p = p.with_min_attempt(d);
         }
-        p.validate().py(py)?;
+        p.validate_named(&oncely::Naming::SECONDS).py(py)?;
         Ok(RetryPolicy { inner: p })
     }
 
@@ -374,7 +375,9 @@ impl RetryBudget {
             Some(m) => int_in(py, "min_per_sec", m, 0, i128::from(u32::MAX))? as u32,
             None => 10,
         };
-        let mut b = oncely::RetryBudget::new(ratio, window, min_per_sec).py(py)?;
+        let mut b =
+            oncely::RetryBudget::new_named(ratio, window, min_per_sec, &oncely::Naming::SECONDS)
+                .py(py)?;
         if let Some(c) = _clock {
             b = b.with_clock(c.get().inner.clone());
         }
@@ -497,6 +500,7 @@ impl Failure {
 pub struct RetryState {
     inner: oncely::RetryState,
     clock: AnyClock,
+    stopped: Option<oncely::StopReason>,
 }
 
 #[pymethods]
@@ -535,6 +539,7 @@ impl RetryState {
         Ok(RetryState {
             inner: state,
             clock,
+            stopped: None,
         })
     }
 
@@ -557,11 +562,7 @@ impl RetryState {
         py: Python<'py>,
         failure: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let f = if let Ok(f) = failure.cast::<Failure>() {
-            f.get().inner
-        } else {
-            CoreFailure::new(code_of(py, failure)?)
-        };
+        let f = failure_of(py, failure)?;
         let now = self.clock.now();
         Ok(match self.inner.on_failure(f, now) {
             Decision::Retry { delay, rule } => {
@@ -578,8 +579,25 @@ impl RetryState {
                 )?
                 .into_any()
             }
-            Decision::Stop(reason) => PyString::intern(py, reason.as_str()).into_any(),
+            Decision::Stop(reason) => {
+                self.stopped = Some(reason);
+                PyString::intern(py, reason.as_str()).into_any()
+            }
         })
+    }
+
+    /// Why the loop stopped (the stop reason, then its cause; for `not_retryable` the
+    /// rule of the last failure), or None before a stop.
+    fn why_stopped(&self) -> Option<String> {
+        self.stopped.map(|r| self.inner.explain_stop(r))
+    }
+}
+
+/// A `Failure` as is, or a code (int) as a failure without a server delay.
+fn failure_of(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<CoreFailure> {
+    match obj.cast::<Failure>() {
+        Ok(f) => Ok(f.get().inner),
+        Err(_) => Ok(CoreFailure::new(code_of(py, obj)?)),
     }
 }
 

@@ -61,6 +61,7 @@ mod extract;
 pub mod http;
 mod http_date;
 mod key;
+mod naming;
 mod rand;
 mod retry;
 mod store;
@@ -85,6 +86,7 @@ pub use key::{
     canonical_json, fingerprint, fingerprint_bytes, headers, http_status, IdempotencyKey,
     ScopedKey, KEY_MAX_LEN, KEY_MIN_LEN, SCOPE_PART_MAX_LEN,
 };
+pub use naming::{DurationUnit, Naming};
 pub use retry::{
     retry, retry_blocking, simulate, Attempt, Decision, NoHook, OnRetry, Retry, RetryError,
     RetryEvent, RetryFuture, RetryState, Scripted, Simulation, Sleeper, Step, StopReason, Timeline,
