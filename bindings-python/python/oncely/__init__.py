@@ -16,6 +16,7 @@ layer over its native module ``oncely._oncely``. Durations are seconds (``float`
 from __future__ import annotations
 
 from . import headers, http
+from ._adapter import Store
 from ._codes import Code
 from ._oncely import (
     DEFAULT_TTL,
@@ -43,7 +44,6 @@ from ._oncely import (
     scope,
     validate_key,
 )
-from ._adapter import Store
 from .errors import (
     ArgumentTypeError,
     CapacityError,
