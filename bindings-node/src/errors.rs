@@ -295,8 +295,8 @@ pub struct ErrorKind {
 /// `Error::kind`, `Error::code`, `Error::http_status`): the error classes of index.js.
 #[napi_derive::napi]
 pub fn error_kinds() -> Vec<ErrorKind> {
-    use std::time::Duration;
     use oncely::Error;
+    use std::time::Duration;
     let samples = [
         Error::InvalidArgument {
             field: "",
