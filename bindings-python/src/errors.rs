@@ -148,3 +148,31 @@ impl<T> IntoPyResult<T> for Result<T, Error> {
         self.map_err(|e| to_py(py, e))
     }
 }
+
+/// A `bool` argument (absent or `None`: `default`); anything else is a [`wrong_type`]
+/// error naming `field`.
+pub fn flag(obj: Option<&Bound<'_, PyAny>>, field: &str, default: bool) -> PyResult<bool> {
+    match obj {
+        None => Ok(default),
+        Some(o) => match o.cast::<pyo3::types::PyBool>() {
+            Ok(b) => Ok(b.is_true()),
+            Err(_) => Err(wrong_type(field, "a bool", o)),
+        },
+    }
+}
+
+/// An argument that must be an instance of the class `T` (absent or `None`: `None`);
+/// anything else is a [`wrong_type`] error naming `field`.
+pub fn instance<'a, 'py, T: pyo3::PyTypeInfo>(
+    obj: Option<&'a Bound<'py, PyAny>>,
+    field: &str,
+    expected: &str,
+) -> PyResult<Option<&'a Bound<'py, T>>> {
+    match obj {
+        None => Ok(None),
+        Some(o) => o
+            .cast::<T>()
+            .map(Some)
+            .map_err(|_| wrong_type(field, expected, o)),
+    }
+}

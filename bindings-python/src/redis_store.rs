@@ -360,13 +360,14 @@ impl PyRedisStore {
     /// decoded), a `RedisLease` (run the action, then settle it), None (the leader
     /// went away: begin again), a `(exception, traceback)` tuple (a leader in this
     /// process failed) or an exception object (store error).
-    #[pyo3(signature = (scoped, fingerprint, wait=true))]
+    #[pyo3(signature = (scoped, fingerprint, wait=None))]
     fn begin(
         &self,
         scoped: &Bound<'_, PyAny>,
         fingerprint: &Bound<'_, PyAny>,
-        wait: bool,
+        wait: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<RedisPending> {
+        let wait = crate::errors::flag(wait, "wait", true)?;
         let key = scoped_key(scoped)?.inner.clone();
         let fingerprint = crate::errors::text(fingerprint, "fingerprint")?;
         let options = if wait {

@@ -9,7 +9,7 @@ use pyo3::types::{PyString, PyTuple};
 use oncely::{CallFacts, Clock, Code, Decision, Failure as CoreFailure, ServerDelay, SystemClock};
 
 use crate::convert::{finite, int_in, opt_seconds, seconds};
-use crate::errors::{invalid, IntoPyResult};
+use crate::errors::{flag, instance, invalid, IntoPyResult};
 
 /// A gRPC code from a Python int (or `Code` member).
 pub fn code_of(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Code> {
@@ -62,25 +62,31 @@ impl Classification {
 /// SPEC §3: may a failure (a `Failure`, whose server delay counts, or a code) be
 /// retried, given the facts of the call?
 #[pyfunction]
-#[pyo3(signature = (code, *, safe=false, rereads=false, transient_internal=false))]
+#[pyo3(signature = (code, *, safe=None, rereads=None, transient_internal=None))]
 pub fn classify(
     py: Python<'_>,
     code: &Bound<'_, PyAny>,
-    safe: bool,
-    rereads: bool,
-    transient_internal: bool,
+    safe: Option<&Bound<'_, PyAny>>,
+    rereads: Option<&Bound<'_, PyAny>>,
+    transient_internal: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Classification> {
-    let c = oncely::classify_failure(
-        failure_of(py, code)?,
-        CallFacts {
-            safe,
-            rereads,
-            transient_internal,
-        },
-    );
+    let c = oncely::classify_failure(failure_of(py, code)?, facts(safe, rereads, transient_internal)?);
     Ok(Classification {
         retryable: c.retryable,
         rule: c.rule.as_str(),
+    })
+}
+
+/// The call facts from the keyword arguments `safe`, `rereads`, `transient_internal`.
+fn facts(
+    safe: Option<&Bound<'_, PyAny>>,
+    rereads: Option<&Bound<'_, PyAny>>,
+    transient_internal: Option<&Bound<'_, PyAny>>,
+) -> PyResult<CallFacts> {
+    Ok(CallFacts {
+        safe: flag(safe, "safe", false)?,
+        rereads: flag(rereads, "rereads", false)?,
+        transient_internal: flag(transient_internal, "transient_internal", false)?,
     })
 }
 
@@ -506,25 +512,25 @@ pub struct RetryState {
 #[pymethods]
 impl RetryState {
     #[new]
-    #[pyo3(signature = (policy=None, *, safe=false, rereads=false, transient_internal=false, deadline=None, budget=None, clock=None))]
+    #[pyo3(signature = (policy=None, *, safe=None, rereads=None, transient_internal=None, deadline=None, budget=None, clock=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        policy: Option<&Bound<'_, RetryPolicy>>,
-        safe: bool,
-        rereads: bool,
-        transient_internal: bool,
+        policy: Option<&Bound<'_, PyAny>>,
+        safe: Option<&Bound<'_, PyAny>>,
+        rereads: Option<&Bound<'_, PyAny>>,
+        transient_internal: Option<&Bound<'_, PyAny>>,
         deadline: Option<&Bound<'_, PyAny>>,
-        budget: Option<&Bound<'_, RetryBudget>>,
-        clock: Option<&Bound<'_, ManualClock>>,
+        budget: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let policy = instance::<RetryPolicy>(policy, "policy", "an oncely.RetryPolicy")?;
+        let budget = instance::<RetryBudget>(budget, "budget", "an oncely.RetryBudget")?;
+        let clock = instance::<ManualClock>(clock, "clock", "an oncely.ManualClock")?;
         let policy = policy.map_or_else(oncely::RetryPolicy::new, |p| p.get().inner);
         let clock = AnyClock::of(clock);
-        let mut state = oncely::RetryState::new(policy).with_facts(CallFacts {
-            safe,
-            rereads,
-            transient_internal,
-        });
+        let facts = facts(safe, rereads, transient_internal)?;
+        let mut state = oncely::RetryState::new(policy).with_facts(facts);
         if let Some(d) = deadline.filter(|d| !d.is_none()) {
             let deadline = if let Ok(d) = d.cast::<Deadline>() {
                 d.get().inner

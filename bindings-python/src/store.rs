@@ -254,14 +254,15 @@ impl PyStore {
 
     /// Looks the key up: an `Executed` (replay), a `(exception, traceback)` tuple (a
     /// cached failure), a `Lease` (run the action, then settle it) or a `Join` (wait).
-    #[pyo3(signature = (scoped, fingerprint, wait=true))]
+    #[pyo3(signature = (scoped, fingerprint, wait=None))]
     fn begin(
         &self,
         py: Python<'_>,
         scoped: &Bound<'_, PyAny>,
         fingerprint: &Bound<'_, PyAny>,
-        wait: bool,
+        wait: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        let wait = crate::errors::flag(wait, "wait", true)?;
         let key = scoped_key(scoped)?;
         let fingerprint = crate::errors::text(fingerprint, "fingerprint")?;
         let options = if wait {

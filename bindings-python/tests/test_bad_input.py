@@ -246,6 +246,10 @@ _K = "order-0001"
         (lambda: oncely.IdempotencyStore(max_entries=1.5), "max_entries"),
         (lambda: _store_call(oncely.IdempotencyStore(), "acme/Charge/order-0001", "fp"), "scoped"),
         (lambda: _store_call(oncely.IdempotencyStore(), oncely.scope("a", "b", _K), None), "fingerprint"),
+        (lambda: oncely.classify(Code.UNAVAILABLE, safe="yes"), "safe"),
+        (lambda: oncely.retry_sync(lambda: 1, budget=3), "budget"),
+        (lambda: oncely.retry_sync(lambda: 1, policy=3, deadline=1.0), "policy"),
+        (lambda: oncely.IdempotencyStore().execute_sync(oncely.scope("a", "b", _K), "fp", lambda: 1, wait="no"), "wait"),
         (lambda: oncely.RedisStore(None), "url"),  # type: ignore[arg-type]
         (lambda: oncely.RedisStore("redis://127.0.0.1:1/0", prefix=3), "prefix"),
     ],
