@@ -3,7 +3,7 @@
 // key decision, the scope and fingerprint of a request, and the dedup loop over a store.
 // Every rule is the core's (`oncely.http`); this file only drives it.
 
-const { http } = require('./index.js')
+const { http, OncelyError } = require('./index.js')
 
 const KEY = http.KEY_HEADER
 
@@ -119,7 +119,7 @@ function scopeOf(s, req, method, route, key) {
 }
 
 function isOncelyError(e) {
-  return e !== null && typeof e === 'object' && typeof e.kind === 'string' && typeof e.code === 'string'
+  return e instanceof OncelyError
 }
 
 /**

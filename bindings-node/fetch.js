@@ -2,7 +2,7 @@
 // oncely/fetch: one idempotency key per logical call, kept across its retries, with the
 // retry loop of `retry` (SPEC §4) deciding every retry.
 
-const { retry, newKey, validateKey, failureOf, http } = require('./index.js')
+const { retry, newKey, validateKey, http } = require('./index.js')
 
 /** The error an attempt throws for an answer of 400 or more: `retry` classifies it by its `response`. */
 class ResponseError extends Error {
@@ -48,26 +48,15 @@ async function idempotentFetch(input, init = {}, options = {}) {
   headers.set(http.KEY_HEADER, key)
   const signal = retryOptions.signal ?? init.signal ?? undefined
   const userOnRetry = retryOptions.onRetry
-  const userClassify = retryOptions.classify
-  // 409 + Retry-After to a keyed request: "in progress" (an earlier attempt of this call,
-  // whose answer was lost, still runs there). Sending the key again after the delay gets
-  // that attempt's answer and cannot apply the call twice, so it is retried.
-  const classify = (error) => {
-    const own = userClassify ? userClassify(error) : undefined
-    if (own !== undefined) return own
-    const res = error instanceof ResponseError ? error.response : undefined
-    if (res && res.status === 409 && res.headers.has('retry-after')) {
-      const delay = failureOf(res).delayMs
-      return delay === undefined ? { code: 'UNAVAILABLE' } : { code: 'UNAVAILABLE', retryAfterMs: delay }
-    }
-    return undefined
-  }
+  // A 409 with Retry-After ("in progress": an earlier attempt of this call, whose answer
+  // was lost, still runs there) is resent after the delay by the core's rules: the key
+  // makes the call safe, and sending it again gets that attempt's answer.
   try {
     return await retry(
-      async (_attempt, info) => {
+      async (attempt) => {
         let attemptSignal = signal
-        if (Number.isFinite(info.remainingMs)) {
-          const t = AbortSignal.timeout(Math.max(1, Math.ceil(info.remainingMs)))
+        if (Number.isFinite(attempt.remainingMs)) {
+          const t = AbortSignal.timeout(Math.max(1, Math.ceil(attempt.remainingMs)))
           attemptSignal = attemptSignal ? AbortSignal.any([attemptSignal, t]) : t
         }
         // A Request's body is read by the attempt that sends it: each attempt sends a copy.
@@ -80,7 +69,6 @@ async function idempotentFetch(input, init = {}, options = {}) {
         ...retryOptions,
         signal,
         safe: true,
-        classify,
         onRetry: (event) => {
           // A discarded answer's body is not read: free its connection.
           if (event.error instanceof ResponseError) event.error.response.body?.cancel().catch(() => {})

@@ -34,6 +34,7 @@ export {
   ReasonCodes,
   Classification,
   CallFactsOptions,
+  ServerDelayOptions,
   Pushback,
   StoreCounters,
   RedisStoreCounters,
@@ -91,6 +92,7 @@ export type Rule =
   | 'attempt_timed_out'
   | 'conflict_rereads'
   | 'conflict_needs_reread'
+  | 'in_progress_keyed'
   | 'declared_transient'
   | 'server_error'
   | 'permanent'
@@ -114,7 +116,9 @@ export type OncelyErrorKind =
 
 /**
  * An error raised by oncely itself: an `Error` (a `TypeError` or `RangeError` for bad
- * input) whose `code` names its gRPC code.
+ * input) whose `code` names its gRPC code. Every one is `instanceof OncelyError` and of
+ * the class of its kind (`InProgressError`, …); the check reads `kind`, `code` and
+ * `httpStatus`, so bad arguments stay `TypeError`s / `RangeError`s too.
  */
 export interface OncelyError extends Error {
   code: CodeName
@@ -133,6 +137,38 @@ export interface OncelyError extends Error {
   typeName?: string
 }
 
+/** An error class of oncely: `instanceof` checks the error's `kind`. */
+export interface OncelyErrorClass<K extends OncelyErrorKind = OncelyErrorKind> {
+  new (message: string, props?: Record<string, unknown>): OncelyError & { kind: K }
+  /** The kinds this class stands for. */
+  readonly kinds: readonly K[]
+  [Symbol.hasInstance](value: unknown): value is OncelyError & { kind: K }
+}
+/** The root class: every error oncely throws (Python `oncely.OncelyError`). */
+export declare const OncelyError: OncelyErrorClass
+/** `invalid_argument` or `missing_key`: a bad setting or argument (`field` names it). */
+export declare const InvalidArgumentError: OncelyErrorClass<'invalid_argument' | 'missing_key'>
+/** An idempotency key that is malformed or missing. */
+export declare const InvalidKeyError: OncelyErrorClass<'invalid_argument' | 'missing_key'>
+/** `missing_key`. */
+export declare const MissingKeyError: OncelyErrorClass<'missing_key'>
+/** `fingerprint_mismatch` (422). */
+export declare const FingerprintMismatchError: OncelyErrorClass<'fingerprint_mismatch'>
+/** `in_progress` (409 + Retry-After; `retryAfterMs`). */
+export declare const InProgressError: OncelyErrorClass<'in_progress'>
+/** `lease_lost` (409). */
+export declare const LeaseLostError: OncelyErrorClass<'lease_lost'>
+/** `capacity` (503; `maxEntries`). */
+export declare const CapacityError: OncelyErrorClass<'capacity'>
+/** `unavailable` (503). */
+export declare const StoreUnavailableError: OncelyErrorClass<'unavailable'>
+/** `leader_panicked` (500). */
+export declare const LeaderPanickedError: OncelyErrorClass<'leader_panicked'>
+/** `reentrant` (500; `key`). */
+export declare const ReentrantCallError: OncelyErrorClass<'reentrant'>
+/** `result_not_stored` (500; `key`, `typeName`). */
+export declare const ResultNotStoredError: OncelyErrorClass<'result_not_stored'>
+
 /** Properties `retry` adds to the last error (when it is an object) before rethrowing it. */
 export interface RetryErrorInfo {
   /** How many attempts were made (Rust `RetryError::attempts`, Python `exc.attempts`). */
@@ -141,6 +177,8 @@ export interface RetryErrorInfo {
   attemptNumber: number
   /** Why the loop stopped. */
   stopReason: StopReason
+  /** Why the loop stopped, in words: `oncely: gave up after 1 attempt (not_retryable: … (rule conflict_needs_reread))` (Python: the exception's note; Rust: `RetryError`'s Display). */
+  whyStopped: string
 }
 
 /** A failure in the core's terms: the code, and the server's delay if any. */
@@ -164,17 +202,30 @@ export type ClassifyResult =
   | undefined
   | null
 
-/** What `retry` tells the action about its attempt. */
-export interface AttemptInfo {
-  /** 1 for the first attempt. */
-  readonly attempt: number
+/**
+ * What `retry` tells the action about its attempt: the same shape as Rust's `Attempt`
+ * and Python's `Attempt` (`number`, the remaining time, `previousAttempts`). It converts
+ * to its number (`attempt < 3`), but is an object: compare `attempt.number`.
+ */
+export declare class Attempt {
+  private constructor()
+  /** 1 for the first attempt, 2 for the first retry, … */
+  readonly number: number
+  /** Milliseconds left before the deadline (`Infinity` without one): a per-attempt timeout to forward. */
+  readonly remainingMs: number
+  /** Attempts made before this one (a `grpc-previous-rpc-attempts` header). */
+  readonly previousAttempts: number
   /** The caller's signal, to forward (e.g. to `fetch`). */
   readonly signal: AbortSignal | undefined
   /** The deadline of the whole call, if any. */
   readonly deadline: Deadline | undefined
-  /** Milliseconds left before the deadline (`Infinity` without one): a per-attempt timeout to forward. */
-  readonly remainingMs: number
+  /** @deprecated Use `number`. */
+  readonly attempt: number
+  valueOf(): number
 }
+
+/** @deprecated The second argument of the action is the same `Attempt`. */
+export type AttemptInfo = Attempt
 
 /** What `onRetry` sees before each retry. */
 export interface RetryEvent {
@@ -221,12 +272,12 @@ export interface RetryOptions {
 }
 
 /**
- * Calls `fn(attempt, info)` until it succeeds or the core says stop (SPEC §4): the
+ * Calls `fn(attempt)` (an `Attempt`) until it succeeds or the core says stop (SPEC §4): the
  * error must be retryable, attempts left, the deadline room for another attempt after
  * the delay, the budget room. The last error is rethrown unchanged, with
  * `attempts` and `stopReason` added when it is an object.
  */
-export declare function retry<T>(fn: (attempt: number, info: AttemptInfo) => T | PromiseLike<T>, options?: RetryOptions): Promise<T>
+export declare function retry<T>(fn: (attempt: Attempt, info: Attempt) => T | PromiseLike<T>, options?: RetryOptions): Promise<T>
 
 /**
  * The failure an error stands for, by the core's extraction rules (SPEC §3): fetch

@@ -52,6 +52,90 @@ function invalid(Ctor, field, message) {
   return e
 }
 
+// ---------------------------------------------------------------------------------------
+// Error classes. Every error oncely throws is an `OncelyError` (`err instanceof
+// OncelyError`), and an instance of the class of its kind (`InProgressError`, …). Bad
+// arguments stay `TypeError`s / `RangeError`s as well, so membership is decided by the
+// error's `kind` (the one name of an error in Rust, Python and Node) together with its
+// `code` and `httpStatus`, not by its prototype: errors made by the native side, by this
+// file and by another copy of the package all answer alike.
+// ---------------------------------------------------------------------------------------
+
+const ERROR_KINDS = new Map(native.errorKinds().map((k) => [k.kind, k]))
+
+function isOncelyError(v) {
+  return v instanceof Error && typeof v.kind === 'string' && ERROR_KINDS.has(v.kind) && typeof v.code === 'string' && typeof v.httpStatus === 'number'
+}
+
+/** The root of every error oncely throws: `code` (gRPC code name), `kind`, `httpStatus`. */
+class OncelyError extends Error {
+  /** The kinds this class stands for. */
+  static kinds = [...ERROR_KINDS.keys()]
+  constructor(message, props) {
+    super(message)
+    const kind = new.target.kinds[0]
+    const facts = ERROR_KINDS.get(kind)
+    this.name = new.target.name
+    this.code = facts.code
+    this.kind = kind
+    this.httpStatus = facts.httpStatus
+    if (props !== undefined) Object.assign(this, props)
+  }
+  static [Symbol.hasInstance](v) {
+    return isOncelyError(v) && this.kinds.includes(v.kind) && (this.matches === undefined || this.matches(v))
+  }
+}
+/** A setting or argument out of range or of the wrong type (also a `TypeError` or `RangeError`); `field` names it. */
+class InvalidArgumentError extends OncelyError {
+  static kinds = ['invalid_argument', 'missing_key']
+}
+/** An idempotency key that is not `[A-Za-z0-9_-]{8,64}`, or missing. */
+class InvalidKeyError extends InvalidArgumentError {
+  static kinds = ['invalid_argument', 'missing_key']
+  static matches(v) {
+    return v.kind === 'missing_key' || v.field === 'idempotencyKey'
+  }
+  constructor(message, props) {
+    super(message, { field: 'idempotencyKey', ...props })
+  }
+}
+/** A write without an idempotency key. */
+class MissingKeyError extends InvalidKeyError {
+  static kinds = ['missing_key']
+}
+/** One key reused with different request parameters (422). */
+class FingerprintMismatchError extends OncelyError {
+  static kinds = ['fingerprint_mismatch']
+}
+/** A call with this key is still running (409 + Retry-After); `retryAfterMs`. */
+class InProgressError extends OncelyError {
+  static kinds = ['in_progress']
+}
+/** The leader's claim on a key was taken over; its result was not stored (409). */
+class LeaseLostError extends OncelyError {
+  static kinds = ['lease_lost']
+}
+/** The store is full of running operations (503); `maxEntries`. */
+class CapacityError extends OncelyError {
+  static kinds = ['capacity']
+}
+/** The store could not be reached; nothing was executed (503). */
+class StoreUnavailableError extends OncelyError {
+  static kinds = ['unavailable']
+}
+/** The call this one waited for failed without an error to share (500). */
+class LeaderPanickedError extends OncelyError {
+  static kinds = ['leader_panicked']
+}
+/** An action called `execute` with the key it is leading (500); `key`. */
+class ReentrantCallError extends OncelyError {
+  static kinds = ['reentrant']
+}
+/** The operation ran, but its result could not be stored (500); `key`, `typeName`. */
+class ResultNotStoredError extends OncelyError {
+  static kinds = ['result_not_stored']
+}
+
 function typeName(v) {
   if (v === null) return 'null'
   try {
@@ -289,10 +373,16 @@ function sleep(ms, signal) {
   })
 }
 
-/** What the action is told about its attempt. */
-class AttemptInfo {
-  constructor(attempt, signal, deadline) {
-    this.attempt = attempt
+/**
+ * What the action is told about its attempt, the same shape as Rust's `Attempt` and
+ * Python's `Attempt`: `number` (1 for the first), `remainingMs` before the deadline
+ * (`Infinity` without one) and `previousAttempts`; also the caller's `signal` and the
+ * `deadline`. It converts to its number (`attempt < 3`, `` `${attempt}` ``), and is also
+ * passed as the second argument, where earlier versions gave the attempt's details.
+ */
+class Attempt {
+  constructor(number, signal, deadline) {
+    this.number = number
     this.signal = signal
     this.deadline = deadline
   }
@@ -300,13 +390,31 @@ class AttemptInfo {
   get remainingMs() {
     return this.deadline === undefined ? Infinity : this.deadline.remainingMs
   }
+  /** Attempts made before this one (for a `grpc-previous-rpc-attempts` header). */
+  get previousAttempts() {
+    return this.number - 1
+  }
+  /** @deprecated The same as `number`. */
+  get attempt() {
+    return this.number
+  }
+  valueOf() {
+    return this.number
+  }
+  toString() {
+    return String(this.number)
+  }
+  [Symbol.toPrimitive]() {
+    return this.number
+  }
 }
 
-function annotate(error, attempt, reason) {
+function annotate(error, attempt, reason, why) {
   if (error !== null && (typeof error === 'object' || typeof error === 'function')) {
     try {
       error.attempts = attempt
       error.stopReason = reason
+      error.whyStopped = `oncely: gave up after ${attempt} attempt${attempt === 1 ? '' : 's'} (${why})`
       // The name before `attempts` (deprecated).
       error.attemptNumber = attempt
     } catch {
@@ -339,7 +447,7 @@ function retryOptions(options) {
 const NO_OPTIONS = Object.freeze({ safe: false, rereads: false, transientInternal: false })
 
 /**
- * Calls `fn(attempt, info)` until it succeeds or the core says stop (SPEC §4); the
+ * Calls `fn(attempt)` (an `Attempt`) until it succeeds or the core says stop (SPEC §4); the
  * last error is rethrown unchanged, with `attempts` and `stopReason` added.
  */
 async function retry(fn, options) {
@@ -351,16 +459,17 @@ async function retry(fn, options) {
   let attempt = 1
   for (;;) {
     try {
-      if (signal === undefined) return await fn(attempt, new AttemptInfo(attempt, signal, o.deadline))
+      const a = new Attempt(attempt, signal, o.deadline)
+      if (signal === undefined) return await fn(a, a)
       // With a signal, an abort ends the call at once, even while an attempt runs.
-      return await abortable(Promise.resolve(fn(attempt, new AttemptInfo(attempt, signal, o.deadline))), signal)
+      return await abortable(Promise.resolve(fn(a, a)), signal)
     } catch (error) {
       if (signal !== undefined && signal.aborted) throw signal.reason
       if (state === null) state = newState(o)
       const f = o.classify === undefined ? extract(error, o.reasons) : fromUser(o.classify(error), error, o.reasons)
       const delay = state.onFailure(f.code, f.delayMs, f.doNotRetry, f.pushback, f.retryAfter)
       if (delay < 0) {
-        annotate(error, attempt, state.stopReason)
+        annotate(error, attempt, state.stopReason, state.whyStopped)
         throw error
       }
       if (o.onRetry !== undefined) o.onRetry({ attempt, delayMs: delay, error, rule: state.rule, reason: state.rule, code: f.code })
@@ -758,9 +867,7 @@ class IdempotencyStore {
  * unavailable, …), or `undefined` for any other error.
  */
 function httpStatusOf(err) {
-  if (err === null || typeof err !== 'object') return undefined
-  const s = err.httpStatus
-  return typeof s === 'number' && typeof err.kind === 'string' ? s : undefined
+  return isOncelyError(err) ? err.httpStatus : undefined
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1080,6 +1187,7 @@ module.exports = {
   failureOf,
   codeOf,
   retry,
+  Attempt,
   // keys and fingerprints
   newKey: native.newKey,
   deriveKey: native.deriveKey,
@@ -1091,6 +1199,19 @@ module.exports = {
   headers,
   httpStatus,
   httpStatusOf,
+  // the errors
+  OncelyError,
+  InvalidArgumentError,
+  InvalidKeyError,
+  MissingKeyError,
+  FingerprintMismatchError,
+  InProgressError,
+  LeaseLostError,
+  CapacityError,
+  StoreUnavailableError,
+  LeaderPanickedError,
+  ReentrantCallError,
+  ResultNotStoredError,
   // the dedup store
   IdempotencyStore,
   RedisStore,

@@ -257,6 +257,11 @@ export declare class RetryState {
   get attempt(): number
   /** Why the loop stopped, after `onFailure` returned -1. */
   get stopReason(): string | null
+  /**
+   * Why the loop stopped, in words (the stop reason, then its cause; for
+   * `not_retryable` the rule of the last failure), after `onFailure` returned -1.
+   */
+  get whyStopped(): string | null
   /** The classification rule that allowed the last retry. */
   get rule(): string | null
   /** Milliseconds left before the deadline (`null` without one). */
@@ -297,8 +302,12 @@ export interface Classification {
   rule: string
 }
 
-/** Whether a failure with `code` may be retried, and by which rule (SPEC §3). */
-export declare function classify(code: Code | CodeName, facts?: CallFactsOptions): Classification
+/**
+ * Whether a failure with `code` may be retried, and by which rule (SPEC §3). With
+ * `server`, the delay the server asked for counts: ABORTED with a delay is an
+ * in-progress answer, which a safe (keyed) call resends.
+ */
+export declare function classify(code: Code | CodeName, facts?: CallFactsOptions, server?: ServerDelayOptions): Classification
 
 /** The gRPC code an HTTP status means (the table of SPEC §3). */
 export declare function codeFromHttp(status: number): Code
@@ -322,6 +331,22 @@ export declare function deriveKey(businessId: string, operation: string): string
  * `'not_storable'` (the type name), `'user_bytes'` (a Buffer) or `'user_text'`.
  */
 export declare function encodeRecord(kind: string, payload?: string | Buffer): Buffer
+
+/** One kind of oncely error: its stable name, gRPC code name and HTTP status. */
+export interface ErrorKind {
+  /** `invalid_argument`, `missing_key`, … */
+  kind: string
+  /** The gRPC code name (`err.code`). */
+  code: string
+  /** The HTTP status a server answers with it (`err.httpStatus`). */
+  httpStatus: number
+}
+
+/**
+ * Every kind of error oncely throws, with its code and HTTP status (the core's
+ * `Error::kind`, `Error::code`, `Error::http_status`): the error classes of index.js.
+ */
+export declare function errorKinds(): Array<ErrorKind>
 
 /** The failure `extractFailure` found: a code and the server's delay, if any. */
 export interface Extracted {
@@ -632,6 +657,17 @@ export interface RetryPolicyOptions {
  * injectively (`v1:` + percent-encoded parts, see the core's `ScopedKey`).
  */
 export declare function scope(tenant: string, method: string, key: string): string
+
+/** The delay a server asked for with a failure, for `classify`. */
+export interface ServerDelayOptions {
+  /**
+   * Wait this many ms before the next attempt (Retry-After, pushback, RetryInfo,
+   * an in-progress answer's delay).
+   */
+  delayMs?: number
+  /** The server said not to retry. */
+  doNotRetry?: boolean
+}
 
 /** Counts of what a store has done since it was made. */
 export interface StoreCounters {

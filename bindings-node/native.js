@@ -851,6 +851,7 @@ module.exports.codeNames = nativeBinding.codeNames
 module.exports.decodeRecord = nativeBinding.decodeRecord
 module.exports.deriveKey = nativeBinding.deriveKey
 module.exports.encodeRecord = nativeBinding.encodeRecord
+module.exports.errorKinds = nativeBinding.errorKinds
 module.exports.extractFailure = nativeBinding.extractFailure
 module.exports.extractHeaders = nativeBinding.extractHeaders
 module.exports.fingerprintBytes = nativeBinding.fingerprintBytes

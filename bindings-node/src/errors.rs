@@ -106,6 +106,10 @@ pub(crate) fn js_field(core: &str) -> &str {
         "max_entries" => "maxEntries",
         "min_per_sec" => "minPerSec",
         "in_progress_retry_after" => "inProgressRetryAfterMs",
+        "lease" => "leaseMs",
+        "connect_timeout" => "connectTimeoutMs",
+        "io_timeout" => "ioTimeoutMs",
+        "poll_interval" => "pollIntervalMs",
         "idempotency_key" => "idempotencyKey",
         "business_id" => "businessId",
         "retry_after" => "retryAfter",
@@ -115,6 +119,10 @@ pub(crate) fn js_field(core: &str) -> &str {
 }
 
 /// A `TypeError` for an argument or option of the wrong type.
+/// How Node names the core's settings (camelCase, durations in ms) in the core's messages.
+pub(crate) const NAMING: oncely::Naming =
+    oncely::Naming::new(js_field, oncely::DurationUnit::Milliseconds);
+
 pub(crate) fn type_error(env: sys::napi_env, field: &str, message: &str) -> napi::Error {
     throw(
         env,
@@ -270,4 +278,51 @@ pub fn js_error_status() -> JsErrorStatus {
         invalid_argument: invalid_argument_status(),
         unavailable: f64::from(oncely::Error::Unavailable(String::new()).http_status()),
     }
+}
+
+/// One kind of oncely error: its stable name, gRPC code name and HTTP status.
+#[napi_derive::napi(object)]
+pub struct ErrorKind {
+    /// `invalid_argument`, `missing_key`, …
+    pub kind: String,
+    /// The gRPC code name (`err.code`).
+    pub code: String,
+    /// The HTTP status a server answers with it (`err.httpStatus`).
+    pub http_status: f64,
+}
+
+/// Every kind of error oncely throws, with its code and HTTP status (the core's
+/// `Error::kind`, `Error::code`, `Error::http_status`): the error classes of index.js.
+#[napi_derive::napi]
+pub fn error_kinds() -> Vec<ErrorKind> {
+    use oncely::Error;
+    use std::time::Duration;
+    let samples = [
+        Error::InvalidArgument {
+            field: "",
+            reason: String::new(),
+        },
+        Error::MissingKey,
+        Error::FingerprintMismatch,
+        Error::InProgress {
+            retry_after: Duration::ZERO,
+        },
+        Error::LeaseLost,
+        Error::Capacity { max_entries: 0 },
+        Error::Unavailable(String::new()),
+        Error::LeaderPanicked(String::new()),
+        Error::Reentrant { key: String::new() },
+        Error::ResultNotStored {
+            key: String::new(),
+            type_name: String::new(),
+        },
+    ];
+    samples
+        .iter()
+        .map(|e| ErrorKind {
+            kind: e.kind().to_owned(),
+            code: e.code().as_str().to_owned(),
+            http_status: f64::from(e.http_status()),
+        })
+        .collect()
 }

@@ -108,7 +108,7 @@ impl RetryPolicy {
         if let Some(d) = o.millis(c"minAttemptMs", "min_attempt")? {
             p = p.with_min_attempt(d);
         }
-        p.validate().or_throw(raw)?;
+        p.validate_named(&crate::errors::NAMING).or_throw(raw)?;
         Ok(RetryPolicy { inner: p })
     }
 
@@ -305,7 +305,9 @@ impl RetryBudget {
         let min_per_sec = o
             .integer(c"minPerSec", 0.0, f64::from(u32::MAX))?
             .map_or(10, |n| n as u32);
-        let mut budget = oncely::RetryBudget::new(ratio, window, min_per_sec).or_throw(raw)?;
+        let mut budget =
+            oncely::RetryBudget::new_named(ratio, window, min_per_sec, &crate::errors::NAMING)
+                .or_throw(raw)?;
         if let Some(v) = o.get(c"_clock")? {
             let clock = instance::<ManualClock>(env, v, "_clock", "ManualClock")?;
             budget = budget.with_clock(clock.inner.clone());
@@ -444,6 +446,12 @@ impl RetryState {
     pub fn stop_reason(&self) -> Option<&'static str> {
         self.stop.map(StopReason::as_str)
     }
+    /// Why the loop stopped, in words (the stop reason, then its cause; for
+    /// `not_retryable` the rule of the last failure), after `onFailure` returned -1.
+    #[napi(getter)]
+    pub fn why_stopped(&self) -> Option<String> {
+        self.stop.map(|r| self.inner.explain_stop(r))
+    }
     /// The classification rule that allowed the last retry.
     #[napi(getter)]
     pub fn rule(&self) -> Option<&'static str> {
@@ -522,9 +530,30 @@ pub struct CallFactsOptions {
     pub transient_internal: Option<bool>,
 }
 
-/// Whether a failure with `code` may be retried, and by which rule (SPEC §3).
-#[napi(ts_args_type = "code: Code | CodeName, facts?: CallFactsOptions")]
-pub fn classify(env: &Env, code: Unknown<'_>, facts: Unknown<'_>) -> Result<Classification> {
+/// The delay a server asked for with a failure, for `classify`.
+// Read by hand (`Options`), declared for the generated typings only.
+#[allow(dead_code)]
+#[napi(object)]
+pub struct ServerDelayOptions {
+    /// Wait this many ms before the next attempt (Retry-After, pushback, RetryInfo,
+    /// an in-progress answer's delay).
+    pub delay_ms: Option<f64>,
+    /// The server said not to retry.
+    pub do_not_retry: Option<bool>,
+}
+
+/// Whether a failure with `code` may be retried, and by which rule (SPEC §3). With
+/// `server`, the delay the server asked for counts: ABORTED with a delay is an
+/// in-progress answer, which a safe (keyed) call resends.
+#[napi(
+    ts_args_type = "code: Code | CodeName, facts?: CallFactsOptions, server?: ServerDelayOptions"
+)]
+pub fn classify(
+    env: &Env,
+    code: Unknown<'_>,
+    facts: Unknown<'_>,
+    server: Unknown<'_>,
+) -> Result<Classification> {
     let raw = env.raw();
     let code = code_arg(raw, code.raw(), "code")?;
     let o = Options::new(
@@ -538,7 +567,21 @@ pub fn classify(env: &Env, code: Unknown<'_>, facts: Unknown<'_>) -> Result<Clas
         rereads: o.boolean(c"rereads")?.unwrap_or(false),
         transient_internal: o.boolean(c"transientInternal")?.unwrap_or(false),
     };
-    let c = oncely::classify(code, facts);
+    let server = Options::new(
+        raw,
+        server.raw(),
+        "server delay",
+        &["delayMs", "doNotRetry"],
+    )?;
+    let mut failure = Failure::new(code);
+    if server.boolean(c"doNotRetry")? == Some(true) {
+        failure = failure.with_server_delay(ServerDelay::DoNotRetry);
+    } else if let Some(d) = server.number(c"delayMs")? {
+        failure = failure.with_server_delay(ServerDelay::After(
+            oncely::duration_from_millis_f64("delayMs", d).or_throw(raw)?,
+        ));
+    }
+    let c = oncely::classify_failure(failure, facts);
     Ok(Classification {
         retryable: c.retryable,
         rule: c.rule.as_str().to_owned(),

@@ -593,7 +593,7 @@ impl NativeRedisStore {
                 ))
             }
         };
-        let mut b = Store::builder(url);
+        let mut b = Store::builder(url).naming(errors::NAMING);
         if let Some(v) = o.get(c"prefix")? {
             b = b.prefix(convert::string(raw, v, "prefix", SHORT_STRING_MAX)?);
         }

@@ -473,7 +473,7 @@ impl NativeStore {
                 "_clock",
             ],
         )?;
-        let mut b = Store::builder();
+        let mut b = Store::builder().naming(crate::errors::NAMING);
         if let Some(ttl) = o.millis(c"ttlMs", "ttl")? {
             b = b.ttl(ttl);
         }

@@ -204,3 +204,78 @@ test('a revoked proxy or a non-string reason is refused with the field named', a
   }
   assert.equal(new ReasonCodes().resolve('RATE_LIMITED'), oncely.Code.RESOURCE_EXHAUSTED)
 })
+
+test('every error oncely throws is an OncelyError and of its kind\'s class; httpStatusOf gives its status', async () => {
+  const caught = (fn) => {
+    try {
+      fn()
+    } catch (e) {
+      return e
+    }
+    throw new Error('no error')
+  }
+  const store = new oncely.IdempotencyStore()
+  const k = oncely.scope('acme', 'Charge', oncely.newKey())
+  await store.execute(k, 'fp', () => 1)
+  const mismatch = await store.execute(k, 'other', () => 2).catch((e) => e)
+  const k2 = oncely.scope('acme', 'Charge', oncely.newKey())
+  let release
+  const running = store.execute(k2, 'fp', () => new Promise((r) => (release = r)))
+  const busy = await store.execute(k2, 'fp', () => 3, { wait: false }).catch((e) => e)
+  release()
+  await running
+  const cases = [
+    [caught(() => oncely.validateKey('short')), 'InvalidKeyError', 400],
+    [caught(() => oncely.validateKey('bad key!')), 'InvalidKeyError', 400],
+    [caught(() => oncely.validateKey('')), 'MissingKeyError', 400],
+    [caught(() => oncely.scope('acme', 'Charge', 7)), 'InvalidArgumentError', 400],
+    [caught(() => new RetryPolicy({ jitter: 2 })), 'InvalidArgumentError', 400],
+    [mismatch, 'FingerprintMismatchError', 422],
+    [busy, 'InProgressError', 409],
+  ]
+  for (const [e, cls, status] of cases) {
+    assert.ok(e instanceof oncely.OncelyError, `${e.message} is an OncelyError`)
+    assert.ok(e instanceof oncely[cls], `${e.message} is a ${cls}`)
+    assert.ok(e instanceof Error)
+    assert.equal(oncely.httpStatusOf(e), status, e.message)
+  }
+  // Bad arguments stay TypeError / RangeError.
+  assert.ok(cases[3][0] instanceof TypeError && cases[4][0] instanceof RangeError)
+  assert.ok(!(mismatch instanceof oncely.InProgressError) && !(busy instanceof oncely.InvalidArgumentError))
+  assert.ok(!(cases[4][0] instanceof oncely.InvalidKeyError), 'a bad policy is not a bad key')
+  // Other errors are not oncely's.
+  for (const other of [new Error('x'), Object.assign(new Error('y'), { code: 'ECONNRESET' }), Object.assign(new Error('z'), { kind: 'capacity', code: 'X' }), null, 'text']) {
+    assert.ok(!(other instanceof oncely.OncelyError))
+    assert.equal(oncely.httpStatusOf(other), undefined)
+  }
+  // Made by hand: the class's kind, code and status.
+  const made = new oncely.StoreUnavailableError('down', { key: 'k' })
+  assert.deepEqual([made.kind, made.code, made.httpStatus, made.name, made.key], ['unavailable', 'UNAVAILABLE', 503, 'StoreUnavailableError', 'k'])
+  assert.ok(made instanceof oncely.OncelyError && made instanceof oncely.StoreUnavailableError)
+  for (const [cls, status] of [['LeaseLostError', 409], ['CapacityError', 503], ['LeaderPanickedError', 500], ['ReentrantCallError', 500], ['ResultNotStoredError', 500]]) {
+    assert.equal(oncely.httpStatusOf(new oncely[cls]('x')), status, cls)
+  }
+})
+
+test('messages use the option name and unit of Node, with an example of a valid value', () => {
+  const message = (fn) => {
+    try {
+      fn()
+    } catch (e) {
+      return [e.field, e.message]
+    }
+    throw new Error('no error')
+  }
+  const url = 'redis://127.0.0.1:1/0'
+  assert.deepEqual(message(() => new oncely.RedisStore({ url, leaseMs: 0 })), ['leaseMs', 'invalid leaseMs: must be at least 30 (milliseconds), e.g. 30000, got 0'])
+  assert.deepEqual(message(() => new oncely.RedisStore({ url, leaseMs: 60, ioTimeoutMs: 1000 })), [
+    'leaseMs',
+    'invalid leaseMs: must be at least 3 × ioTimeoutMs (1000 (milliseconds)), got 60: a renewal that times out must leave time for another before the lease runs out (raise leaseMs or lower ioTimeoutMs)',
+  ])
+  assert.deepEqual(message(() => new oncely.IdempotencyStore({ ttlMs: 0 })), ['ttlMs', 'invalid ttlMs: must be greater than 0 (milliseconds), e.g. 86400000 (a day), got 0'])
+  assert.deepEqual(message(() => new RetryPolicy({ baseDelayMs: 2000, maxDelayMs: 1000 })), ['baseDelayMs', 'invalid baseDelayMs: must not exceed maxDelayMs (1000 (milliseconds)), got 2000'])
+  assert.deepEqual(message(() => new RetryBudget({ windowMs: 1 })), ['windowMs', 'invalid windowMs: must be at least 10 (milliseconds), e.g. 10000, got 1'])
+  const [field, text] = message(() => new oncely.RedisStore({ url: 'localhost:6379' }))
+  assert.equal(field, 'url')
+  assert.match(text, /expected redis:\/\/host:6379\/0/)
+})

@@ -72,7 +72,11 @@ for (const [name, store] of [
       const again = await s.create({ sku: 'A1' }, 'order-0001')
       assert.deepEqual(again.value, { id: 1, sku: 'A1' })
       assert.equal(replayedOf(again), 'true')
-      assert.equal((await s.create({ sku: 'A1' })).error.code, grpc.status.INVALID_ARGUMENT)
+      const missing = (await s.create({ sku: 'A1' })).error
+      assert.equal(missing.code, grpc.status.INVALID_ARGUMENT)
+      // A gRPC server names its key: the metadata, not the HTTP header.
+      assert.match(missing.details, /^write operations require x-idempotency-key metadata/)
+      assert.doesNotMatch(missing.details, /Idempotency-Key header/)
       assert.equal((await s.create({ sku: 'A1' }, 'bad key!')).error.code, grpc.status.INVALID_ARGUMENT)
       assert.equal((await s.create({ sku: 'B2' }, 'order-0001')).error.code, grpc.status.FAILED_PRECONDITION)
       assert.equal(s.calls(), 1)

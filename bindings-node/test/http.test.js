@@ -92,7 +92,7 @@ test('a fetch client retrying with one key through a dropped response: exactly o
     const retries = []
     const result = await retry(
       async (attempt, info) => {
-        attempts.push(attempt)
+        attempts.push(attempt.number)
         const res = await fetch(srv.url, {
           method: 'POST',
           headers: { 'content-type': 'application/json', [headers.idempotencyKey]: key },

@@ -16,11 +16,11 @@ const failing = (make) => async () => {
 test('success at the first attempt: the value, one call, attempt 1', async () => {
   const seen = []
   const v = await retry(async (attempt, info) => {
-    seen.push([attempt, info.attempt, info.remainingMs, info.signal])
+    seen.push([attempt.number, attempt.previousAttempts, attempt.remainingMs, attempt.signal, info === attempt, info.attempt])
     return 'ok'
   })
   assert.equal(v, 'ok')
-  assert.deepEqual(seen, [[1, 1, Infinity, undefined]])
+  assert.deepEqual(seen, [[1, 0, Infinity, undefined, true, 1]])
   assert.equal(await retry(() => 'not a promise'), 'not a promise')
 })
 
@@ -28,13 +28,14 @@ test('retries a safe UNAVAILABLE, then succeeds; the action is told its attempt'
   const attempts = []
   const v = await retry(
     async (attempt) => {
-      attempts.push(attempt)
+      attempts.push(attempt.number)
+      // An Attempt converts to its number where a number was used before.
       if (attempt < 3) throw sysErr('ECONNRESET')
-      return attempt
+      return `${attempt}`
     },
     { safe: true, policy: instant },
   )
-  assert.equal(v, 3)
+  assert.equal(v, '3')
   assert.deepEqual(attempts, [1, 2, 3])
 })
 
@@ -381,4 +382,59 @@ test('one name per fact: err.attempts, err.stopReason, event.rule (old names kep
   )
   assert.equal(events.length, 1)
   assert.deepEqual([events[0].attempt, events[0].rule, events[0].reason], [1, 'transient_safe', 'transient_safe'])
+})
+
+test('an in-progress answer is resent by a keyed (safe) call after its delay; the store replays the first result', async () => {
+  const store = new oncely.IdempotencyStore({ inProgressRetryAfterMs: 20 })
+  const k = oncely.scope('acme', 'Charge', oncely.newKey())
+  let release
+  const leader = store.execute(k, 'fp', () => new Promise((r) => (release = r)))
+  const rules = []
+  const client = retry(() => store.execute(k, 'fp', () => 'never', { wait: false }), {
+    safe: true,
+    policy: { maxAttempts: 50, baseDelayMs: 0, maxDelayMs: 0 },
+    onRetry: (e) => rules.push(e.rule),
+  })
+  setTimeout(() => release('charged'), 60)
+  const [first, replay] = await Promise.all([leader, client])
+  assert.deepEqual([first.value, replay.value, replay.replayed], ['charged', 'charged', true])
+  assert.ok(rules.length >= 1 && rules.every((r) => r === 'in_progress_keyed'), rules.join())
+})
+
+test('an in-progress answer is not resent by a call that is not safe; whyStopped says why', async () => {
+  const busy = Object.assign(new Error('busy'), { code: 'ABORTED', retryAfterMs: 10 })
+  let calls = 0
+  const err = await retry(async () => {
+    calls++
+    throw busy
+  }, { policy: instant }).catch((e) => e)
+  assert.equal(err, busy)
+  assert.equal(calls, 1)
+  assert.equal(err.stopReason, 'not_retryable')
+  assert.match(err.whyStopped, /^oncely: gave up after 1 attempt \(not_retryable: a conflict \(ABORTED\)/)
+  assert.match(err.whyStopped, /\(rule conflict_needs_reread\)\)$/)
+  const spent = await retry(failing(() => sysErr('ECONNRESET')), { safe: true, policy: instant }).catch((e) => e)
+  assert.match(spent.whyStopped, /^oncely: gave up after 3 attempts \(attempts_exhausted: /)
+  // classify counts the server's delay: ABORTED with one is the in-progress answer.
+  assert.equal(oncely.classify('ABORTED', { safe: true }, { delayMs: 1000 }).rule, 'in_progress_keyed')
+  assert.equal(oncely.classify('ABORTED', { safe: true }).rule, 'conflict_needs_reread')
+})
+
+test('the action gets one Attempt: number, remainingMs and previousAttempts, as in Rust and Python', async () => {
+  const clock = new ManualClock()
+  const seen = []
+  await retry(
+    async (attempt) => {
+      assert.ok(attempt instanceof oncely.Attempt)
+      seen.push([attempt.number, attempt.previousAttempts, attempt.remainingMs])
+      clock.advance(100)
+      if (attempt.number < 3) throw sysErr('ECONNRESET')
+    },
+    { safe: true, policy: instant, deadline: new Deadline(1000, clock), _clock: clock },
+  )
+  assert.deepEqual(seen, [
+    [1, 0, 1000],
+    [2, 1, 900],
+    [3, 2, 800],
+  ])
 })

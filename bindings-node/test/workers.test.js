@@ -15,7 +15,7 @@ const o = require(workerData.pkg)
   const k = o.scope('a', 'b', o.newKey())
   const calls = []
   const rs = await Promise.all(Array.from({ length: 100 }, () => store.execute(k, 'fp', async () => { calls.push(1); await new Promise((r) => setTimeout(r, 5)); return { v: 1 } })))
-  const v = await o.retry(async (a) => { if (a < 2) throw Object.assign(new Error(), { code: 'ECONNRESET' }); return a }, { safe: true, policy: { baseDelayMs: 0, maxDelayMs: 0 } })
+  const v = await o.retry(async (a) => { if (a.number < 2) throw Object.assign(new Error(), { code: 'ECONNRESET' }); return a.number }, { safe: true, policy: { baseDelayMs: 0, maxDelayMs: 0 } })
   if (workerData.leavePending) {
     for (let i = 0; i < 50; i++) {
       const p = o.scope('a', 'b', o.newKey())

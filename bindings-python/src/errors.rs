@@ -2,7 +2,6 @@
 //! of `oncely.errors` (defined in Python, so that `InvalidArgumentError` can also be a
 //! `ValueError`).
 
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
@@ -105,14 +104,37 @@ pub fn invalid(py: Python<'_>, field: &'static str, reason: impl Into<String>) -
     )
 }
 
-/// A `TypeError` naming the argument and the type it got.
+/// An `ArgumentTypeError` (an `InvalidArgumentError` that is also a `TypeError`)
+/// naming the argument, the type it wants and the type it got.
 pub fn wrong_type(field: &str, expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
-    let got = got
+    let py = got.py();
+    let name = got
         .get_type()
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "?".to_owned());
-    PyTypeError::new_err(format!("{field} must be {expected}, not {got}"))
+    let message = format!("{field} must be {expected}, not {name}");
+    let build = || -> PyResult<PyErr> {
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("field", field)?;
+        let exc = class!(py, "ArgumentTypeError")?.call((message.as_str(),), Some(&kwargs))?;
+        let sample = Error::InvalidArgument {
+            field: "",
+            reason: String::new(),
+        };
+        exc.setattr("kind", sample.kind())?;
+        exc.setattr("http_status", sample.http_status())?;
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|e| e)
+}
+
+/// A `str` argument; anything else is a [`wrong_type`] error naming `field`.
+pub fn text(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<String> {
+    match obj.cast::<pyo3::types::PyString>() {
+        Ok(s) => s.extract::<String>(),
+        Err(_) => Err(wrong_type(field, "a str", obj)),
+    }
 }
 
 /// Maps a core result into a Python one.
@@ -124,5 +146,33 @@ pub trait IntoPyResult<T> {
 impl<T> IntoPyResult<T> for Result<T, Error> {
     fn py(self, py: Python<'_>) -> PyResult<T> {
         self.map_err(|e| to_py(py, e))
+    }
+}
+
+/// A `bool` argument (absent or `None`: `default`); anything else is a [`wrong_type`]
+/// error naming `field`.
+pub fn flag(obj: Option<&Bound<'_, PyAny>>, field: &str, default: bool) -> PyResult<bool> {
+    match obj {
+        None => Ok(default),
+        Some(o) => match o.cast::<pyo3::types::PyBool>() {
+            Ok(b) => Ok(b.is_true()),
+            Err(_) => Err(wrong_type(field, "a bool", o)),
+        },
+    }
+}
+
+/// An argument that must be an instance of the class `T` (absent or `None`: `None`);
+/// anything else is a [`wrong_type`] error naming `field`.
+pub fn instance<'a, 'py, T: pyo3::PyTypeInfo>(
+    obj: Option<&'a Bound<'py, PyAny>>,
+    field: &str,
+    expected: &str,
+) -> PyResult<Option<&'a Bound<'py, T>>> {
+    match obj {
+        None => Ok(None),
+        Some(o) => o
+            .cast::<T>()
+            .map(Some)
+            .map_err(|_| wrong_type(field, expected, o)),
     }
 }

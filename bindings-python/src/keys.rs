@@ -32,7 +32,7 @@ pub fn derive_key(
 /// `MissingKeyError` for the empty string) otherwise.
 #[pyfunction]
 pub fn validate_key(py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<String> {
-    IdempotencyKey::parse(&text(py, "idempotency_key", key)?)
+    IdempotencyKey::parse(&text(py, "key", key)?)
         .map(|k| k.as_str().to_owned())
         .py(py)
 }
@@ -69,7 +69,7 @@ pub fn scope(
     key: &Bound<'_, PyAny>,
 ) -> PyResult<ScopedKey> {
     // The key is checked first, then the tenant, then the method (SPEC §5).
-    let key = IdempotencyKey::parse(&text(py, "idempotency_key", key)?).py(py)?;
+    let key = IdempotencyKey::parse(&text(py, "key", key)?).py(py)?;
     let tenant = text(py, "tenant", tenant)?;
     let method = text(py, "method", method)?;
     CoreScopedKey::new(&tenant, &method, &key)

@@ -290,10 +290,10 @@ impl PyRedisStore {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        url: &str,
+        url: &Bound<'_, PyAny>,
         lease: Option<&Bound<'_, PyAny>>,
         ttl: Option<&Bound<'_, PyAny>>,
-        prefix: Option<&str>,
+        prefix: Option<&Bound<'_, PyAny>>,
         connect_timeout: Option<&Bound<'_, PyAny>>,
         io_timeout: Option<&Bound<'_, PyAny>>,
         workers: Option<&Bound<'_, PyAny>>,
@@ -317,15 +317,16 @@ impl PyRedisStore {
                 "dumps and loads go together: give both or neither",
             ));
         }
-        let mut b = Store::builder(url);
+        let mut b =
+            Store::builder(crate::errors::text(url, "url")?).naming(oncely::Naming::SECONDS);
         if let Some(d) = opt_seconds(py, "lease", lease)? {
             b = b.lease(d);
         }
         if let Some(d) = opt_seconds(py, "ttl", ttl)? {
             b = b.ttl(d);
         }
-        if let Some(p) = prefix {
-            b = b.prefix(p);
+        if let Some(p) = prefix.filter(|p| !p.is_none()) {
+            b = b.prefix(crate::errors::text(p, "prefix")?);
         }
         if let Some(d) = opt_seconds(py, "connect_timeout", connect_timeout)? {
             b = b.connect_timeout(d);
@@ -352,21 +353,22 @@ impl PyRedisStore {
     /// decoded), a `RedisLease` (run the action, then settle it), None (the leader
     /// went away: begin again), a `(exception, traceback)` tuple (a leader in this
     /// process failed) or an exception object (store error).
-    #[pyo3(signature = (scoped, fingerprint, wait=true))]
+    #[pyo3(signature = (scoped, fingerprint, wait=None))]
     fn begin(
         &self,
         scoped: &Bound<'_, PyAny>,
-        fingerprint: &str,
-        wait: bool,
+        fingerprint: &Bound<'_, PyAny>,
+        wait: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<RedisPending> {
+        let wait = crate::errors::flag(wait, "wait", true)?;
         let key = scoped_key(scoped)?.inner.clone();
+        let fingerprint = crate::errors::text(fingerprint, "fingerprint")?;
         let options = if wait {
             ExecuteOptions::default()
         } else {
             ExecuteOptions::NO_WAIT
         };
         let store = self.inner.clone();
-        let fingerprint = fingerprint.to_owned();
         let (loads, parked) = (self.loads.clone(), self.parked.clone());
         let future = async move {
             let deliver: Deliver = match store.begin(&key, &fingerprint, options).await {

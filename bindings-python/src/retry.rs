@@ -9,7 +9,7 @@ use pyo3::types::{PyString, PyTuple};
 use oncely::{CallFacts, Clock, Code, Decision, Failure as CoreFailure, ServerDelay, SystemClock};
 
 use crate::convert::{finite, int_in, opt_seconds, seconds};
-use crate::errors::{invalid, IntoPyResult};
+use crate::errors::{flag, instance, invalid, IntoPyResult};
 
 /// A gRPC code from a Python int (or `Code` member).
 pub fn code_of(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Code> {
@@ -59,27 +59,34 @@ impl Classification {
     }
 }
 
-/// SPEC §3: may a failure with `code` be retried, given the facts of the call?
+/// SPEC §3: may a failure (a `Failure`, whose server delay counts, or a code) be
+/// retried, given the facts of the call?
 #[pyfunction]
-#[pyo3(signature = (code, *, safe=false, rereads=false, transient_internal=false))]
+#[pyo3(signature = (code, *, safe=None, rereads=None, transient_internal=None))]
 pub fn classify(
     py: Python<'_>,
     code: &Bound<'_, PyAny>,
-    safe: bool,
-    rereads: bool,
-    transient_internal: bool,
+    safe: Option<&Bound<'_, PyAny>>,
+    rereads: Option<&Bound<'_, PyAny>>,
+    transient_internal: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Classification> {
-    let c = oncely::classify(
-        code_of(py, code)?,
-        CallFacts {
-            safe,
-            rereads,
-            transient_internal,
-        },
-    );
+    let c = oncely::classify_failure(failure_of(py, code)?, facts(safe, rereads, transient_internal)?);
     Ok(Classification {
         retryable: c.retryable,
         rule: c.rule.as_str(),
+    })
+}
+
+/// The call facts from the keyword arguments `safe`, `rereads`, `transient_internal`.
+fn facts(
+    safe: Option<&Bound<'_, PyAny>>,
+    rereads: Option<&Bound<'_, PyAny>>,
+    transient_internal: Option<&Bound<'_, PyAny>>,
+) -> PyResult<CallFacts> {
+    Ok(CallFacts {
+        safe: flag(safe, "safe", false)?,
+        rereads: flag(rereads, "rereads", false)?,
+        transient_internal: flag(transient_internal, "transient_internal", false)?,
     })
 }
 
@@ -127,7 +134,7 @@ impl RetryPolicy {
         if let Some(d) = opt_seconds(py, "min_attempt", min_attempt)? {
             p = p.with_min_attempt(d);
         }
-        p.validate().py(py)?;
+        p.validate_named(&oncely::Naming::SECONDS).py(py)?;
         Ok(RetryPolicy { inner: p })
     }
 
@@ -374,7 +381,9 @@ impl RetryBudget {
             Some(m) => int_in(py, "min_per_sec", m, 0, i128::from(u32::MAX))? as u32,
             None => 10,
         };
-        let mut b = oncely::RetryBudget::new(ratio, window, min_per_sec).py(py)?;
+        let mut b =
+            oncely::RetryBudget::new_named(ratio, window, min_per_sec, &oncely::Naming::SECONDS)
+                .py(py)?;
         if let Some(c) = _clock {
             b = b.with_clock(c.get().inner.clone());
         }
@@ -499,30 +508,31 @@ impl Failure {
 pub struct RetryState {
     inner: oncely::RetryState,
     clock: AnyClock,
+    stopped: Option<oncely::StopReason>,
 }
 
 #[pymethods]
 impl RetryState {
     #[new]
-    #[pyo3(signature = (policy=None, *, safe=false, rereads=false, transient_internal=false, deadline=None, budget=None, clock=None))]
+    #[pyo3(signature = (policy=None, *, safe=None, rereads=None, transient_internal=None, deadline=None, budget=None, clock=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        policy: Option<&Bound<'_, RetryPolicy>>,
-        safe: bool,
-        rereads: bool,
-        transient_internal: bool,
+        policy: Option<&Bound<'_, PyAny>>,
+        safe: Option<&Bound<'_, PyAny>>,
+        rereads: Option<&Bound<'_, PyAny>>,
+        transient_internal: Option<&Bound<'_, PyAny>>,
         deadline: Option<&Bound<'_, PyAny>>,
-        budget: Option<&Bound<'_, RetryBudget>>,
-        clock: Option<&Bound<'_, ManualClock>>,
+        budget: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let policy = instance::<RetryPolicy>(policy, "policy", "an oncely.RetryPolicy")?;
+        let budget = instance::<RetryBudget>(budget, "budget", "an oncely.RetryBudget")?;
+        let clock = instance::<ManualClock>(clock, "clock", "an oncely.ManualClock")?;
         let policy = policy.map_or_else(oncely::RetryPolicy::new, |p| p.get().inner);
         let clock = AnyClock::of(clock);
-        let mut state = oncely::RetryState::new(policy).with_facts(CallFacts {
-            safe,
-            rereads,
-            transient_internal,
-        });
+        let facts = facts(safe, rereads, transient_internal)?;
+        let mut state = oncely::RetryState::new(policy).with_facts(facts);
         if let Some(d) = deadline.filter(|d| !d.is_none()) {
             let deadline = if let Ok(d) = d.cast::<Deadline>() {
                 d.get().inner
@@ -537,6 +547,7 @@ impl RetryState {
         Ok(RetryState {
             inner: state,
             clock,
+            stopped: None,
         })
     }
 
@@ -559,11 +570,7 @@ impl RetryState {
         py: Python<'py>,
         failure: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let f = if let Ok(f) = failure.cast::<Failure>() {
-            f.get().inner
-        } else {
-            CoreFailure::new(code_of(py, failure)?)
-        };
+        let f = failure_of(py, failure)?;
         let now = self.clock.now();
         Ok(match self.inner.on_failure(f, now) {
             Decision::Retry { delay, rule } => {
@@ -580,8 +587,25 @@ impl RetryState {
                 )?
                 .into_any()
             }
-            Decision::Stop(reason) => PyString::intern(py, reason.as_str()).into_any(),
+            Decision::Stop(reason) => {
+                self.stopped = Some(reason);
+                PyString::intern(py, reason.as_str()).into_any()
+            }
         })
+    }
+
+    /// Why the loop stopped (the stop reason, then its cause; for `not_retryable` the
+    /// rule of the last failure), or None before a stop.
+    fn why_stopped(&self) -> Option<String> {
+        self.stopped.map(|r| self.inner.explain_stop(r))
+    }
+}
+
+/// A `Failure` as is, or a code (int) as a failure without a server delay.
+fn failure_of(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<CoreFailure> {
+    match obj.cast::<Failure>() {
+        Ok(f) => Ok(f.get().inner),
+        Err(_) => Ok(CoreFailure::new(code_of(py, obj)?)),
     }
 }
 

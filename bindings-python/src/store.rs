@@ -222,7 +222,7 @@ impl PyStore {
         cache_permanent_failures: bool,
         _clock: Option<&Bound<'_, ManualClock>>,
     ) -> PyResult<Self> {
-        let mut b = Store::builder();
+        let mut b = Store::builder().naming(oncely::Naming::SECONDS);
         if let Some(ttl) = opt_seconds(py, "ttl", ttl)? {
             b = b.ttl(ttl);
         }
@@ -256,21 +256,23 @@ impl PyStore {
 
     /// Looks the key up: an `Executed` (replay), a `(exception, traceback)` tuple (a
     /// cached failure), a `Lease` (run the action, then settle it) or a `Join` (wait).
-    #[pyo3(signature = (scoped, fingerprint, wait=true))]
+    #[pyo3(signature = (scoped, fingerprint, wait=None))]
     fn begin(
         &self,
         py: Python<'_>,
         scoped: &Bound<'_, PyAny>,
-        fingerprint: &str,
-        wait: bool,
+        fingerprint: &Bound<'_, PyAny>,
+        wait: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        let wait = crate::errors::flag(wait, "wait", true)?;
         let key = scoped_key(scoped)?;
+        let fingerprint = crate::errors::text(fingerprint, "fingerprint")?;
         let options = if wait {
             ExecuteOptions::default()
         } else {
             ExecuteOptions::NO_WAIT
         };
-        let begun = self.inner.begin(&key.inner, fingerprint, options);
+        let begun = self.inner.begin(&key.inner, &fingerprint, options);
         let out = match begun.py(py)? {
             Begin::Replay(Ok(v)) => executed(py, v.bind(py).unbind(), "replayed"),
             Begin::Replay(Err(f)) => failure_tuple(py, &f),
@@ -333,13 +335,11 @@ impl PyStore {
 
 pub(crate) fn scoped_key<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> PyResult<PyRef<'py, ScopedKey>> {
     obj.extract::<PyRef<'py, ScopedKey>>().map_err(|_| {
-        pyo3::exceptions::PyTypeError::new_err(format!(
-            "scoped must be an oncely.ScopedKey made by oncely.scope(tenant, method, key), not {}",
-            obj.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))
+        crate::errors::wrong_type(
+            "scoped",
+            "an oncely.ScopedKey made by oncely.scope(tenant, method, key)",
+            obj,
+        )
     })
 }
 

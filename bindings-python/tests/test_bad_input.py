@@ -88,7 +88,8 @@ def test_missing_key() -> None:
     with pytest.raises(oncely.MissingKeyError) as info:
         oncely.validate_key("")
     assert info.value.code == Code.INVALID_ARGUMENT
-    assert "x-idempotency-key" in str(info.value)
+    # No protocol is in use here: both names of the key.
+    assert "Idempotency-Key header" in str(info.value) and "x-idempotency-key" in str(info.value)
 
 
 def test_scope_parts() -> None:
@@ -248,3 +249,101 @@ def test_a_lone_surrogate_in_a_header_does_not_hide_the_code() -> None:
     assert oncely.code_of(exc) is Code.UNAVAILABLE
     f = oncely.failure_of(exc)
     assert not isinstance(f, int) and f.do_not_retry  # an unreadable pushback: do not retry
+
+
+def _store_call(store: oncely.IdempotencyStore, scoped: Any, fp: Any) -> Any:
+    return store.execute_sync(scoped, fp, lambda: 1)
+
+
+_K = "order-0001"
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda: oncely.scope("acme", "Charge", None), "key"),
+        (lambda: oncely.scope(None, "Charge", _K), "tenant"),
+        (lambda: oncely.scope("acme", 7, _K), "method"),
+        (lambda: oncely.validate_key(b"order-0001"), "key"),
+        (lambda: oncely.derive_key(None, "charge"), "business_id"),
+        (lambda: oncely.derive_key("order-42", 1.5), "operation"),
+        (lambda: RetryPolicy(max_attempts="3"), "max_attempts"),
+        (lambda: RetryPolicy(base_delay="0.1"), "base_delay"),
+        (lambda: oncely.RetryBudget(window="10"), "window"),
+        (lambda: oncely.IdempotencyStore(ttl="1d"), "ttl"),
+        (lambda: oncely.IdempotencyStore(max_entries=1.5), "max_entries"),
+        (lambda: _store_call(oncely.IdempotencyStore(), "acme/Charge/order-0001", "fp"), "scoped"),
+        (lambda: _store_call(oncely.IdempotencyStore(), oncely.scope("a", "b", _K), None), "fingerprint"),
+        (lambda: oncely.classify(Code.UNAVAILABLE, safe="yes"), "safe"),
+        (lambda: oncely.retry_sync(lambda: 1, budget=3), "budget"),
+        (lambda: oncely.retry_sync(lambda: 1, policy=3, deadline=1.0), "policy"),
+        (lambda: oncely.IdempotencyStore().execute_sync(oncely.scope("a", "b", _K), "fp", lambda: 1, wait="no"), "wait"),
+        (lambda: oncely.RedisStore(None), "url"),  # type: ignore[arg-type]
+        (lambda: oncely.RedisStore("redis://127.0.0.1:1/0", prefix=3), "prefix"),
+    ],
+)
+def test_a_wrong_type_is_an_oncely_type_error_naming_the_argument(call: Any, field: str) -> None:
+    with pytest.raises(oncely.ArgumentTypeError) as info:
+        call()
+    e = info.value
+    assert isinstance(e, TypeError) and isinstance(e, ValueError) and isinstance(e, oncely.OncelyError)
+    assert (e.field, e.code, e.kind, e.http_status) == (field, Code.INVALID_ARGUMENT, "invalid_argument", 400)
+    assert str(e).startswith(f"{field} must be "), str(e)
+
+
+def test_an_async_action_for_execute_sync_names_fn() -> None:
+    async def action() -> int:
+        return 1
+
+    with pytest.raises(oncely.ArgumentTypeError) as info:
+        oncely.IdempotencyStore().execute_sync(oncely.scope("a", "b", _K), "fp", action)
+    assert isinstance(info.value, TypeError) and info.value.field == "fn"
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "message"),
+    [
+        (
+            lambda: RetryPolicy(base_delay=2.0, max_delay=1.0),
+            "base_delay",
+            "invalid base_delay: must not exceed max_delay (1 (seconds)), got 2",
+        ),
+        (
+            lambda: RetryPolicy(max_attempts=0),
+            "max_attempts",
+            "invalid max_attempts: must be at least 1 (it counts the first attempt), e.g. 3, got 0",
+        ),
+        (
+            lambda: oncely.RetryBudget(window=0.001),
+            "window",
+            "invalid window: must be at least 0.01 (seconds), e.g. 10, got 0.001",
+        ),
+        (
+            lambda: oncely.IdempotencyStore(ttl=0),
+            "ttl",
+            "invalid ttl: must be greater than 0 (seconds), e.g. 86400 (a day), got 0",
+        ),
+        (
+            lambda: oncely.RedisStore("redis://127.0.0.1:1/0", lease=0),
+            "lease",
+            "invalid lease: must be at least 0.03 (seconds), e.g. 30, got 0",
+        ),
+        (
+            lambda: oncely.RedisStore("redis://127.0.0.1:1/0", lease=0.05, io_timeout=1.0),
+            "lease",
+            "invalid lease: must be at least 3 × io_timeout (1 (seconds)), got 0.05",
+        ),
+    ],
+)
+def test_messages_use_the_option_name_and_unit_with_an_example(make: Any, field: str, message: str) -> None:
+    with pytest.raises(oncely.InvalidArgumentError) as info:
+        make()
+    assert info.value.field == field
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_a_redis_url_that_does_not_parse_shows_the_expected_form() -> None:
+    with pytest.raises(oncely.InvalidArgumentError) as info:
+        oncely.RedisStore("localhost:6379")
+    assert info.value.field == "url"
+    assert "expected redis://host:6379/0" in str(info.value)

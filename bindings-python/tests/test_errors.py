@@ -76,3 +76,39 @@ def test_class_defaults_match_the_core() -> None:
     assert oncely.FingerprintMismatchError("x").kind == "fingerprint_mismatch"
     assert oncely.StoreUnavailableError("x").http_status == 503
     assert oncely.CapacityError("x").http_status == 503
+
+
+def test_http_status_of_every_error_kind() -> None:
+    def caught(fn: object) -> BaseException:
+        try:
+            fn()  # type: ignore[operator]
+        except BaseException as e:  # noqa: BLE001 - the error is the value under test
+            return e
+        raise AssertionError("no error")
+
+    cases = [
+        (caught(lambda: oncely.validate_key("short")), 400),
+        (caught(lambda: oncely.validate_key("bad key!")), 400),
+        (caught(lambda: oncely.validate_key("")), 400),
+        (caught(lambda: oncely.scope("acme", "Charge", None)), 400),
+        (caught(lambda: oncely.RetryPolicy(jitter=2.0)), 400),
+        (oncely.FingerprintMismatchError("x"), 422),
+        (oncely.InProgressError("x", retry_after=1.0), 409),
+        (oncely.LeaseLostError("x"), 409),
+        (oncely.CapacityError("x"), 503),
+        (oncely.StoreUnavailableError("x"), 503),
+        (oncely.LeaderPanickedError("x"), 500),
+        (oncely.ReentrantCallError("x"), 500),
+        (oncely.ResultNotStoredError("x"), 500),
+    ]
+    assert [oncely.http_status_of(e) for e, _ in cases] == [s for _, s in cases]
+    assert oncely.http_status_of(ValueError("not ours")) is None
+    assert oncely.http_status_of(KeyError("k")) is None
+
+
+def test_a_store_unavailable_error_from_redis_is_503() -> None:
+    store = oncely.RedisStore("redis://127.0.0.1:1/0", connect_timeout=0.2)
+    k = oncely.scope("acme", "Charge", oncely.new_key())
+    with pytest.raises(oncely.StoreUnavailableError) as info:
+        store.execute_sync(k, FP, lambda: "never")
+    assert (oncely.http_status_of(info.value), info.value.kind) == (503, "unavailable")

@@ -211,6 +211,9 @@ async def test_aio_concurrent_duplicates_and_problems(store_kind: str) -> None:
             with pytest.raises(aio.AioRpcError) as missing:
                 await call({"sku": "A1"}, timeout=10)
             assert missing.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            # A gRPC server names its key: the metadata, not the HTTP header.
+            details = missing.value.details() or ""
+            assert details.startswith("write operations require x-idempotency-key metadata"), details
             with pytest.raises(aio.AioRpcError) as reused:
                 await call({"sku": "B2"}, metadata=md, timeout=10)
             assert reused.value.code() == grpc.StatusCode.FAILED_PRECONDITION

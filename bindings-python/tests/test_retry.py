@@ -54,7 +54,11 @@ async def test_stop_not_retryable_reraises_the_same_exception() -> None:
         await oncely.retry(f.acall, policy=FAST)  # not safe: the outcome is unknown
     assert info.value is err
     assert err.attempts == 1 and err.stop_reason == "not_retryable"  # type: ignore[attr-defined]
-    assert err.__notes__ == ["oncely: gave up after 1 attempt (not_retryable)"]
+    assert err.__notes__ == [
+        "oncely: gave up after 1 attempt (not_retryable: the first attempt may have been applied"
+        " and the call is not safe to resend (declare it safe when it is idempotent or carries"
+        " an idempotency key) (rule unsafe_to_resend))"
+    ]
     assert f.calls == 1
 
 
@@ -71,7 +75,40 @@ async def test_stop_attempts_exhausted() -> None:
         await oncely.retry(f.acall, policy=FAST, safe=True)
     assert f.calls == 4
     assert (info.value.attempts, info.value.stop_reason) == (4, "attempts_exhausted")  # type: ignore[attr-defined]
-    assert "gave up after 4 attempts (attempts_exhausted)" in info.value.__notes__[0]
+    assert "gave up after 4 attempts (attempts_exhausted: " in info.value.__notes__[0]
+
+
+async def test_an_in_progress_answer_is_resent_by_a_safe_call_after_its_delay() -> None:
+    busy = oncely.InProgressError("busy", retry_after=0.25)
+    f = Flaky(busy, oncely.InProgressError("busy", retry_after=0.25))
+    slept: list[float] = []
+    events: list[oncely.RetryEvent] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+
+    got = await oncely.retry(f.acall, policy=FAST, safe=True, on_retry=events.append, _sleep=sleep)
+    assert got == "ok" and f.calls == 3 and slept == [0.25, 0.25]
+    assert [(e.rule, e.from_server) for e in events] == [("in_progress_keyed", True)] * 2
+
+
+def test_an_in_progress_answer_is_not_resent_by_a_call_that_is_not_safe_and_the_note_says_why() -> None:
+    f = Flaky(oncely.InProgressError("busy", retry_after=0.25))
+    with pytest.raises(oncely.InProgressError) as info:
+        oncely.retry_sync(f, policy=FAST, _sleep=lambda s: None)
+    assert f.calls == 1 and info.value.stop_reason == "not_retryable"  # type: ignore[attr-defined]
+    (note,) = info.value.__notes__
+    assert note.startswith("oncely: gave up after 1 attempt (not_retryable: a conflict (ABORTED)")
+    assert note.endswith("(rule conflict_needs_reread))")
+
+
+def test_classify_counts_the_server_delay_of_a_failure() -> None:
+    in_progress = oncely.Failure(Code.ABORTED, delay=1.0)
+    assert oncely.classify(in_progress, safe=True) == oncely.classify(in_progress, safe=True)
+    assert (oncely.classify(in_progress, safe=True).rule, oncely.classify(Code.ABORTED, safe=True).rule) == (
+        "in_progress_keyed",
+        "conflict_needs_reread",
+    )
 
 
 async def test_stop_deadline_never_sleeps_into_a_dead_attempt() -> None:

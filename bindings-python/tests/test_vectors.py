@@ -66,10 +66,17 @@ def test_backoff(case: dict[str, Any]) -> None:
         assert [_ms(s) for s in policy.backoff()] == case["sequence_ms"]
 
 
-@pytest.mark.parametrize("case", load_vectors("classification.json"), ids=lambda c: f"{c['code']}-{c['safe']}-{c['rereads']}-{c['transient_internal']}")
+@pytest.mark.parametrize("case", load_vectors("classification.json"), ids=lambda c: f"{c['code']}-{c['safe']}-{c['rereads']}-{c['transient_internal']}-{c.get('server_delay')}")
 def test_classification(case: dict[str, Any]) -> None:
+    code = Code[case["code"]]
+    sd = case.get("server_delay")
+    failure: Any = code
+    if sd == "do_not_retry":
+        failure = oncely.Failure(code, do_not_retry=True)
+    elif sd is not None:
+        failure = oncely.Failure(code, delay=sd["after_ms"] / 1000)
     got = oncely.classify(
-        Code[case["code"]],
+        failure,
         safe=case["safe"],
         rereads=case["rereads"],
         transient_internal=case["transient_internal"],

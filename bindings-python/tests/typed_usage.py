@@ -55,8 +55,28 @@ async def main() -> None:
     plain = await store.execute(scoped, fp, lambda: {"id": 3})  # a plain function
     assert_type(plain.value, dict[str, int])
 
+    # One protocol for both stores: a server typed `store: oncely.Store` takes either.
+    async def serve(store: oncely.Store) -> dict[str, int]:
+        assert_type(store.ttl, float)
+        sync = store.execute_sync(scoped, fp, lambda: {"id": 4})
+        assert_type(sync.value, dict[str, int])
+        return (await store.execute(scoped, fp, create)).value
+
+    assert_type(await serve(store), dict[str, int])
+    either: list[oncely.Store] = [store, oncely.RedisStore("redis://127.0.0.1:6379")]
+    assert len(either) == 2
+    assert_type(oncely.http_status_of(ValueError()), Optional[int])
+
+    def action(attempt: oncely.Attempt) -> int:
+        assert_type(attempt.number, int)
+        assert_type(attempt.remaining, Optional[float])
+        return attempt.previous_attempts
+
+    assert_type(oncely.retry_sync(action, pass_attempt=True), int)
+
     c = oncely.classify(Code.UNAVAILABLE, safe=True)
     assert_type(c.retryable, bool)
+    assert_type(oncely.classify(oncely.Failure(Code.ABORTED, delay=1.0), safe=True).rule, str)
     assert_type(Code.from_http(503), Code)
     assert_type(oncely.new_key(), str)
     assert_type(oncely.headers.GRPC_IDEMPOTENCY_KEY, str)

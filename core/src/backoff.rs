@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::naming::Naming;
 use crate::rand;
 
 /// How often and how patiently to retry.
@@ -134,30 +135,52 @@ impl RetryPolicy {
     /// assert!(err.to_string().contains("jitter"));
     /// ```
     pub fn validate(&self) -> Result<(), Error> {
+        self.validate_named(&Naming::RUST)
+    }
+
+    /// [`validate`](Self::validate), the error naming the field and its durations as
+    /// the caller does (a binding's option names and unit).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use oncely::{Naming, RetryPolicy};
+    /// let p = RetryPolicy::new().with_base_delay(Duration::from_secs(2)).with_max_delay(Duration::from_secs(1));
+    /// let err = p.validate_named(&Naming::SECONDS).unwrap_err();
+    /// assert_eq!(err.to_string(), "invalid base_delay: must not exceed max_delay (1 (seconds)), got 2");
+    /// ```
+    pub fn validate_named(&self, naming: &Naming) -> Result<(), Error> {
         if self.max_attempts < 1 {
             return Err(Error::invalid(
-                "max_attempts",
-                "must be at least 1 (it counts the first attempt)",
+                naming.field("max_attempts"),
+                format!(
+                    "must be at least 1 (it counts the first attempt), e.g. 3, got {}",
+                    self.max_attempts
+                ),
             ));
         }
         if !(self.jitter.is_finite() && (0.0..1.0).contains(&self.jitter)) {
             return Err(Error::invalid(
-                "jitter",
-                format!("must be in [0, 1), got {}", self.jitter),
+                naming.field("jitter"),
+                format!("must be in [0, 1), e.g. 0.2, got {}", self.jitter),
             ));
         }
         if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
             return Err(Error::invalid(
-                "multiplier",
-                format!("must be finite and at least 1, got {}", self.multiplier),
+                naming.field("multiplier"),
+                format!(
+                    "must be finite and at least 1, e.g. 2, got {}",
+                    self.multiplier
+                ),
             ));
         }
         if self.base_delay > self.max_delay {
             return Err(Error::invalid(
-                "base_delay",
+                naming.field("base_delay"),
                 format!(
-                    "must not exceed max_delay ({:?} > {:?})",
-                    self.base_delay, self.max_delay
+                    "must not exceed {} ({}), got {}",
+                    naming.field("max_delay"),
+                    naming.duration(self.max_delay),
+                    naming.value(self.base_delay)
                 ),
             ));
         }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::clock::{system_clock, SharedClock};
 use crate::error::Error;
+use crate::naming::Naming;
 
 const SLOTS: usize = 10;
 /// Requests are counted with one atomic add; every this-many the count is moved into
@@ -68,16 +69,33 @@ impl RetryBudget {
     /// `min_per_sec × window` retries regardless (the floor for quiet clients).
     /// Defaults (SPEC §4): `0.1`, 10 s, 10.
     pub fn new(ratio: f64, window: Duration, min_per_sec: u32) -> Result<Self, Error> {
+        Self::new_named(ratio, window, min_per_sec, &Naming::RUST)
+    }
+
+    /// [`new`](Self::new), an error naming the setting and its durations as the
+    /// caller does (a binding's option names and unit).
+    pub fn new_named(
+        ratio: f64,
+        window: Duration,
+        min_per_sec: u32,
+        naming: &Naming,
+    ) -> Result<Self, Error> {
         if !ratio.is_finite() || ratio < 0.0 {
             return Err(Error::invalid(
-                "ratio",
-                format!("must be a finite number ≥ 0, got {ratio}"),
+                naming.field("ratio"),
+                format!("must be a finite number ≥ 0, e.g. 0.1, got {ratio}"),
             ));
         }
-        if window < Duration::from_millis(SLOTS as u64) {
+        let least = Duration::from_millis(SLOTS as u64);
+        if window < least {
             return Err(Error::invalid(
-                "window",
-                format!("must be at least 10 ms, got {window:?}"),
+                naming.field("window"),
+                format!(
+                    "must be at least {}, e.g. {}, got {}",
+                    naming.duration(least),
+                    naming.value(Duration::from_secs(10)),
+                    naming.value(window)
+                ),
             ));
         }
         let slot_nanos = u64::try_from(window.as_nanos() / SLOTS as u128).unwrap_or(u64::MAX);

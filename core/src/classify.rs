@@ -46,6 +46,10 @@ pub enum Rule {
     ConflictRereads,
     /// `ABORTED` on a call that would resend the same write unchanged.
     ConflictNeedsReread,
+    /// `ABORTED` with a server delay (409 + `Retry-After`: the key's first call is still
+    /// in progress) on a safe call: resending under the same key replays its result
+    /// once it is done, so retry after the delay.
+    InProgressKeyed,
     /// `INTERNAL`/`UNKNOWN` that the caller declared transient on a safe call.
     DeclaredTransient,
     /// `INTERNAL`/`UNKNOWN`: a server bug; retrying gives the same answer.
@@ -68,6 +72,7 @@ impl Rule {
             Rule::AttemptTimedOut => "attempt_timed_out",
             Rule::ConflictRereads => "conflict_rereads",
             Rule::ConflictNeedsReread => "conflict_needs_reread",
+            Rule::InProgressKeyed => "in_progress_keyed",
             Rule::DeclaredTransient => "declared_transient",
             Rule::ServerError => "server_error",
             Rule::Permanent => "permanent",
@@ -126,6 +131,76 @@ pub const fn classify(code: Code, facts: CallFacts) -> Classification {
         | Code::Cancelled => (false, Rule::Permanent),
     };
     Classification { retryable, rule }
+}
+
+/// Decides whether `failure` may be retried, per SPEC §3: [`classify`] of its code,
+/// except that `ABORTED` with a server delay (an "in progress" answer: 409 +
+/// `Retry-After`, or oncely's own [`Error::InProgress`]) may always be resent by a
+/// safe (keyed) call, under [`Rule::InProgressKeyed`].
+///
+/// ```
+/// use std::time::Duration;
+/// use oncely::{classify_failure, CallFacts, Code, Failure, Rule, ServerDelay};
+/// let in_progress = Failure::new(Code::Aborted)
+///     .with_server_delay(ServerDelay::After(Duration::from_secs(1)));
+/// let c = classify_failure(in_progress, CallFacts::SAFE);
+/// assert!(c.retryable);
+/// assert_eq!(c.rule, Rule::InProgressKeyed);
+/// // Without a key (not safe), or without the delay, a conflict is not resent unchanged.
+/// assert!(!classify_failure(in_progress, CallFacts::default()).retryable);
+/// assert!(!classify_failure(Failure::new(Code::Aborted), CallFacts::SAFE).retryable);
+/// ```
+pub const fn classify_failure(failure: Failure, facts: CallFacts) -> Classification {
+    let c = classify(failure.code, facts);
+    match (failure.code, failure.server_delay) {
+        (Code::Aborted, Some(ServerDelay::After(_))) if facts.safe && !c.retryable => {
+            Classification {
+                retryable: true,
+                rule: Rule::InProgressKeyed,
+            }
+        }
+        _ => c,
+    }
+}
+
+impl Rule {
+    /// Why this rule allows or refuses a retry, in one sentence (the bindings put it
+    /// in the note of the error they give back).
+    ///
+    /// ```
+    /// assert!(oncely::Rule::ConflictNeedsReread.explain().contains("re-read"));
+    /// ```
+    pub const fn explain(self) -> &'static str {
+        match self {
+            Rule::TransientSafe => "a transient failure of a call that is safe to resend",
+            Rule::UnsafeToResend => {
+                "the first attempt may have been applied and the call is not safe to resend \
+                 (declare it safe when it is idempotent or carries an idempotency key)"
+            }
+            Rule::RateLimited => "rejected before executing (rate limited)",
+            Rule::AttemptTimedOut => "one attempt timed out on a call that is safe to resend",
+            Rule::ConflictRereads => "a conflict on a call that re-reads state before writing",
+            Rule::ConflictNeedsReread => {
+                "a conflict (ABORTED) is not resent unchanged: declare that each attempt \
+                 re-reads state before writing (rereads); an in-progress answer (ABORTED \
+                 or 409 with a server delay) is resent by a safe (keyed) call"
+            }
+            Rule::InProgressKeyed => {
+                "the key's first call is still in progress; resending under the same key \
+                 replays its result"
+            }
+            Rule::DeclaredTransient => "INTERNAL/UNKNOWN declared transient on a safe call",
+            Rule::ServerError => {
+                "INTERNAL/UNKNOWN is a server error that a retry repeats (a safe call may declare \
+                 them transient)"
+            }
+            Rule::Permanent => {
+                "the request itself is wrong or not allowed; a retry gets the same answer"
+            }
+            Rule::DataLoss => "DATA_LOSS: retrying may widen the damage",
+            Rule::NotAnError => "OK is not a failure",
+        }
+    }
 }
 
 /// A delay the server asked for, overriding the computed backoff.

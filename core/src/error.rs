@@ -27,8 +27,13 @@ pub enum Error {
         /// What is wrong with it and what is accepted instead.
         reason: String,
     },
-    /// A write arrived without an idempotency key.
-    #[error("write operations require x-idempotency-key")]
+    /// A write arrived without an idempotency key. A server names its protocol's key
+    /// ([`http::Problem::from_error_in`](crate::http::Problem::from_error_in)); this
+    /// message, without a protocol, names both.
+    #[error(
+        "write operations require an idempotency key (HTTP: the Idempotency-Key header; \
+         gRPC: x-idempotency-key metadata)"
+    )]
     MissingKey,
     /// The same scoped key was used with different request parameters.
     #[error(

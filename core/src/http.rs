@@ -272,7 +272,7 @@ impl ServerConfig {
     /// required, else pass through; more than one value, or one that is not a valid
     /// key (SPEC §5) → 400.
     pub fn read_key(&self, method: &str, key_values: &[&[u8]]) -> Result<KeyDecision, Problem> {
-        self.read(self.covers(method), key_values)
+        self.read(self.covers(method), key_values, Protocol::Http)
     }
 
     /// [`read_key`](Self::read_key) for the gRPC call `full_method`, covered by
@@ -283,10 +283,15 @@ impl ServerConfig {
         full_method: &str,
         key_values: &[&[u8]],
     ) -> Result<KeyDecision, Problem> {
-        self.read(self.covers_grpc(full_method), key_values)
+        self.read(self.covers_grpc(full_method), key_values, Protocol::Grpc)
     }
 
-    fn read(&self, covered: bool, key_values: &[&[u8]]) -> Result<KeyDecision, Problem> {
+    fn read(
+        &self,
+        covered: bool,
+        key_values: &[&[u8]],
+        protocol: Protocol,
+    ) -> Result<KeyDecision, Problem> {
         if !covered {
             return Ok(KeyDecision::PassThrough);
         }
@@ -296,13 +301,13 @@ impl ServerConfig {
             _ => {
                 return Err(Problem::from_error(&Error::invalid(
                     "idempotency_key",
-                    "sent more than once; send one Idempotency-Key header",
+                    format!("sent more than once; send one {}", protocol.key_name()),
                 )))
             }
         };
         if value.is_empty() {
             return if self.required {
-                Err(Problem::from_error(&Error::MissingKey))
+                Err(Problem::from_error_in(&Error::MissingKey, protocol))
             } else {
                 Ok(KeyDecision::PassThrough)
             };
@@ -448,6 +453,26 @@ fn hex_lower(digest: &[u8]) -> String {
         s.push(HEX[usize::from(b & 15)] as char);
     }
     s
+}
+
+/// The protocol a server speaks, for naming its key in problems.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP: the key is the `Idempotency-Key` header.
+    Http,
+    /// gRPC: the key is the `x-idempotency-key` metadata.
+    Grpc,
+}
+
+impl Protocol {
+    /// How a message names the key of this protocol: `"an Idempotency-Key header"` or
+    /// `"x-idempotency-key metadata"`.
+    pub const fn key_name(self) -> &'static str {
+        match self {
+            Protocol::Http => "an Idempotency-Key header",
+            Protocol::Grpc => "x-idempotency-key metadata",
+        }
+    }
 }
 
 /// Whether `content_type` is gRPC: `application/grpc`, `application/grpc+<codec>` or
@@ -662,6 +687,19 @@ impl Problem {
     /// | `Unavailable` | 503 + Retry-After 1 | `unavailable` |
     /// | `LeaderPanicked`, `Reentrant`, `ResultNotStored` | 500 | `internal` |
     pub fn from_error(error: &Error) -> Self {
+        Self::from_error_in(error, Protocol::Http)
+    }
+
+    /// [`from_error`](Self::from_error) for a server of `protocol`: a missing key's
+    /// `detail` names that protocol's key (the `Idempotency-Key` header, or the
+    /// `x-idempotency-key` metadata of gRPC).
+    ///
+    /// ```
+    /// use oncely::http::{Problem, Protocol};
+    /// let p = Problem::from_error_in(&oncely::Error::MissingKey, Protocol::Grpc);
+    /// assert!(p.detail.starts_with("write operations require x-idempotency-key metadata"));
+    /// ```
+    pub fn from_error_in(error: &Error, protocol: Protocol) -> Self {
         let (slug, title, retry_after): (&'static str, &'static str, Option<Duration>) = match error
         {
             Error::MissingKey => (
@@ -706,9 +744,11 @@ impl Problem {
             ),
         };
         let detail = match error {
-            Error::MissingKey => "write operations require an Idempotency-Key header: make \
-                                  one key per operation and send it again on every retry"
-                .to_owned(),
+            Error::MissingKey => format!(
+                "write operations require {}: make one key per operation and send it again \
+                 on every retry",
+                protocol.key_name()
+            ),
             other => other.to_string(),
         };
         Problem {

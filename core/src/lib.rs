@@ -62,6 +62,7 @@ mod finite;
 pub mod http;
 mod http_date;
 mod key;
+mod naming;
 mod rand;
 mod retry;
 mod store;
@@ -75,8 +76,8 @@ struct ReadmeDoctests;
 pub use backoff::{duration_from_millis_f64, duration_from_secs_f64, Backoff, RetryPolicy};
 pub use budget::{BudgetSnapshot, RetryBudget};
 pub use classify::{
-    classify, parse_pushback_ms, parse_retry_after, CallFacts, Classification, Classify, Failure,
-    Rule, ServerDelay,
+    classify, classify_failure, parse_pushback_ms, parse_retry_after, CallFacts, Classification,
+    Classify, Failure, Rule, ServerDelay,
 };
 pub use clock::{Clock, Deadline, ManualClock, SharedClock, SystemClock};
 pub use code::{Code, ReasonCodes};
@@ -86,6 +87,7 @@ pub use key::{
     canonical_json, fingerprint, fingerprint_bytes, headers, http_status, IdempotencyKey,
     ScopedKey, KEY_MAX_LEN, KEY_MIN_LEN, SCOPE_PART_MAX_LEN,
 };
+pub use naming::{DurationUnit, Naming};
 pub use retry::{
     retry, retry_blocking, simulate, Attempt, Decision, NoHook, OnRetry, Retry, RetryError,
     RetryEvent, RetryFuture, RetryState, Scripted, Simulation, Sleeper, Step, StopReason, Timeline,

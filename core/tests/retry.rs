@@ -487,3 +487,76 @@ fn the_retry_future_is_send_when_its_parts_are() {
     let boxed: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(fut);
     drop(boxed);
 }
+
+#[test]
+fn an_in_progress_answer_is_resent_by_a_keyed_call_after_its_delay() {
+    let clock = ManualClock::new();
+    let slept = Arc::new(Mutex::new(Vec::new()));
+    let in_progress = oncely::Error::InProgress {
+        retry_after: Duration::from_millis(300),
+    };
+    let rules = Mutex::new(Vec::new());
+    let out = block_on(async {
+        retry(|a: Attempt| {
+            let e = in_progress.clone();
+            async move {
+                if a.number < 3 {
+                    Err(e)
+                } else {
+                    Ok(a.number)
+                }
+            }
+        })
+        .policy(instant_policy(3))
+        .safe(true)
+        .clock(clock.clone())
+        .sleeper(manual_sleeper(clock.clone(), slept.clone()))
+        .on_retry(|e: &oncely::RetryEvent<'_, oncely::Error>| {
+            rules.lock().unwrap().push((e.rule, e.from_server))
+        })
+        .await
+    });
+    assert_eq!(out.unwrap(), 3);
+    assert_eq!(*slept.lock().unwrap(), [Duration::from_millis(300); 2]);
+    assert_eq!(
+        *rules.lock().unwrap(),
+        [(Rule::InProgressKeyed, true), (Rule::InProgressKeyed, true)]
+    );
+}
+
+#[test]
+fn an_in_progress_answer_is_not_resent_by_a_call_that_is_not_safe_and_the_error_says_why() {
+    let err = retry_blocking(|_| {
+        Err::<(), _>(oncely::Error::InProgress {
+            retry_after: Duration::from_millis(300),
+        })
+    })
+    .policy(instant_policy(3))
+    .call()
+    .unwrap_err();
+    assert_eq!(
+        (err.attempts, err.reason, err.rule),
+        (1, StopReason::NotRetryable, Rule::ConflictNeedsReread)
+    );
+    let text = err.to_string();
+    assert!(
+        text.starts_with("gave up after 1 attempt (not_retryable: a conflict (ABORTED)"),
+        "{text}"
+    );
+    assert!(text.contains("(rule conflict_needs_reread)"), "{text}");
+}
+
+#[test]
+fn every_stop_reason_is_explained() {
+    for reason in [
+        StopReason::NotRetryable,
+        StopReason::AttemptsExhausted,
+        StopReason::Deadline,
+        StopReason::Budget,
+        StopReason::ServerSaidNo,
+    ] {
+        let why = reason.explain(Some(Rule::Permanent));
+        assert!(why.starts_with(&format!("{}: ", reason.as_str())), "{why}");
+        assert!(why.len() > reason.as_str().len() + 10, "{why}");
+    }
+}

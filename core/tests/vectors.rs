@@ -13,9 +13,10 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use oncely::{
-    canonical_json, classify, duration_from_millis_f64, extract, fingerprint, fingerprint_bytes,
-    parse_pushback_ms, parse_retry_after, CallFacts, Code, Error, Failure, IdempotencyKey,
-    ManualClock, RawFailure, RawValue, ReasonCodes, RetryBudget, RetryPolicy, ScopedKey, Scripted,
+    canonical_json, classify, classify_failure, duration_from_millis_f64, extract, fingerprint,
+    fingerprint_bytes, parse_pushback_ms, parse_retry_after, CallFacts, Code, Error, Failure,
+    IdempotencyKey, ManualClock, RawFailure, RawValue, ReasonCodes, RetryBudget, RetryPolicy,
+    ScopedKey, Scripted,
     ServerDelay, Simulation, Timeline,
 };
 use serde_json::{json, Value};
@@ -330,8 +331,23 @@ fn classification() {
             rereads: bool_of(case, "rereads"),
             transient_internal: bool_of(case, "transient_internal"),
         };
-        seen.insert((code, facts.safe, facts.rereads, facts.transient_internal));
-        let c = classify(code, facts);
+        let c = match case.get("server_delay") {
+            // Rows with a server delay go through classify_failure.
+            Some(sd) => classify_failure(failure_of(code, sd), facts),
+            None => {
+                seen.insert((code, facts.safe, facts.rereads, facts.transient_internal));
+                let c = classify(code, facts);
+                let same = classify_failure(Failure::new(code), facts);
+                r.check(
+                    i,
+                    case,
+                    "classify_failure without a delay",
+                    &json!(same.rule.as_str()),
+                    &json!(c.rule.as_str()),
+                );
+                c
+            }
+        };
         let got = json!({"retryable": c.retryable, "rule": c.rule.as_str()});
         let want = json!({"retryable": field(case, "retryable"), "rule": field(case, "rule")});
         r.check(i, case, "classify", &got, &want);
@@ -675,18 +691,23 @@ fn scripted_of(step: &Value) -> Scripted {
         );
         return Scripted::ok().taking(takes);
     }
-    let mut failure = Failure::new(code_of(outcome));
-    match field(step, "server_delay") {
-        Value::Null => {}
-        Value::String(s) if s == "do_not_retry" => {
-            failure = failure.with_server_delay(ServerDelay::DoNotRetry)
-        }
-        d => {
-            let after = Duration::from_millis(u64_of(d, "after_ms"));
-            failure = failure.with_server_delay(ServerDelay::After(after))
-        }
-    }
+    let failure = failure_of(code_of(outcome), field(step, "server_delay"));
     Scripted::fail(failure).taking(takes)
+}
+
+/// A failure with `code` and the vectors' `server_delay` (null, "do_not_retry" or
+/// `{"after_ms": n}`).
+fn failure_of(code: Code, server_delay: &Value) -> Failure {
+    let failure = Failure::new(code);
+    match server_delay {
+        Value::Null => failure,
+        Value::String(s) if s == "do_not_retry" => {
+            failure.with_server_delay(ServerDelay::DoNotRetry)
+        }
+        d => failure.with_server_delay(ServerDelay::After(Duration::from_millis(u64_of(
+            d, "after_ms",
+        )))),
+    }
 }
 
 fn timeline_json(t: &Timeline) -> Value {

@@ -110,6 +110,19 @@ fn install_crypto_provider() {
     }
 }
 
+/// The URL forms a store accepts, shown when a URL does not parse.
+const URL_FORM: &str = "expected redis://host:6379/0 (with a password: \
+                        redis://:password@host:6379/0; TLS: rediss://host:6380/0; a socket: \
+                        redis+unix:///run/redis.sock)";
+
+/// The scheme of a URL for a message (the rest may hold a password).
+fn url_scheme(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, _)) => format!("a {scheme}:// URL"),
+        None => "no scheme".to_owned(),
+    }
+}
+
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`].
 pub struct RedisStoreBuilder<E> {
     config: Config,
@@ -145,6 +158,7 @@ struct Config {
     poll_max: Duration,
     in_progress_retry_after: Duration,
     tls_ca_file: Option<PathBuf>,
+    naming: oncely::Naming,
 }
 
 impl fmt::Debug for Config {
@@ -236,65 +250,99 @@ impl<E> RedisStoreBuilder<E> {
         self
     }
 
+    /// Names the settings and durations in [`build`](Self::build)'s errors as the
+    /// caller does (a binding's option names and unit); default
+    /// [`Naming::RUST`](oncely::Naming::RUST).
+    pub fn naming(mut self, naming: oncely::Naming) -> Self {
+        self.config.naming = naming;
+        self
+    }
+
     /// Makes the store. Checks the settings and the URL, but does not connect:
     /// an unreachable Redis shows as UNAVAILABLE on use.
     pub fn build(self) -> Result<RedisStore<E>, Error> {
         let config = self.config;
-        let positive = |field: &'static str, d: Duration| {
+        let n = &config.naming;
+        let positive = |field: &'static str, d: Duration, example: Duration| {
             if d.is_zero() {
                 Err(Error::InvalidArgument {
-                    field,
-                    reason: "must be greater than zero".into(),
+                    field: n.field(field),
+                    reason: format!(
+                        "must be greater than {}, e.g. {}, got {}",
+                        n.duration(Duration::ZERO),
+                        n.value(example),
+                        n.value(d)
+                    ),
                 })
             } else {
                 Ok(())
             }
         };
-        positive("ttl", config.ttl)?;
-        positive("connect_timeout", config.connect_timeout)?;
-        if config.lease < Duration::from_millis(30) {
+        positive("ttl", config.ttl, oncely::DEFAULT_TTL)?;
+        positive(
+            "connect_timeout",
+            config.connect_timeout,
+            DEFAULT_CONNECT_TIMEOUT,
+        )?;
+        let least = Duration::from_millis(30);
+        if config.lease < least {
             return Err(Error::InvalidArgument {
-                field: "lease",
-                reason: format!("must be at least 30 ms, got {:?}", config.lease),
+                field: n.field("lease"),
+                reason: format!(
+                    "must be at least {}, e.g. {}, got {}",
+                    n.duration(least),
+                    n.value(DEFAULT_LEASE),
+                    n.value(config.lease)
+                ),
             });
         }
         let io_timeout = config.io_timeout();
-        positive("io_timeout", io_timeout)?;
-        positive("poll_interval", config.poll_min)?;
+        positive("io_timeout", io_timeout, DEFAULT_IO_TIMEOUT)?;
+        positive("poll_interval", config.poll_min, DEFAULT_POLL_MIN)?;
         if config.lease < io_timeout * 3 {
             return Err(Error::InvalidArgument {
-                field: "lease",
+                field: n.field("lease"),
                 reason: format!(
-                    "must be at least 3 × io_timeout ({io_timeout:?}), got {:?}: a renewal \
-                     that times out must leave time for another before the lease runs out \
-                     (raise the lease or lower io_timeout)",
-                    config.lease
+                    "must be at least 3 × {} ({}), got {}: a renewal that times out must \
+                     leave time for another before the lease runs out (raise {} or lower {})",
+                    n.field("io_timeout"),
+                    n.duration(io_timeout),
+                    n.value(config.lease),
+                    n.field("lease"),
+                    n.field("io_timeout"),
                 ),
             });
         }
         if config.poll_max < config.poll_min {
             return Err(Error::InvalidArgument {
-                field: "poll_interval",
-                reason: "max must not be below min".into(),
+                field: n.field("poll_interval"),
+                reason: format!(
+                    "max must not be below min (min {}, max {})",
+                    n.duration(config.poll_min),
+                    n.value(config.poll_max)
+                ),
             });
         }
         if config.workers == 0 {
             return Err(Error::InvalidArgument {
-                field: "workers",
-                reason: "must be at least 1".into(),
+                field: n.field("workers"),
+                reason: format!("must be at least 1, e.g. {DEFAULT_WORKERS}, got 0"),
             });
         }
         if config.prefix.is_empty() || config.prefix.contains(['{', '}']) {
             return Err(Error::InvalidArgument {
-                field: "prefix",
-                reason: "must be non-empty and contain no '{' or '}'".into(),
+                field: n.field("prefix"),
+                reason: format!(
+                    "must be non-empty and contain no '{{' or '}}', e.g. \"oncely\", got {:?}",
+                    config.prefix
+                ),
             });
         }
         let client = match &config.tls_ca_file {
             None => {
                 redis::Client::open(config.url.as_str()).map_err(|e| Error::InvalidArgument {
-                    field: "url",
-                    reason: format!("{e}"),
+                    field: n.field("url"),
+                    reason: format!("{e}; {URL_FORM}"),
                 })?
             }
             Some(path) => {
@@ -303,7 +351,10 @@ impl<E> RedisStoreBuilder<E> {
                     reason,
                 };
                 if !is_tls_url(&config.url) {
-                    return Err(invalid("needs a rediss:// URL".into()));
+                    return Err(invalid(format!(
+                        "needs a rediss:// URL, e.g. rediss://host:6380/0, got {}",
+                        url_scheme(&config.url)
+                    )));
                 }
                 let pem = std::fs::read(path)
                     .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
@@ -490,6 +541,7 @@ impl<E> RedisStore<E> {
                 poll_max: DEFAULT_POLL_MAX,
                 in_progress_retry_after: oncely::DEFAULT_IN_PROGRESS_RETRY_AFTER,
                 tls_ca_file: None,
+                naming: oncely::Naming::RUST,
             },
         }
     }

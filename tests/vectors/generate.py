@@ -233,8 +233,12 @@ CODES = [
 ]
 
 
-def spec_classify(code, safe, rereads, transient_internal):
+def spec_classify(code, safe, rereads, transient_internal, server_delay=None):
     """The SPEC §3 table, row by row. Returns (retryable, rule name)."""
+    if (code == "ABORTED" and safe and not rereads and isinstance(server_delay, dict)
+            and "after_ms" in server_delay):
+        # In progress (409 + Retry-After): a keyed call may always resend.
+        return True, "in_progress_keyed"
     if code == "UNAVAILABLE":  # yes, if safe
         return (True, "transient_safe") if safe else (False, "unsafe_to_resend")
     if code == "RESOURCE_EXHAUSTED":  # yes (rejected before executing)
@@ -267,6 +271,17 @@ def classification_cases():
                     retryable, rule = spec_classify(code, safe, rereads, ti)
                     c.append({"code": code, "safe": safe, "rereads": rereads,
                               "transient_internal": ti, "retryable": retryable, "rule": rule})
+    # A server delay changes only ABORTED (the in-progress answer); a "do not retry"
+    # changes no classification (the loop obeys it afterwards, §4).
+    for code in ("ABORTED", "UNAVAILABLE", "INTERNAL"):
+        for sd in ({"after_ms": 1000}, "do_not_retry"):
+            for safe in (False, True):
+                for rereads in (False, True):
+                    for ti in (False, True):
+                        retryable, rule = spec_classify(code, safe, rereads, ti, sd)
+                        c.append({"code": code, "safe": safe, "rereads": rereads,
+                                  "transient_internal": ti, "server_delay": sd,
+                                  "retryable": retryable, "rule": rule})
     return c
 
 
@@ -901,9 +916,9 @@ def simulate(case):
         if entry["outcome"] == "ok":
             result = "ok"
             break
-        retryable, _ = spec_classify(entry["outcome"], case["safe"], case["rereads"],
-                                     case["transient_internal"])
         sd = entry["server_delay"]
+        retryable, _ = spec_classify(entry["outcome"], case["safe"], case["rereads"],
+                                     case["transient_internal"], sd)
         if not retryable:  # check 1
             result = "not_retryable"
             break
@@ -1043,6 +1058,18 @@ def retry_decision_cases():
                       expect_result="ok"))
     d.append(decision("ABORTED is not retried when the write would be resent unchanged",
                       nj, [step("ABORTED", 5), step(OK, 5)], expect_result="not_retryable"))
+    d.append(decision("in progress (ABORTED with a server delay) on a keyed call is resent "
+                      "after the delay", nj,
+                      [step("ABORTED", 5, 300), step("ABORTED", 5, 300), step(OK, 5)],
+                      expect_result="ok"))
+    d.append(decision("in progress on a call that is not safe is not resent",
+                      nj, [step("ABORTED", 5, 300), step(OK, 5)], safe=False,
+                      expect_result="not_retryable"))
+    d.append(decision("in progress on a keyed call: attempts run out",
+                      nj, [step("ABORTED", 5, 100)], expect_result="attempts_exhausted"))
+    d.append(decision("in progress on a keyed call: the delay does not fit the deadline",
+                      nj, [step("ABORTED", 5, 2000)], deadline_ms=1000,
+                      expect_result="deadline"))
     d.append(decision("INTERNAL declared transient on a safe call is retried",
                       nj, [step("INTERNAL", 5), step("UNKNOWN", 5), step(OK, 5)],
                       transient_internal=True, expect_result="ok"))

@@ -251,7 +251,7 @@ where
             },
         };
         let failure = match &outcome {
-            Ok(resp) => match failure_of(resp, grpc, keyed) {
+            Ok(resp) => match failure_of(resp, grpc) {
                 None => return outcome.map_err(RetryError::Service),
                 Some(f) => f,
             },
@@ -378,7 +378,7 @@ fn rebuild<B>(parts: &Parts, body: B) -> Request<B> {
 }
 
 /// The failure an answer stands for, or `None` for a success.
-fn failure_of<RB>(resp: &Response<RB>, grpc: bool, keyed: bool) -> Option<Failure> {
+fn failure_of<RB>(resp: &Response<RB>, grpc: bool) -> Option<Failure> {
     let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
     let (code, delay) = if grpc && resp.status().is_success() {
         // Trailers-only answers carry the status in the headers; a status in the
@@ -405,14 +405,8 @@ fn failure_of<RB>(resp: &Response<RB>, grpc: bool, keyed: bool) -> Option<Failur
     if code == Code::Ok {
         return None;
     }
-    // A keyed call's "in progress" (409 + Retry-After; ABORTED + pushback): an earlier
-    // attempt of this call (its answer lost) still runs on the server. Sending the key
-    // again after the delay gets that attempt's answer; it cannot apply the call twice.
-    let code = if keyed && code == Code::Aborted && delay.is_some() {
-        Code::Unavailable
-    } else {
-        code
-    };
+    // A keyed call's "in progress" (409 + Retry-After; ABORTED + pushback) is resent
+    // after the delay by the core's rule (SPEC §3, `in_progress_keyed`).
     let mut failure = Failure::new(code);
     failure.server_delay = delay;
     Some(failure)

@@ -1,7 +1,7 @@
 // The ES module entry has the same types.
 import oncely, { retry, IdempotencyStore, RedisStore, Code } from 'oncely'
 
-const n: number = await retry(async (attempt) => attempt, { safe: true })
+const n: number = await retry(async (attempt) => attempt.number, { safe: true })
 const store: IdempotencyStore = new oncely.IdempotencyStore()
 const code: Code = oncely.Code.UNAVAILABLE
 const RS: typeof RedisStore = oncely.RedisStore

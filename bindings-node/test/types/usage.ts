@@ -8,6 +8,9 @@ import {
   IdempotencyStore,
   ManualClock,
   OncelyError,
+  InProgressError,
+  InvalidArgumentError,
+  Attempt,
   ReasonCodes,
   RedisStore,
   RedisStoreCounters,
@@ -68,7 +71,7 @@ async function client(signal: AbortSignal): Promise<string> {
     async (attempt, info) => {
       const res = await fetch('http://127.0.0.1:1/orders', {
         method: 'POST',
-        headers: { [headers.idempotencyKey]: key, 'grpc-previous-rpc-attempts': String(attempt - 1) },
+        headers: { [headers.idempotencyKey]: key, 'grpc-previous-rpc-attempts': String(attempt.previousAttempts) },
         signal: info.signal,
       })
       if (!res.ok) throw res
@@ -103,10 +106,19 @@ async function server(): Promise<void> {
     const code: CodeName = err.code
     const wait: number | undefined = err.retryAfterMs
     const reason: StopReason | undefined = err.stopReason
-    console.log(status, code, wait, reason, httpStatus.inProgress, codeOf(e), failureOf(e).code)
+    const why: string | undefined = err.whyStopped
+    if (e instanceof InProgressError) {
+      const ms: number | undefined = e.retryAfterMs
+      console.log(ms, e.kind === 'in_progress')
+    } else if (e instanceof InvalidArgumentError || e instanceof OncelyError) {
+      console.log(e.field, e.httpStatus)
+    }
+    console.log(status, code, wait, reason, why, httpStatus.inProgress, codeOf(e), failureOf(e).code)
   }
 }
 
+const attemptNumber = (a: Attempt): number => a.number + a.previousAttempts + a.remainingMs
+console.log(attemptNumber, classify('ABORTED', { safe: true }, { delayMs: 1000 }).rule)
 console.log(delays, first, seed, snapshot, left, unavailable, fromHttp, retryable, r, afterMs, pushbackMs)
 console.log(canonicalJson([1, 2]), fingerprintBytes(new Uint8Array([1])), client, server)
 

@@ -16,6 +16,7 @@ layer over its native module ``oncely._oncely``. Durations are seconds (``float`
 from __future__ import annotations
 
 from . import headers, http
+from ._adapter import Store
 from ._codes import Code
 from ._oncely import (
     DEFAULT_TTL,
@@ -44,6 +45,7 @@ from ._oncely import (
     validate_key,
 )
 from .errors import (
+    ArgumentTypeError,
     CapacityError,
     FingerprintMismatchError,
     InProgressError,
@@ -56,6 +58,7 @@ from .errors import (
     ReentrantCallError,
     ResultNotStoredError,
     StoreUnavailableError,
+    http_status_of,
 )
 from .extract import code_of, failure_of
 from .redis_store import RedisStore
@@ -65,6 +68,7 @@ from .store import IdempotencyStore
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentTypeError",
     "Attempt",
     "BudgetSnapshot",
     "CapacityError",
@@ -96,6 +100,7 @@ __all__ = [
     "RetryPolicy",
     "ScopedKey",
     "Seconds",
+    "Store",
     "StoreUnavailableError",
     "canonical_json",
     "classify",
@@ -106,6 +111,7 @@ __all__ = [
     "fingerprint_bytes",
     "headers",
     "http",
+    "http_status_of",
     "new_key",
     "parse_pushback_ms",
     "parse_retry_after",

@@ -28,6 +28,7 @@ from typing import Any, Callable, Coroutine, Hashable, Optional, TypeVar
 
 from . import _oncely
 from ._oncely import ScopedKey
+from .errors import ArgumentTypeError
 
 T = TypeVar("T")
 
@@ -64,9 +65,10 @@ def check_sync_action(fn: Callable[[], Any], method: str) -> None:
         getattr(fn, "__call__", None)  # noqa: B004 (an object with `async def __call__`)
     ):
         name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-        raise TypeError(
-            f"{method}.execute_sync got an async function ({name}); it would not be awaited. "
-            f"Use `await {method}.execute(...)` for async actions"
+        raise ArgumentTypeError(
+            f"{method}.execute_sync got an async function ({name}) as fn; it would not be "
+            f"awaited. Use `await {method}.execute(...)` for async actions",
+            field="fn",
         )
 
 

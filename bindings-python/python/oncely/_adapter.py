@@ -7,16 +7,17 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Sequence, Union
+from typing import Any, Awaitable, Callable, Optional, Protocol, Sequence, TypeVar, Union, overload
 
 from . import http
 from ._codes import Code
 from ._oncely import Executed, ScopedKey
-from .errors import LeaderPanickedError, OncelyError
+from .errors import InvalidArgumentError, LeaderPanickedError, OncelyError
 
 log = logging.getLogger("oncely")
 
 Headers = list[tuple[str, bytes]]
+T = TypeVar("T")
 
 
 class AsyncStore(Protocol):
@@ -33,6 +34,48 @@ class SyncStore(Protocol):
     def execute_sync(
         self, scoped: ScopedKey, fingerprint: str, fn: Callable[[], Any], /, *, wait: bool = True
     ) -> Executed[Any]: ...
+
+
+class Store(Protocol):
+    """What every dedup store of oncely offers (``IdempotencyStore``, ``RedisStore``):
+    type a server's store as ``oncely.Store`` to accept either."""
+
+    @overload
+    async def execute(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], Awaitable[T]],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[T]: ...
+
+    @overload
+    async def execute(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], T],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[T]: ...
+
+    def execute_sync(
+        self,
+        scoped: ScopedKey,
+        fingerprint: str,
+        fn: Callable[[], T],
+        /,
+        *,
+        wait: bool = True,
+    ) -> Executed[T]: ...
+
+    @property
+    def ttl(self) -> float:
+        """How long a completed result is kept, in seconds."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -140,7 +183,10 @@ class Settings:
             stored_headers=None if stored_headers is None else list(stored_headers),
         )
         if request_cap < 0:
-            raise ValueError("request_cap must not be negative")
+            raise InvalidArgumentError(
+                f"invalid request_cap: must be at least 0 (bytes), e.g. 1048576, got {request_cap}",
+                field="request_cap",
+            )
         self.request_cap = request_cap
         self.tenant = tenant
         self.fingerprint = fingerprint

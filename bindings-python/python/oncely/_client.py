@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence, Union
 
 from . import http
-from ._codes import Code
 from ._oncely import Deadline, RetryBudget, RetryPolicy, new_key
 from .retry import OnRetry, Seconds
 
@@ -22,19 +21,9 @@ class ResponseFailure(Exception):
         self.response = response
 
 
-class _InProgress(ResponseFailure):
-    """A keyed call answered "in progress" (409 + ``Retry-After``, from a server that
-    does not wait for duplicates): an earlier attempt of this call, whose answer was
-    lost, still runs there. Retried after the server's delay: sending the key again
-    gets that attempt's answer and cannot apply the call twice."""
-
-    code = Code.UNAVAILABLE
-
-
-def failure(response: Any, keyed: bool) -> ResponseFailure:
-    """The failure an answer of 400 or more stands for."""
-    if keyed and response.status_code == 409 and "retry-after" in response.headers:
-        return _InProgress(response)
+def failure(response: Any) -> ResponseFailure:
+    """The failure an answer of 400 or more stands for. A 409 with ``Retry-After`` to a
+    keyed (safe) request is "in progress": the core resends it after the delay."""
     return ResponseFailure(response)
 
 
@@ -55,11 +44,11 @@ class _Options:
             "on_retry": on_retry,
         }
 
-    def prepare(self, headers: Any, method: str) -> tuple[bool, bool]:
-        """Adds a key to a covered request without one; whether resending is safe, and
-        whether the request carries a key."""
+    def prepare(self, headers: Any, method: str) -> bool:
+        """Adds a key to a covered request without one; whether resending is safe (the
+        method is idempotent or the request carries a key)."""
         if method in self.methods:
             if http.KEY_HEADER not in headers:
                 headers[http.KEY_HEADER] = new_key()
-            return True, True
-        return method in _IDEMPOTENT, http.KEY_HEADER in headers
+            return True
+        return method in _IDEMPOTENT or http.KEY_HEADER in headers

@@ -46,6 +46,11 @@ class InvalidArgumentError(OncelyError, ValueError):
         self.field = field
 
 
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type (INVALID_ARGUMENT): a ``TypeError`` as well as an
+    :class:`InvalidArgumentError` (and so a ``ValueError``). ``field`` names it."""
+
+
 class InvalidKeyError(InvalidArgumentError):
     """An idempotency key does not match ``[A-Za-z0-9_-]{8,64}`` (INVALID_ARGUMENT)."""
 
@@ -154,9 +159,20 @@ class ResultNotStoredError(OncelyError):
         self.type_name = type_name
 
 
+def http_status_of(error: BaseException) -> Optional[int]:
+    """The HTTP status a server answers with an error of oncely (its ``http_status``:
+    400 invalid or missing key, 422 fingerprint mismatch, 409 in progress or lease lost,
+    503 store unavailable or full, 500 otherwise), or None for any other exception."""
+    if isinstance(error, OncelyError):
+        return error.http_status
+    return None
+
+
 __all__ = [
+    "http_status_of",
     "OncelyError",
     "InvalidArgumentError",
+    "ArgumentTypeError",
     "InvalidKeyError",
     "MissingKeyError",
     "FingerprintMismatchError",

@@ -47,7 +47,7 @@ class AsyncRetryTransport(httpx.AsyncBaseTransport):
         self._o = _Options(methods, policy, deadline, budget, on_retry)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        safe, keyed = self._o.prepare(request.headers, request.method)
+        safe = self._o.prepare(request.headers, request.method)
         await request.aread()  # the body is sent again on every attempt
 
         async def attempt() -> httpx.Response:
@@ -62,7 +62,7 @@ class AsyncRetryTransport(httpx.AsyncBaseTransport):
                 stream=httpx.ByteStream(raw),
                 extensions=response.extensions,
             )
-            raise failure(read, keyed)
+            raise failure(read)
 
         try:
             return await retry(attempt, safe=safe, **self._o.kw)
@@ -90,7 +90,7 @@ class RetryTransport(httpx.BaseTransport):
         self._o = _Options(methods, policy, deadline, budget, on_retry)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        safe, keyed = self._o.prepare(request.headers, request.method)
+        safe = self._o.prepare(request.headers, request.method)
         request.read()
 
         def attempt() -> httpx.Response:
@@ -105,7 +105,7 @@ class RetryTransport(httpx.BaseTransport):
                 stream=httpx.ByteStream(raw),
                 extensions=response.extensions,
             )
-            raise failure(read, keyed)
+            raise failure(read)
 
         try:
             return retry_sync(attempt, safe=safe, **self._o.kw)

@@ -47,7 +47,7 @@ class IdempotentAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
         self._o = _Options(methods, policy, deadline, budget, on_retry)
 
     def send(self, request: Any, **kwargs: Any) -> Any:
-        safe, keyed = self._o.prepare(request.headers, request.method)
+        safe = self._o.prepare(request.headers, request.method)
         send = super().send
         body = request.body
         position = getattr(request, "_body_position", None)
@@ -66,7 +66,7 @@ class IdempotentAdapter(_adapters.HTTPAdapter):  # type: ignore[misc]
             if response.status_code < 400:
                 return response
             _ = response.content  # read whole, so the connection is free for the retry
-            raise failure(response, keyed)
+            raise failure(response)
 
         try:
             return retry_sync(attempt, safe=safe, **self._o.kw)

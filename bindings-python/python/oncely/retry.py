@@ -104,7 +104,7 @@ def _attempt(state: Optional[RetryState]) -> Attempt:
     return Attempt(state.attempt, state.remaining())
 
 
-def _give_up(exc: BaseException, attempts: int, reason: str) -> None:
+def _give_up(exc: BaseException, attempts: int, reason: str, why: str) -> None:
     """Attaches the attempt count and the stop reason (attributes and a PEP 678 note)."""
     # Best effort: the user's exception is re-raised unchanged even when it refuses
     # attributes (__slots__, or a __getattr__ / __setattr__ that raises).
@@ -113,7 +113,7 @@ def _give_up(exc: BaseException, attempts: int, reason: str) -> None:
         exc.stop_reason = reason  # type: ignore[attr-defined,unused-ignore]
     except Exception:  # the note still says it
         pass
-    note = f"oncely: gave up after {attempts} attempt{'s' if attempts != 1 else ''} ({reason})"
+    note = f"oncely: gave up after {attempts} attempt{'s' if attempts != 1 else ''} ({why})"
     try:
         if hasattr(exc, "add_note"):
             exc.add_note(note)
@@ -138,7 +138,7 @@ def _decide(
     attempt = state.attempt
     decision = state.on_failure(classify_exception(exc, classify, reasons))
     if isinstance(decision, str):
-        _give_up(exc, attempt, decision)
+        _give_up(exc, attempt, decision, state.why_stopped() or decision)
         return None
     delay, rule, from_server = decision
     if on_retry is not None:

@@ -105,6 +105,9 @@ pub struct RetryError<E> {
     pub attempts: u32,
     /// Why no further attempt was made.
     pub reason: StopReason,
+    /// The classification rule of the last error (SPEC §3): for
+    /// [`StopReason::NotRetryable`], why it is not retried.
+    pub rule: Rule,
 }
 
 impl<E> RetryError<E> {
@@ -127,7 +130,7 @@ impl<E: fmt::Display> fmt::Display for RetryError<E> {
             "gave up after {} attempt{} ({}): {}",
             self.attempts,
             if self.attempts == 1 { "" } else { "s" },
-            self.reason,
+            self.reason.explain(Some(self.rule)),
             self.error
         )
     }
@@ -342,6 +345,7 @@ where
                         error,
                         attempts: state.attempt(),
                         reason,
+                        rule: state.rule().unwrap_or(Rule::NotAnError),
                     })
                 }
                 Decision::Retry { delay, rule } => {
@@ -451,6 +455,7 @@ where
                                 error,
                                 attempts: this.machine.attempt(),
                                 reason,
+                                rule: this.machine.rule().unwrap_or(Rule::NotAnError),
                             }));
                         }
                         Decision::Retry { delay, rule } => {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::backoff::RetryPolicy;
 use crate::budget::RetryBudget;
-use crate::classify::{classify, CallFacts, Failure, Rule, ServerDelay};
+use crate::classify::{classify_failure, CallFacts, Failure, Rule, ServerDelay};
 use crate::clock::Deadline;
 use crate::rand;
 
@@ -35,6 +35,36 @@ impl StopReason {
             StopReason::Budget => "budget",
             StopReason::ServerSaidNo => "server_said_no",
         }
+    }
+}
+
+impl StopReason {
+    /// Why the loop stopped, in words: the stable name, then the cause. For
+    /// [`StopReason::NotRetryable`], `rule` (the classification of the last error)
+    /// says why that error is not retried.
+    ///
+    /// ```
+    /// use oncely::{Rule, StopReason};
+    /// let why = StopReason::NotRetryable.explain(Some(Rule::ConflictNeedsReread));
+    /// assert!(why.starts_with("not_retryable: "));
+    /// assert!(why.contains("conflict_needs_reread"));
+    /// ```
+    pub fn explain(self, rule: Option<Rule>) -> String {
+        let why = match self {
+            StopReason::NotRetryable => {
+                return match rule {
+                    Some(rule) => format!("not_retryable: {} (rule {rule})", rule.explain()),
+                    None => "not_retryable".to_owned(),
+                }
+            }
+            StopReason::AttemptsExhausted => "the policy's maximum number of attempts was made",
+            StopReason::Deadline => {
+                "the deadline leaves no room for another attempt after the delay"
+            }
+            StopReason::Budget => "the shared retry budget is exhausted (too many retries)",
+            StopReason::ServerSaidNo => "the server asked not to retry",
+        };
+        format!("{}: {why}", self.as_str())
     }
 }
 
@@ -86,6 +116,7 @@ pub struct RetryState {
     budget: Option<RetryBudget>,
     attempt: u32,
     seed: Option<u64>,
+    rule: Option<Rule>,
 }
 
 impl RetryState {
@@ -111,6 +142,7 @@ impl RetryState {
             budget: None,
             attempt: 1,
             seed: policy.seed(),
+            rule: None,
         }
     }
 
@@ -141,6 +173,17 @@ impl RetryState {
         self.attempt
     }
 
+    /// The rule that classified the last failure (`None` before the first).
+    pub fn rule(&self) -> Option<Rule> {
+        self.rule
+    }
+
+    /// Why the loop stopped with `reason` after the last failure, in words (see
+    /// [`StopReason::explain`]): what the bindings note on the error they give back.
+    pub fn explain_stop(&self, reason: StopReason) -> String {
+        reason.explain(self.rule)
+    }
+
     /// The policy in force.
     pub fn policy(&self) -> &RetryPolicy {
         &self.policy
@@ -164,7 +207,8 @@ impl RetryState {
     /// Decides what follows the failure of the current attempt at clock time `now`.
     /// On [`Decision::Retry`] the attempt counter moves on to the next attempt.
     pub fn on_failure(&mut self, failure: Failure, now: Duration) -> Decision {
-        let class = classify(failure.code, self.facts);
+        let class = classify_failure(failure, self.facts);
+        self.rule = Some(class.rule);
         if !class.retryable {
             return Decision::Stop(StopReason::NotRetryable);
         }

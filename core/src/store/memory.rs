@@ -16,6 +16,7 @@ use super::{
 use crate::clock::{coarse_clock, Clock, SharedClock};
 use crate::error::Error;
 use crate::key::ScopedKey;
+use crate::naming::Naming;
 use crate::sync::{Mutex, MutexGuard};
 
 /// What [`MemoryStore::begin`] gives.
@@ -219,6 +220,7 @@ pub struct MemoryStoreBuilder<V, E> {
     max_entries: Option<usize>,
     in_progress_retry_after: Duration,
     cache_failure: Option<CacheFailure<E>>,
+    naming: Naming,
 }
 
 impl<V, E> MemoryStoreBuilder<V, E> {
@@ -279,13 +281,32 @@ impl<V, E> MemoryStoreBuilder<V, E> {
         })
     }
 
+    /// Names the settings and durations in [`build`](Self::build)'s errors as the
+    /// caller does (a binding's option names and unit); default [`Naming::RUST`].
+    pub fn naming(mut self, naming: Naming) -> Self {
+        self.naming = naming;
+        self
+    }
+
     /// Makes the store; rejects a zero TTL and `max_entries` of 0.
     pub fn build(self) -> Result<MemoryStore<V, E>, Error> {
+        let n = &self.naming;
         if self.ttl.is_zero() {
-            return Err(Error::invalid("ttl", "must be greater than zero"));
+            return Err(Error::invalid(
+                n.field("ttl"),
+                format!(
+                    "must be greater than {}, e.g. {} (a day), got {}",
+                    n.duration(Duration::ZERO),
+                    n.value(DEFAULT_TTL),
+                    n.value(self.ttl)
+                ),
+            ));
         }
         if self.max_entries == Some(0) {
-            return Err(Error::invalid("max_entries", "must be at least 1"));
+            return Err(Error::invalid(
+                n.field("max_entries"),
+                format!("must be at least 1, e.g. {DEFAULT_MAX_ENTRIES}, got 0"),
+            ));
         }
         Ok(MemoryStore {
             shared: Arc::new(Shared {
@@ -323,6 +344,7 @@ impl<V, E> MemoryStore<V, E> {
             max_entries: Some(DEFAULT_MAX_ENTRIES),
             in_progress_retry_after: DEFAULT_IN_PROGRESS_RETRY_AFTER,
             cache_failure: None,
+            naming: Naming::RUST,
         }
     }
 
