@@ -130,6 +130,7 @@ function idempotency(options) {
         let size = 0
         let over = false
         let ended = false
+        let away = false
         const keep = (chunk, encoding) => {
           if (over || chunk === undefined || chunk === null) return
           const b = Buffer.isBuffer(chunk)
@@ -196,6 +197,11 @@ function idempotency(options) {
             }
             end.call(res, chunk, encoding, cb)
           }
+          if (away) {
+            s.counters.notStored++
+            reject(new Released(owner, 'the response was not sent whole'))
+            return this
+          }
           if (over) {
             s.counters.notStored++
             reject(new Released(owner, 'the body is over the cap'))
@@ -224,11 +230,19 @@ function idempotency(options) {
           }
           return this
         }
-        // A client that goes away mid-response (a stream under way) releases the key. One
-        // that goes away before the answer began does not: the handler is still running,
-        // and its answer, once given, is kept as usual so that a retry does not run it again.
+        // A client that goes away mid-response (a stream under way): the handler still
+        // runs, so it keeps the key until it ends its response; that response is then not
+        // stored (it was not sent whole) and the key is released. One that goes away before
+        // the answer began leaves the answer, once given, kept as usual. A response cut by
+        // the server instead (Express destroys the socket when a handler fails after its
+        // headers were sent) means the handler has stopped: the key is released now.
         res.once('close', () => {
           if (ended || !res.headersSent) return
+          const socket = req.socket
+          if (socket && (socket.readableEnded || socket.errored)) {
+            away = true
+            return
+          }
           restore()
           s.counters.notStored++
           reject(new Released(owner, 'the response was not sent whole'))
