@@ -1,7 +1,7 @@
 'use strict'
 // oncely/fastify: the server contract (SPEC §8) as a Fastify plugin.
 
-const { Readable } = require('node:stream')
+const { Readable, finished } = require('node:stream')
 const {
   Unstored,
   Released,
@@ -126,7 +126,7 @@ async function idempotency(fastify, options) {
         // As in oncely/express: a client gone before the answer began leaves the handler
         // running, and its answer is settled in onSend as usual.
         reply.raw.once('close', () => {
-          if (!reply.raw.writableFinished && reply.raw.headersSent) {
+          if (!st.streaming && !reply.raw.writableFinished && reply.raw.headersSent) {
             st.settle(new Released(owner, 'the response was not sent whole'))
           }
         })
@@ -157,10 +157,17 @@ async function idempotency(fastify, options) {
     const eventStream = ct !== undefined && http.isEventStream(String(ct))
     if (eventStream || body === undefined) {
       // A stream or an event stream is sent as it comes and not stored; the key is
-      // released once it ends.
+      // released once it ends. A Node stream keeps it until its producer has stopped
+      // (Fastify destroys it when the client goes away; it closes once its producer has
+      // finished): the handler's work may still run after the client has gone.
       const release = () => st.settle(new Released(st.owner, 'a streamed body is not stored'))
-      reply.raw.once('finish', release)
-      reply.raw.once('close', release)
+      st.streaming = true
+      if (payload !== null && typeof payload === 'object' && typeof payload.pipe === 'function') {
+        finished(payload, release)
+      } else {
+        reply.raw.once('finish', release)
+        reply.raw.once('close', release)
+      }
       return payload
     }
     // What is sent: no body goes with a HEAD answer, a 1xx, 204 or 304.

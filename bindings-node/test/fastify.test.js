@@ -4,6 +4,7 @@
 const test = require('node:test')
 const assert = require('node:assert/strict')
 const { Readable } = require('node:stream')
+const nodeHttp = require('node:http')
 
 // Both majors the plugin supports, each against the same cases.
 const FASTIFIES = { 'fastify 5': require('fastify'), 'fastify 4': require('fastify4') }
@@ -206,6 +207,56 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
       assert.deepEqual(JSON.parse(retry.body.toString()), { call: 1 })
       assert.equal(retry.headers.get('idempotent-replayed'), 'true')
       assert.equal(s.calls(), 1)
+    } finally {
+      await s.close()
+    }
+  })
+
+  test(`${major}: a client gone mid-stream: the key is held until the stream's producer stops, then released`, async () => {
+    let release
+    let stopped
+    const producerStopped = new Promise((r) => (stopped = r))
+    const s = await start({ store: new IdempotencyStore() }, (app, call) => {
+      app.post('/stream', async (req, reply) => {
+        const n = call()
+        async function* parts() {
+          try {
+            yield `part-1 of call ${n}\n`
+            // Still producing after the client has gone.
+            if (n === 1) await new Promise((r) => (release = r))
+            yield 'done\n'
+          } finally {
+            if (n === 1) stopped()
+          }
+        }
+        return reply.code(200).type('text/plain').send(Readable.from(parts()))
+      })
+    })
+    try {
+      await new Promise((resolve, reject) => {
+        const port = new URL(s.url).port
+        const req = nodeHttp.request({ host: '127.0.0.1', port, method: 'POST', path: '/stream', headers: { 'idempotency-key': 'order-gone1' } })
+        req.on('response', (res) => {
+          res.once('data', (d) => {
+            assert.equal(d.toString(), 'part-1 of call 1\n')
+            req.destroy()
+            resolve()
+          })
+        })
+        req.on('error', () => {})
+        req.end('x')
+        setTimeout(() => reject(new Error('no first part')), 5_000)
+      })
+      // The producer still runs: a retry waits for it and does not run the handler.
+      const again = send(s.url, { method: 'POST', path: '/stream', headers: { 'idempotency-key': 'order-gone1' }, body: 'x' })
+      await new Promise((r) => setTimeout(r, 200))
+      assert.equal(s.calls(), 1)
+      release()
+      await producerStopped
+      const r = await again
+      assert.equal(r.body.toString(), 'part-1 of call 2\ndone\n')
+      assert.equal(r.headers.get('idempotent-replayed'), null)
+      assert.equal(s.calls(), 2)
     } finally {
       await s.close()
     }
