@@ -11,6 +11,7 @@ const {
   headerObject,
   scopeOf,
   dedup,
+  goneOf,
   replayed,
   http,
 } = require('./adapter.js')
@@ -101,10 +102,7 @@ async function idempotency(fastify, options) {
       ? s.fingerprint(request, st.body)
       : http.requestFingerprint(request.method, request.url, request.headers['content-type'], st.body)
 
-    const gone = new AbortController()
-    reply.raw.once('close', () => {
-      if (!reply.raw.writableFinished) gone.abort(new Error('the client went away'))
-    })
+    const gone = goneOf(reply.raw, 'close', () => reply.raw.writableFinished)
     let started
     const leading = new Promise((resolve) => {
       started = resolve
@@ -132,7 +130,7 @@ async function idempotency(fastify, options) {
         })
         started('lead')
       })
-    st.run = dedup(s, scoped, fp, lead, gone.signal)
+    st.run = dedup(s, scoped, fp, lead, gone)
     st.run.catch(() => {})
     const first = await Promise.race([leading, st.run])
     if (first === 'lead') return
@@ -179,7 +177,7 @@ async function idempotency(fastify, options) {
       const stored = http.storableStatus(reply.statusCode)
       const record = {
         status: reply.statusCode,
-        headers: storedFields(s.config, reply.getHeaders(), stored),
+        headers: storedFields(s, reply.getHeaders(), stored),
         body,
         trailers: [],
       }
