@@ -70,12 +70,22 @@ function settings(options) {
   }
 }
 
-/** The values of the request's Idempotency-Key header (`headersDistinct` keeps repeats). */
+/**
+ * The values of the request's Idempotency-Key header, repeats kept: read from
+ * `rawHeaders`, since `headersDistinct` builds an object of every header on first use.
+ */
 function keyValues(req) {
-  const d = req.headersDistinct
-  if (d) return d[KEY] ?? []
-  const v = req.headers[KEY]
-  return v === undefined ? [] : [v]
+  const raw = req.rawHeaders
+  if (!Array.isArray(raw)) {
+    const v = req.headers[KEY]
+    return v === undefined ? [] : [v]
+  }
+  const out = []
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]
+    if (name.length === KEY.length && name.toLowerCase() === KEY) out.push(raw[i + 1])
+  }
+  return out
 }
 
 /** The most header names whose decisions are remembered (the names a handler sets). */
