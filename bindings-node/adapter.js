@@ -3,7 +3,7 @@
 // key decision, the scope and fingerprint of a request, and the dedup loop over a store.
 // Every rule is the core's (`oncely.http`); this file only drives it.
 
-const { http, OncelyError } = require('./index.js')
+const { http, IdempotencyStore, OncelyError } = require('./index.js')
 
 const KEY = http.KEY_HEADER
 
@@ -53,6 +53,14 @@ function settings(options) {
   return {
     store,
     config,
+    // The in-process store settles a key within the tick that settles its action (no
+    // I/O): nothing needs to wait for it before the answer is sent.
+    settlesAtOnce: store instanceof IdempotencyStore,
+    // Read once: a getter of the native config costs a call into Rust per request.
+    executeOptions: { wait: config.wait },
+    // The core's header decisions by name, remembered: a handler sets the same few
+    // headers on every response, and each decision is otherwise a call into Rust.
+    headerRules: new Map(),
     requestCap,
     tenant: typeof tenant === 'function' ? tenant : () => tenant ?? http.DEFAULT_TENANT,
     route,
@@ -62,12 +70,36 @@ function settings(options) {
   }
 }
 
-/** The values of the request's Idempotency-Key header (`headersDistinct` keeps repeats). */
+/**
+ * The values of the request's Idempotency-Key header, repeats kept: read from
+ * `rawHeaders`, since `headersDistinct` builds an object of every header on first use.
+ */
 function keyValues(req) {
-  const d = req.headersDistinct
-  if (d) return d[KEY] ?? []
-  const v = req.headers[KEY]
-  return v === undefined ? [] : [v]
+  const raw = req.rawHeaders
+  if (!Array.isArray(raw)) {
+    const v = req.headers[KEY]
+    return v === undefined ? [] : [v]
+  }
+  const out = []
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]
+    if (name.length === KEY.length && name.toLowerCase() === KEY) out.push(raw[i + 1])
+  }
+  return out
+}
+
+/** The most header names whose decisions are remembered (the names a handler sets). */
+const HEADER_RULES_MAX = 256
+
+/** Whether the header `name` is kept: stored (`stored`), or shared with the waiters. */
+function keepsHeader(s, name, stored) {
+  let rule = s.headerRules.get(name)
+  if (rule === undefined) {
+    // Bit 1: stored with the body; bit 2: shared with a response that is not stored.
+    rule = (s.config.storesHeader(name) ? 1 : 0) | (s.config.sharesHeader(name) ? 2 : 0)
+    if (s.headerRules.size < HEADER_RULES_MAX) s.headerRules.set(name, rule)
+  }
+  return (rule & (stored ? 1 : 2)) !== 0
 }
 
 /**
@@ -75,12 +107,15 @@ function keyValues(req) {
  * that is not stored (`stored === false`: it only reaches the duplicates waiting now),
  * every header it shares.
  */
-function storedFields(config, headers, stored = true) {
+function storedFields(s, headers, stored = true) {
   const out = []
-  for (const [name, value] of Object.entries(headers)) {
-    if (value === undefined || !(stored ? config.storesHeader(name) : config.sharesHeader(name))) continue
-    for (const v of Array.isArray(value) ? value : [value]) {
-      out.push({ name: name.toLowerCase(), value: Buffer.from(String(v), 'latin1') })
+  for (const name in headers) {
+    const value = headers[name]
+    if (value === undefined || !keepsHeader(s, name, stored)) continue
+    if (Array.isArray(value)) {
+      for (const v of value) out.push({ name: name.toLowerCase(), value: Buffer.from(String(v), 'latin1') })
+    } else {
+      out.push({ name: name.toLowerCase(), value: Buffer.from(String(value), 'latin1') })
     }
   }
   return out
@@ -128,13 +163,24 @@ function isOncelyError(e) {
  * `owner`). Resolves with what the caller must answer: `{ led: true }` (the handler
  * answered), `{ replay: record }`, or `{ problem }`; rejects with a foreign error.
  */
-async function dedup(s, scoped, fingerprint, lead, signal) {
-  const options = { wait: s.config.wait }
-  if (signal) options.signal = signal
+async function dedup(s, scoped, fingerprint, lead, gone) {
+  const options = s.executeOptions
   for (;;) {
     const owner = {}
     try {
-      const r = await s.store.execute(scoped, fingerprint, () => lead(owner), options)
+      const run = s.store.execute(scoped, fingerprint, () => lead(owner), options)
+      // Not the store's `signal`: an AbortSignal and its listener cost more than the rest
+      // of a first call in the store. A caller whose client has gone stops waiting here;
+      // the store's waiter goes on until the first request ends (a leader keeps the key
+      // until its handler settles either way).
+      let r
+      if (gone === undefined) {
+        r = await run
+      } else {
+        run.catch(noop)
+        r = await Promise.race([run, gone])
+        if (r === GONE) throw new Error('the client went away')
+      }
       if (r.source === 'led') {
         s.counters.stored++
         return { led: true }
@@ -159,6 +205,20 @@ async function dedup(s, scoped, fingerprint, lead, signal) {
   }
 }
 
+function noop() {}
+
+/** What `gone` (see `goneOf`) resolves with. */
+const GONE = Symbol('gone')
+
+/** A Promise resolving with GONE once `emitter` emits `event` (the client went away). */
+function goneOf(emitter, event, unless = () => false) {
+  return new Promise((resolve) => {
+    emitter.once(event, () => {
+      if (!unless()) resolve(GONE)
+    })
+  })
+}
+
 /** `on_replay` and the counter, for every replayed answer. */
 function replayed(s, req, scoped) {
   s.counters.replayed++
@@ -180,6 +240,7 @@ module.exports = {
   headerObject,
   scopeOf,
   dedup,
+  goneOf,
   replayed,
   http,
 }

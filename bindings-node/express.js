@@ -10,6 +10,7 @@ const {
   headerObject,
   scopeOf,
   dedup,
+  goneOf,
   replayed,
   http,
 } = require('./adapter.js')
@@ -45,6 +46,8 @@ function parsedBody(req) {
   // A parsed JSON body: its canonical form is the same as the bytes' (SPEC §8).
   return Buffer.from(JSON.stringify(b), 'utf8')
 }
+
+function noop() {}
 
 function bodyless(method, status) {
   return method === 'HEAD' || status < 200 || status === 204 || status === 304
@@ -115,13 +118,13 @@ function idempotency(options) {
       ? s.fingerprint(req, body)
       : http.requestFingerprint(req.method, req.originalUrl, req.headers['content-type'], body)
 
-    const gone = new AbortController()
-    res.on('close', () => {
-      if (!res.writableFinished) gone.abort(new Error('the client went away'))
+    let left = false
+    const gone = goneOf(res, 'close', () => {
+      left = !res.writableFinished
+      return !left
     })
 
-    // The end of a led response is held until the store has settled the key: a retry
-    // sent once the client has the whole answer finds the key stored or released.
+    // Set once the led response has ended: sends it (when it was held), or does nothing.
     let finish = null
     const lead = (owner) =>
       new Promise((resolve, reject) => {
@@ -130,6 +133,7 @@ function idempotency(options) {
         let size = 0
         let over = false
         let ended = false
+        let away = false
         const keep = (chunk, encoding) => {
           if (over || chunk === undefined || chunk === null) return
           const b = Buffer.isBuffer(chunk)
@@ -176,6 +180,24 @@ function idempotency(options) {
           }
           keep(chunk, encoding)
           ended = true
+          const outcome = settle()
+          if (s.settlesAtOnce) {
+            // The store settles the key in this tick, before the server reads another
+            // request: the response goes out now, as without the middleware.
+            restore()
+            finish = noop
+            end.call(res, chunk, encoding, cb)
+          } else {
+            hold(chunk, encoding, cb)
+          }
+          if (outcome instanceof Error) reject(outcome)
+          else resolve(outcome)
+          return this
+        }
+        // The end of the response, held until the store has settled the key (a store
+        // that settles later, e.g. a RedisStore): a retry sent once the client has the
+        // whole answer finds the key stored or released.
+        const hold = (chunk, encoding, cb) => {
           // The response is whole: until it is sent, nothing after it (an error handler
           // answering a late `next(err)`, a stray write) may change or replace it.
           const status = res.statusCode
@@ -196,39 +218,50 @@ function idempotency(options) {
             }
             end.call(res, chunk, encoding, cb)
           }
+        }
+        // What the whole response leaves in the store: record bytes, or the error that
+        // tells the store (and its waiters) it is not stored.
+        const settle = () => {
+          if (away) {
+            s.counters.notStored++
+            return new Released(owner, 'the response was not sent whole')
+          }
           if (over) {
             s.counters.notStored++
-            reject(new Released(owner, 'the body is over the cap'))
-            return this
+            return new Released(owner, 'the body is over the cap')
           }
           const ct = res.getHeader('content-type')
           if (ct !== undefined && http.isEventStream(String(ct))) {
             // Sent as produced; the key was held until its end and is released now.
             s.counters.notStored++
-            reject(new Released(owner, 'an event stream is not stored'))
-            return this
+            return new Released(owner, 'an event stream is not stored')
           }
-          const stored = http.storableStatus(res.statusCode)
+          const status = res.statusCode
+          const stored = http.storableStatus(status)
           const record = {
-            status: res.statusCode,
-            headers: storedFields(s.config, res.getHeaders(), stored),
+            status,
+            headers: storedFields(s, res.getHeaders(), stored),
             // What was sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
-            body: bodyless(req.method, res.statusCode) ? Buffer.alloc(0) : Buffer.concat(chunks, size),
+            body: bodyless(req.method, status) ? Buffer.alloc(0) : Buffer.concat(chunks, size),
             trailers: [],
           }
-          if (stored) {
-            resolve(http.encodeResponse(record))
-          } else {
-            s.counters.notStored++
-            reject(new Unstored(owner, record))
-          }
-          return this
+          if (stored) return http.encodeResponse(record)
+          s.counters.notStored++
+          return new Unstored(owner, record)
         }
-        // A client that goes away mid-response (a stream under way) releases the key. One
-        // that goes away before the answer began does not: the handler is still running,
-        // and its answer, once given, is kept as usual so that a retry does not run it again.
+        // A client that goes away mid-response (a stream under way): the handler still
+        // runs, so it keeps the key until it ends its response; that response is then not
+        // stored (it was not sent whole) and the key is released. One that goes away before
+        // the answer began leaves the answer, once given, kept as usual. A response cut by
+        // the server instead (Express destroys the socket when a handler fails after its
+        // headers were sent) means the handler has stopped: the key is released now.
         res.once('close', () => {
           if (ended || !res.headersSent) return
+          const socket = req.socket
+          if (socket && (socket.readableEnded || socket.errored)) {
+            away = true
+            return
+          }
           restore()
           s.counters.notStored++
           reject(new Released(owner, 'the response was not sent whole'))
@@ -242,10 +275,10 @@ function idempotency(options) {
 
     let outcome
     try {
-      outcome = await dedup(s, scoped, fp, lead, gone.signal)
+      outcome = await dedup(s, scoped, fp, lead, gone)
     } catch (e) {
       if (finish) return finish()
-      if (gone.signal.aborted || res.headersSent) return
+      if (left || res.headersSent) return
       return next(e)
     }
     // The handler ran (whatever the store said after): its answer is the one to send.

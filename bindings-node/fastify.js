@@ -1,7 +1,7 @@
 'use strict'
 // oncely/fastify: the server contract (SPEC §8) as a Fastify plugin.
 
-const { Readable } = require('node:stream')
+const { Readable, finished } = require('node:stream')
 const {
   Unstored,
   Released,
@@ -11,6 +11,7 @@ const {
   headerObject,
   scopeOf,
   dedup,
+  goneOf,
   replayed,
   http,
 } = require('./adapter.js')
@@ -101,10 +102,7 @@ async function idempotency(fastify, options) {
       ? s.fingerprint(request, st.body)
       : http.requestFingerprint(request.method, request.url, request.headers['content-type'], st.body)
 
-    const gone = new AbortController()
-    reply.raw.once('close', () => {
-      if (!reply.raw.writableFinished) gone.abort(new Error('the client went away'))
-    })
+    const gone = goneOf(reply.raw, 'close', () => reply.raw.writableFinished)
     let started
     const leading = new Promise((resolve) => {
       started = resolve
@@ -126,13 +124,13 @@ async function idempotency(fastify, options) {
         // As in oncely/express: a client gone before the answer began leaves the handler
         // running, and its answer is settled in onSend as usual.
         reply.raw.once('close', () => {
-          if (!reply.raw.writableFinished && reply.raw.headersSent) {
+          if (!st.streaming && !reply.raw.writableFinished && reply.raw.headersSent) {
             st.settle(new Released(owner, 'the response was not sent whole'))
           }
         })
         started('lead')
       })
-    st.run = dedup(s, scoped, fp, lead, gone.signal)
+    st.run = dedup(s, scoped, fp, lead, gone)
     st.run.catch(() => {})
     const first = await Promise.race([leading, st.run])
     if (first === 'lead') return
@@ -157,10 +155,17 @@ async function idempotency(fastify, options) {
     const eventStream = ct !== undefined && http.isEventStream(String(ct))
     if (eventStream || body === undefined) {
       // A stream or an event stream is sent as it comes and not stored; the key is
-      // released once it ends.
+      // released once it ends. A Node stream keeps it until its producer has stopped
+      // (Fastify destroys it when the client goes away; it closes once its producer has
+      // finished): the handler's work may still run after the client has gone.
       const release = () => st.settle(new Released(st.owner, 'a streamed body is not stored'))
-      reply.raw.once('finish', release)
-      reply.raw.once('close', release)
+      st.streaming = true
+      if (payload !== null && typeof payload === 'object' && typeof payload.pipe === 'function') {
+        finished(payload, release)
+      } else {
+        reply.raw.once('finish', release)
+        reply.raw.once('close', release)
+      }
       return payload
     }
     // What is sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
@@ -172,7 +177,7 @@ async function idempotency(fastify, options) {
       const stored = http.storableStatus(reply.statusCode)
       const record = {
         status: reply.statusCode,
-        headers: storedFields(s.config, reply.getHeaders(), stored),
+        headers: storedFields(s, reply.getHeaders(), stored),
         body,
         trailers: [],
       }

@@ -4,7 +4,7 @@
 // application/grpc, the length-prefixed message as the body, grpc-status and
 // grpc-message as trailers.
 
-const { Unstored, Released, settings, scopeOf, dedup, replayed, http } = require('./adapter.js')
+const { Unstored, Released, settings, scopeOf, dedup, goneOf, replayed, http } = require('./adapter.js')
 
 // A cancelled call leaves its handler running: the key stays held until the handler
 // answers, and that answer is kept as usual, so a retry does not run the handler again.
@@ -115,8 +115,11 @@ function wrap(s, grpc, def, handler) {
       ? s.fingerprint(call, message)
       : http.requestFingerprint('POST', path, 'application/grpc', frame(message))
 
-    const gone = new AbortController()
-    call.once('cancelled', () => gone.abort(new Error('the call was cancelled')))
+    let cancelled = false
+    const gone = goneOf(call, 'cancelled', () => {
+      cancelled = true
+      return false
+    })
     // The answer is sent once the store has settled the key (see oncely/express).
     let finish = null
     const lead = (owner) =>
@@ -164,7 +167,7 @@ function wrap(s, grpc, def, handler) {
         }
       })
 
-    dedup(s, scoped, fp, lead, gone.signal).then(
+    dedup(s, scoped, fp, lead, gone).then(
       (outcome) => {
         // The handler ran (whatever the store said after): its answer is the one to send.
         if (outcome.led || finish) return finish?.()
@@ -191,7 +194,7 @@ function wrap(s, grpc, def, handler) {
       },
       (e) => {
         if (finish) return finish()
-        if (gone.signal.aborted) return
+        if (cancelled) return
         callback({ code: UNKNOWN, details: String(e?.message ?? e) })
       },
     )

@@ -1,14 +1,17 @@
-// The Express middleware's overhead per request, against the same app without it (both
-// behind express.json()), in one run: real HTTP on 127.0.0.1 (keep-alive, one request at a time), so the difference of
-// the means is what oncely/express adds. `node bench/adapters.mjs [--quick]`.
+// The overhead per request of oncely/express and oncely/fastify, each against the same
+// app without it (Express behind express.json(), Fastify with its JSON parser), in one
+// run: real HTTP on 127.0.0.1 (keep-alive, one request at a time), so the difference of
+// the medians is what the adapter adds. `node bench/adapters.mjs [--quick]`.
 import http from 'node:http'
 import express from 'express'
+import Fastify from 'fastify'
 import { IdempotencyStore, newKey } from 'oncely'
 import { idempotency } from 'oncely/express'
+import { idempotency as fastifyIdempotency } from 'oncely/fastify'
 
 const quick = process.argv.includes('--quick')
 const N = quick ? 2_000 : 20_000
-const ROUNDS = quick ? 2 : 5
+const ROUNDS = quick ? 3 : 5
 const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
 
 function app(withMiddleware) {
@@ -48,30 +51,48 @@ async function time(port, keyOf) {
   return [...each].sort((a, b) => a - b)[N >> 1]
 }
 
-const bare = await app(false)
-const guarded = await app(true)
-const replayKey = newKey()
-const results = { bare: [], first: [], replay: [] }
-// The scenarios take turns, in another order each round, so that load from outside
-// the run weighs on all of them alike.
-const runs = {
-  bare: () => time(bare.address().port, () => replayKey),
-  first: () => time(guarded.address().port, () => newKey()),
-  replay: () => time(guarded.address().port, () => replayKey),
+async function fastifyApp(withPlugin) {
+  const f = Fastify()
+  if (withPlugin) await f.register(fastifyIdempotency, { store: new IdempotencyStore({ ttlMs: 600_000 }) })
+  f.post('/orders', async (req, reply) => reply.code(201).send({ id: 1, sku: req.body.sku }))
+  await f.listen({ port: 0, host: '127.0.0.1' })
+  return f.server
 }
-const orders = [['bare', 'first', 'replay'], ['first', 'replay', 'bare'], ['replay', 'bare', 'first']]
+
+const servers = {
+  express: { bare: await app(false), guarded: await app(true) },
+  fastify: { bare: await fastifyApp(false), guarded: await fastifyApp(true) },
+}
+const replayKey = newKey()
+const runs = {}
+for (const [name, { bare, guarded }] of Object.entries(servers)) {
+  runs[`${name} bare`] = () => time(bare.address().port, () => replayKey)
+  runs[`${name} first`] = () => time(guarded.address().port, () => newKey())
+  runs[`${name} replay`] = () => time(guarded.address().port, () => replayKey)
+}
+const names = Object.keys(runs)
+const results = Object.fromEntries(names.map((k) => [k, []]))
+// The scenarios take turns, in a rotated order each round, so that load from outside
+// the run weighs on all of them alike.
 for (let r = 0; r < ROUNDS; r++) {
-  for (const k of orders[r % 3]) results[k].push(await runs[k]())
+  for (let j = 0; j < names.length; j++) {
+    const k = names[(j + r) % names.length]
+    results[k].push(await runs[k]())
+  }
 }
 const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
-const b = median(results.bare)
-console.log(`| scenario | median µs per request (median of ${ROUNDS} runs × ${N}) | added by oncely/express |`)
-console.log('|---|---|---|')
-console.log(`| without the middleware | ${b.toFixed(1)} | |`)
-for (const k of ['first', 'replay']) {
-  const m = median(results[k])
-  console.log(`| ${k === 'first' ? 'first call (new key)' : 'replay (same key)'} | ${m.toFixed(1)} | ${(m - b).toFixed(1)} |`)
+console.log(`| adapter | scenario | median µs per request (median of ${ROUNDS} runs × ${N}) | added |`)
+console.log('|---|---|---|---|')
+for (const name of Object.keys(servers)) {
+  const b = median(results[`${name} bare`])
+  console.log(`| ${name} | without the adapter | ${b.toFixed(1)} | |`)
+  for (const k of ['first', 'replay']) {
+    const m = median(results[`${name} ${k}`])
+    console.log(`| oncely/${name} | ${k === 'first' ? 'first call (new key)' : 'replay (same key)'} | ${m.toFixed(1)} | ${(m - b).toFixed(1)} |`)
+  }
 }
-bare.close()
-guarded.close()
+for (const { bare, guarded } of Object.values(servers)) {
+  bare.close()
+  guarded.close()
+}
 agent.destroy()

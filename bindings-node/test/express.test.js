@@ -109,15 +109,21 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
     }
   })
 
-  test(`${name}: a client that goes away mid-response releases the key`, async () => {
+  test(`${name}: a client that goes away mid-response: the key is held until the handler ends, then released`, async () => {
     let release
+    let ended
+    const firstEnded = new Promise((r) => (ended = r))
     const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
-      app.post('/stream', mw, (req, res) => {
+      app.post('/stream', mw, async (req, res) => {
         const n = call()
         res.status(200).type('text/plain')
         res.write(`part-1 of call ${n}\n`)
         if (n === 1) {
-          release = () => res.end('never seen\n')
+          // Still running (and writing) after the client has gone.
+          await new Promise((r) => (release = r))
+          res.write('part-2, nobody reads it\n')
+          res.end('never seen\n')
+          ended()
           return
         }
         res.end('done\n')
@@ -137,12 +143,40 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
         req.end('x')
         setTimeout(() => reject(new Error('no first part')), 5_000)
       })
-      const again = await send(s.url, { method: 'POST', path: '/stream', headers: { 'idempotency-key': 'order-gone1' }, body: 'x' })
-      assert.equal(again.status, 200)
+      // The first handler still runs: a retry waits for it and does not run the handler.
+      const again = send(s.url, { method: 'POST', path: '/stream', headers: { 'idempotency-key': 'order-gone1' }, body: 'x' })
+      await new Promise((r) => setTimeout(r, 200))
+      assert.equal(s.calls(), 1)
+      release()
+      await firstEnded
+      // Its response was not sent whole: not stored, and the retry runs the handler.
+      const r = await again
+      assert.equal(r.status, 200)
+      assert.equal(r.body.toString(), 'part-1 of call 2\ndone\n')
+      assert.equal(r.headers.get('idempotent-replayed'), null)
+      assert.equal(s.calls(), 2)
+    } finally {
+      await s.close()
+    }
+  })
+
+  test(`${name}: a handler that fails mid-response releases the key at once; the retry runs it`, async () => {
+    const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
+      app.post('/broken', mw, async (req, res, next) => {
+        const n = call()
+        res.status(200).type('text/plain')
+        res.write(`part-1 of call ${n}\n`)
+        if (n === 1) return setTimeout(() => next(new Error('the stream broke')), 20)
+        res.end('done\n')
+      })
+    })
+    try {
+      const req = { method: 'POST', path: '/broken', headers: { 'idempotency-key': 'order-broke' }, body: 'x' }
+      await assert.rejects(send(s.url, req))
+      const again = await send(s.url, req)
       assert.equal(again.body.toString(), 'part-1 of call 2\ndone\n')
       assert.equal(again.headers.get('idempotent-replayed'), null)
       assert.equal(s.calls(), 2)
-      release?.()
     } finally {
       await s.close()
     }
