@@ -417,7 +417,7 @@ class Soak:
             dur = r.randint(100, self.lease)
         else:
             dur = r.randint(self.lease, int(self.lease * 2.5))
-        key = f"i{n}"
+        key = f"intent-{n:06d}"
         job = {"key": key, "payload": {"intent": n, "kind": kind}, "kind": kind,
                "dur_ms": dur, "size": (1 << 20) + r.randint(0, 4096), "pfail": 0.5,
                "deadline_ms": self.deadline_ms}
@@ -677,7 +677,7 @@ class Soak:
                                                 f"{self.rel(a['end']):.2f}] / {b['x']} at "
                                                 f"{self.rel(b['start']):.2f}")
             if it.kind != "perm" and it.outcome != "ok":
-                lost.append(f"{it.key} ({it.kind}): {[j.reply for j in it.jobs][-3:]}")
+                lost.append(f"{it.key} ({it.kind}): last replies {[j.reply for j in it.jobs][-2:]}")
             for v in it.values:
                 if stored is None or v != stored:
                     mismatched.append(f"{it.key}: caller got {v}, stored {stored}")
@@ -741,8 +741,10 @@ class Soak:
         print(f"\n{'worker':<10} {'replies':>8} {'rss first MB':>13} {'rss last MB':>12} {'MB/100k ops':>12}")
         for ws in self.slots.values():
             for w in ws:
-                first = next((s for s in w.rss if s[0] - w.born > 3000), None)
+                # From a quarter into the process's life (after its warm-up) to its end.
                 last = w.rss[-1] if w.rss else None
+                first = next((s for s in w.rss if last and s[0] - w.born >= max(
+                    3000, (last[0] - w.born) / 4)), None)
                 if first and last and last[2] > first[2]:
                     per = (last[1] - first[1]) / 1024 / (last[2] - first[2]) * 100000
                     print(f"{w.name:<10} {w.replies:>8} {first[1] / 1024:>13.1f} "
