@@ -141,7 +141,9 @@ fn summary(bytes: &[u8]) -> String {
         Ok(StoredResult::NoValue) => "none".into(),
         Ok(StoredResult::Bytes(b)) => text(b),
         Ok(StoredResult::Json(j)) => match serde_json::from_str::<Value>(j) {
-            Ok(Value::Object(o)) => format!("x:{}", o.get("x").and_then(Value::as_str).unwrap_or("?")),
+            Ok(Value::Object(o)) => {
+                format!("x:{}", o.get("x").and_then(Value::as_str).unwrap_or("?"))
+            }
             Ok(Value::String(s)) => text(s.as_bytes()),
             Ok(Value::Null) => "none".into(),
             other => format!("unexpected:{other:?}"),
