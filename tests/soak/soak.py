@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -53,7 +53,7 @@ def free_port() -> int:
     while True:
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        port = int(s.getsockname()[1])
         s.close()
         if port != 6379:
             return port
@@ -101,7 +101,7 @@ class StoreRedis:
         self.port = free_port()
         self.dir = os.path.join(workdir, f"redis-{self.port}")
         os.makedirs(self.dir)
-        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -145,7 +145,7 @@ class Proxy:
         self.upstream = upstream_port
         self.port = free_port()
         self.rng = rng
-        self.mode: Optional[str] = None
+        self.mode: str | None = None
         self.delay_s = 0.0
         self.reset_p = 0.0
         self.conns: set[Conn] = set()
@@ -157,7 +157,7 @@ class Proxy:
     async def _accept(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         try:
             ur, uw = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.upstream), 2)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             abort(cw)
             return
         conn = Conn(cw, uw)
@@ -168,7 +168,7 @@ class Proxy:
             self.conns.discard(conn)
             conn.close()
 
-    async def _up(self, conn: "Conn", cr: asyncio.StreamReader) -> None:
+    async def _up(self, conn: Conn, cr: asyncio.StreamReader) -> None:
         try:
             while data := await cr.read(65536):
                 if b"SUBSCRIBE" in data.upper():
@@ -182,7 +182,7 @@ class Proxy:
             pass
         conn.close()
 
-    async def _down(self, conn: "Conn", ur: asyncio.StreamReader) -> None:
+    async def _down(self, conn: Conn, ur: asyncio.StreamReader) -> None:
         try:
             while data := await ur.read(65536):
                 if self.mode == "blackhole":
@@ -254,11 +254,11 @@ class Worker:
     proc: asyncio.subprocess.Process
     ledger: str
     born: float
-    jobs: dict[int, "Job"] = field(default_factory=dict)
-    stopped_at: Optional[float] = None
+    jobs: dict[int, Job] = field(default_factory=dict)
+    stopped_at: float | None = None
     stops: list[tuple[float, float]] = field(default_factory=list)
     dead: bool = False
-    ended: Optional[dict[str, Any]] = None
+    ended: dict[str, Any] | None = None
     replies: int = 0
     ok_by_src: dict[str, int] = field(default_factory=lambda: {"led": 0, "joined": 0, "replayed": 0})
     rss: list[tuple[float, int, int]] = field(default_factory=list)  # (t, kB, replies)
@@ -268,11 +268,11 @@ class Worker:
 @dataclass(eq=False)
 class Job:
     id: int
-    intent: "Intent"
+    intent: Intent
     worker: Worker
     sent: float
-    reply: Optional[dict[str, Any]] = None
-    replied: Optional[float] = None
+    reply: dict[str, Any] | None = None
+    replied: float | None = None
 
 
 @dataclass(eq=False)
@@ -282,7 +282,7 @@ class Intent:
     job: dict[str, Any]
     jobs: list[Job] = field(default_factory=list)
     values: list[str] = field(default_factory=list)
-    outcome: Optional[str] = None  # "ok" | "perm"
+    outcome: str | None = None  # "ok" | "perm"
     rounds: int = 0
     unexpected: list[str] = field(default_factory=list)
 
@@ -492,7 +492,7 @@ class Soak:
                     await asyncio.sleep(r.uniform(0.2, 1.0))
                     try:
                         await self.spawn(w.slot, w.lang)
-                    except Exception as exc:  # a worker that cannot start is a failure
+                    except Exception as exc:  # noqa: BLE001 - a worker that cannot start is a violation
                         self.violations.append(f"restart of {w.slot}: {exc}")
                 else:
                     hold = r.uniform(0.3, 3.0) * self.lease / 1000
@@ -534,7 +534,7 @@ class Soak:
         while True:
             for w in self.live():
                 try:
-                    with open(f"/proc/{w.proc.pid}/status") as f:
+                    with open(f"/proc/{w.proc.pid}/status") as f:  # noqa: ASYNC230 - /proc, never blocks
                         kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
                     w.rss.append((now_ms(), kb, w.replies))
                 except (OSError, StopIteration):
@@ -585,7 +585,7 @@ class Soak:
         for w in self.live():
             try:
                 await asyncio.wait_for(w.proc.wait(), 30)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.violations.append(f"worker {w.name} did not exit at the end of stdin")
                 w.proc.kill()
         await asyncio.sleep(0.2)
@@ -637,7 +637,7 @@ class Soak:
                 return f"x:{v.get('x')}"
         return f"unexpected:{result[:40]!r}"
 
-    def attribute(self, a: dict[str, Any], b: dict[str, Any]) -> Optional[str]:
+    def attribute(self, a: dict[str, Any], b: dict[str, Any]) -> str | None:
         """The injected fault that let b's lease claim in while a ran, if any: one that
         hit a's process or the store between a lease before a started and b's start."""
         for f in self.timeline:

@@ -122,7 +122,7 @@ async def run_job(store: oncely.RedisStore, job: dict[str, Any]) -> None:
     except asyncio.CancelledError:
         emit({"id": job["id"], "w": NAME, "cancelled": True})
         return
-    except Exception as exc:  # reported to the driver, which judges it
+    except Exception as exc:  # noqa: BLE001 - reported to the driver, which judges it
         code = getattr(exc, "code", None)
         if isinstance(exc, Flaky):
             code = oncely.Code.UNAVAILABLE
