@@ -471,7 +471,8 @@ class Soak:
 
     async def faults(self, until: float) -> None:
         r = self.fault_rng
-        kinds = ["kill", "stop", "reset", "delay", "blackhole", "cut_pubsub", "restart", "pause"]
+        kinds = ["kill", "kill_leader", "kill_completing", "stop", "reset", "delay",
+                 "blackhole", "cut_pubsub", "restart", "pause"]
         await asyncio.sleep(1.0)
         while now_ms() < until - 2000:
             await asyncio.sleep(r.expovariate(1 / self.a.fault_every))
@@ -479,16 +480,24 @@ class Soak:
                 break
             kind = r.choice(kinds)
             start = now_ms()
-            if kind in ("kill", "stop"):
+            if kind in ("kill", "kill_leader", "kill_completing", "stop"):
                 live = self.live()
                 if not live:
                     continue
                 w = r.choice(live)
-                if kind == "kill":
+                note = ""
+                if kind in ("kill_leader", "kill_completing"):
+                    # The next worker whose ledger shows an action starting (a leader
+                    # mid-action) or ending well (a leader about to complete).
+                    found = await self.watch_ledgers("start" if kind == "kill_leader" else "ok")
+                    if found is None:
+                        continue
+                    w, note = found
+                if kind.startswith("kill"):
                     w.dead = True
                     w.proc.send_signal(signal.SIGKILL)
                     self.died(w)
-                    self.log("SIGKILL", w.name, start, now_ms())
+                    self.log("SIGKILL", w.name, start, now_ms(), note)
                     await asyncio.sleep(r.uniform(0.2, 1.0))
                     try:
                         await self.spawn(w.slot, w.lang)
@@ -529,6 +538,31 @@ class Soak:
                     self.log("CLIENT PAUSE", "store", start, now_ms(), f"{ms} ms")
                 except (OSError, RuntimeError) as exc:
                     self.log("CLIENT PAUSE", "store", start, now_ms(), f"not sent: {exc}")
+
+    async def watch_ledgers(self, what: str) -> tuple[Worker, str] | None:
+        """Polls the live workers' ledgers for up to 3 s for a new execution `start`, or
+        an `end` with status `ok`; returns that worker and the execution."""
+        sizes = {w.name: os.path.getsize(w.ledger) for w in self.live()}
+        end = now_ms() + 3000
+        while now_ms() < end:
+            await asyncio.sleep(0.002)
+            for w in self.live():
+                size = os.path.getsize(w.ledger)
+                if size <= sizes.get(w.name, size):
+                    sizes[w.name] = size
+                    continue
+                with open(w.ledger, "rb") as f:  # noqa: ASYNC230 - a local file, never blocks
+                    f.seek(sizes[w.name])
+                    new = f.read()
+                sizes[w.name] = size
+                for line in new.splitlines():
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue
+                    if e.get("ev") == what or e.get("st") == what:
+                        return w, f"{'mid-action' if what == 'start' else 'completing'} {e['x']}"
+        return None
 
     async def sample_rss(self) -> None:
         while True:
