@@ -448,6 +448,7 @@ class Soak:
     async def load(self, until: float) -> None:
         n = 0
         per = self.a.inflight
+        next_report = now_ms() + 60000
         while now_ms() < until:
             for it in list(self.pending_resend):
                 self.pending_resend.discard(it)
@@ -461,6 +462,10 @@ class Soak:
                 n += 1
                 self.intents.append(it)
                 asyncio.ensure_future(self.fan_out(it))
+            if now_ms() >= next_report:
+                next_report += 60000
+                print(f"  {self.rel(now_ms()):7.0f} s: {len(self.intents)} intents, "
+                      f"{self.next_job} jobs, {len(self.timeline)} faults", flush=True)
             await asyncio.sleep(0.01)
 
     # -- faults ---------------------------------------------------------------------------
@@ -750,6 +755,12 @@ class Soak:
         if total_src != total_ok:
             counter_errs.append(f"led+joined+replayed {total_src} != successful calls {total_ok}")
 
+        causes: dict[str, int] = {}
+        for o in overlaps:
+            cause = o.rsplit(": ", 1)[1]
+            if cause != "None":
+                kind = " ".join(cause.split(" at ")[0].split(" ")[:-1])
+                causes[kind] = causes.get(kind, 0) + 1
         execs_total = sum(len(v) for v in by_key.values())
         ok_intents = sum(1 for it in self.intents if it.outcome == "ok")
         perm_intents = sum(1 for it in self.intents if it.outcome == "perm")
@@ -759,7 +770,8 @@ class Soak:
             ("executions (ledger)", execs_total, ""),
             ("faults injected", len(self.timeline), ""),
             ("re-executions after completion", len(reexec), "must be 0"),
-            ("overlapping executions", len(overlaps), "each after an injected fault"),
+            ("overlapping executions", len(overlaps), "each after an injected fault"
+             + "".join(f"; {n} after {c}" for c, n in sorted(causes.items()))),
             ("unattributed overlaps", len(unattributed), "must be 0"),
             ("lost intents", len(lost), "must be 0"),
             ("mismatched values", len(mismatched), "must be 0"),

@@ -28,6 +28,16 @@ NAME, URL, PREFIX, LEASE_MS, LEDGER = sys.argv[1:6]
 LEDGER_FD = os.open(LEDGER, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 EXECS = 0
 CALLS = {"led": 0, "joined": 0, "replayed": 0}
+# The checker's own test (scripts/soak --self-check): run every action without the
+# store, as a service without oncely would; the soak must then fail.
+BYPASS = os.environ.get("ONCELY_SOAK_BYPASS") == "1"
+
+
+class Bypassed:
+    """What the store would have given, for a call that went around it."""
+
+    def __init__(self, value: Any) -> None:
+        self.value, self.source = value, "led"
 
 
 class Flaky(Exception):
@@ -108,6 +118,8 @@ async def run_job(store: oncely.RedisStore, job: dict[str, Any]) -> None:
     action = make_action(job)
 
     async def call() -> Any:
+        if BYPASS:
+            return Bypassed(await action())
         return await store.execute(scoped, fp, action)
 
     policy = oncely.RetryPolicy(max_attempts=1000, base_delay=0.05, max_delay=1.0)
