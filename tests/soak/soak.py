@@ -678,9 +678,14 @@ class Soak:
 
     def attribute(self, a: dict[str, Any], b: dict[str, Any]) -> str | None:
         """The injected fault that let b's lease claim in while a ran, if any: one that
-        hit a's process or the store between a lease before a started and b's start."""
+        hit a's process or the store between a lease before a started and b's start, and
+        long enough to fail a renewal (a third of a lease; a lease only lapses after
+        renewals failed for that long). Cutting pub/sub never touches renewals."""
         for f in self.timeline:
             if f["end"] < a["start"] - self.lease or f["start"] > b["start"]:
+                continue
+            if f["fault"] == "cut pub/sub" or (
+                    f["fault"] != "SIGKILL" and f["end"] - f["start"] < self.lease / 3):
                 continue
             if f["target"] in ("store", a["w"]):
                 return f"{f['fault']} {f['target']} at {self.rel(f['start']):.1f}s"
