@@ -42,6 +42,8 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+FAULTS = ["kill", "kill_leader", "kill_completing", "stop", "reset", "delay", "blackhole",
+          "cut_pubsub", "restart", "pause"]
 RETRYABLE = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "RESOURCE_EXHAUSTED"}
 
 
@@ -476,8 +478,7 @@ class Soak:
 
     async def faults(self, until: float) -> None:
         r = self.fault_rng
-        kinds = ["kill", "kill_leader", "kill_completing", "stop", "reset", "delay",
-                 "blackhole", "cut_pubsub", "restart", "pause"]
+        kinds = self.a.faults.split(",")
         await asyncio.sleep(1.0)
         while now_ms() < until - 2000:
             await asyncio.sleep(r.expovariate(1 / self.a.fault_every))
@@ -846,10 +847,15 @@ def main() -> int:
     p.add_argument("--deadline-ms", type=int, default=15000, help="each caller's retry deadline")
     p.add_argument("--inflight", type=int, default=6, help="intents in flight per worker")
     p.add_argument("--fault-every", type=float, default=2.5, help="mean seconds between faults (0: none)")
+    p.add_argument("--faults", default=",".join(FAULTS),
+                   help="the fault kinds to inject (comma-separated; default all: %(default)s)")
     p.add_argument("--rust-bin", default=os.path.join(ROOT, "target", "debug", "oncely-soak-worker"))
     p.add_argument("--timeline", action="store_true", help="print the fault timeline on success too")
     p.add_argument("--keep", action="store_true", help="keep the ledgers and Redis dir")
     a = p.parse_args()
+    unknown = set(a.faults.split(",")) - set(FAULTS)
+    if unknown:
+        p.error(f"unknown fault kinds: {', '.join(sorted(unknown))}")
     soak = Soak(a)
     code = 1
     try:
