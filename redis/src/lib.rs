@@ -62,7 +62,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use oncely::{
     Begin, DedupStore, Error, ExecuteError, ExecuteOptions, Executed, Join, Joined, LeaderLease,
@@ -605,6 +605,7 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
         // Tier 2: this process's one claim in Redis.
         let record = inner.record_key(key);
         let token = oncely::IdempotencyKey::random().as_str().to_owned();
+        let sent = Instant::now();
         let claim = {
             let scripts = inner.scripts.clone();
             let (record, fp, token) = (record.clone(), fingerprint.to_owned(), token.clone());
@@ -657,6 +658,19 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
         .await?;
         bump(&inner.counters.claims);
         match claim {
+            // Read after the call's deadline (this process was stopped, or the caller's
+            // executor did not poll it): the lease may have lapsed, been taken over and
+            // its key completed since, so leading could run the action again after
+            // completion. Handled as a lost answer; the token is this claim's own.
+            Claim::Lead { .. } if sent.elapsed() > inner.config.io_timeout() => {
+                release_in_background(&rt, &inner.scripts, record, token);
+                Err(Error::Unavailable(format!(
+                    "the claim's answer was read {:?} after it was sent, past the I/O \
+                     timeout ({:?}): its lease may have lapsed",
+                    sent.elapsed(),
+                    inner.config.io_timeout()
+                )))
+            }
             Claim::Lead { generation } => {
                 bump(&inner.counters.leads);
                 if generation > 1 {

@@ -596,3 +596,42 @@ fn execute_blocking_from_threads() {
         assert_eq!(after.source, Source::Led);
     });
 }
+
+/// A claim whose answer is read only after the call's deadline (its process was
+/// stopped, or its executor did not poll it) does not lead: by then its lease may have
+/// lapsed and been taken over, and the taker's result stored. Leading there would run
+/// the action again after completion. The caller gets UNAVAILABLE instead and the
+/// stored result stays the one every later caller gets.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn claim_answered_after_its_deadline_does_not_lead() {
+    timed(|| {
+        let a = build(&fresh_prefix(), Duration::from_secs(60));
+        let b = build(a.prefix(), a.ttl());
+        let k = key();
+        let mut claim = Box::pin(a.begin(&k, "f", ExecuteOptions::default()));
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(
+            std::future::Future::poll(claim.as_mut(), &mut cx).is_pending(),
+            "the claim is sent"
+        );
+        // The answer arrives and waits unread, past the whole lease.
+        std::thread::sleep(LEASE * 2);
+        let taker = block_on(b.execute(&k, "f", || async { Ok(b"b".to_vec()) })).unwrap();
+        assert_eq!(taker.source, Source::Led);
+        match block_on(claim) {
+            Err(e) => assert_eq!(e.code(), Code::Unavailable, "{e}"),
+            Ok(Begin::Lead(l)) => panic!(
+                "a claim read after its deadline led (generation {}) after the key completed",
+                l.generation()
+            ),
+            Ok(other) => panic!("{other:?}"),
+        }
+        let r = block_on(a.execute(&k, "f", || async { Ok(b"a".to_vec()) })).unwrap();
+        assert_eq!(
+            (r.value.as_slice(), r.source),
+            (&b"b"[..], Source::Replayed)
+        );
+    });
+}

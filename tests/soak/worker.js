@@ -1,0 +1,108 @@
+'use strict'
+// The Node worker of the chaos soak (driven by soak.py; same protocol as worker.py and
+// the Rust worker, soak/src/main.rs).
+//   node worker.js NAME REDIS_URL PREFIX LEASE_MS LEDGER_PATH
+// Each job is one caller: `retry` around `RedisStore.execute`, aborted after
+// `cancel_ms` if set. Every execution of the action appends `start` and `end` lines to
+// the ledger. The addon is loaded from bindings-node (ONCELY_NODE_DIR overrides).
+const crypto = require('node:crypto')
+const fs = require('node:fs')
+const path = require('node:path')
+const readline = require('node:readline')
+
+const dir = process.env.ONCELY_NODE_DIR || path.join(__dirname, '..', '..', 'bindings-node')
+const { RedisStore, scope, fingerprint, retry, RetryPolicy } = require(dir)
+
+const [NAME, URL, PREFIX, LEASE_MS, LEDGER] = process.argv.slice(2)
+const ledgerFd = fs.openSync(LEDGER, 'a')
+let execs = 0
+const calls = { led: 0, joined: 0, replayed: 0 }
+const pending = new Set()
+
+class Flaky extends Error {}
+class Permanent extends Error {}
+const classify = (err) => (err instanceof Flaky ? 'UNAVAILABLE' : err instanceof Permanent ? 'INVALID_ARGUMENT' : undefined)
+
+const emit = (obj) => process.stdout.write(JSON.stringify(obj) + '\n')
+const ledger = (obj) => fs.writeSync(ledgerFd, JSON.stringify(obj) + '\n')
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
+const coin = (seed) => Number(crypto.createHash('sha256').update(seed).digest().readBigUInt64BE(0) >> 11n) / 2 ** 53
+
+function summary (v) {
+  if (v === undefined || v === null) return 'none'
+  if (Buffer.isBuffer(v)) v = v.toString('utf8')
+  if (typeof v === 'string') return `big:${v.split('|', 1)[0]}:${Buffer.byteLength(v)}`
+  if (typeof v === 'object') return `x:${v.x}`
+  return `unexpected:${String(v)}`
+}
+
+function action (job) {
+  return async () => {
+    const key = job.key
+    const x = `${NAME}-${execs++}`
+    ledger({ ev: 'start', k: key, w: NAME, x, t: Date.now() })
+    let status = 'cancel'
+    try {
+      if (job.dur_ms) await sleep(job.dur_ms)
+      const kind = job.kind || 'ok'
+      if (kind === 'perm') { status = 'fail'; throw new Permanent(key) }
+      if (kind === 'flaky' && coin(x) < (job.pfail ?? 0.5)) { status = 'fail'; throw new Flaky(key) }
+      status = 'ok'
+      if (kind === 'none') return undefined
+      if (kind === 'big') {
+        const head = Buffer.from(`${x}|`)
+        const out = Buffer.alloc(Math.max(head.length, job.size || 1 << 20), 'z')
+        head.copy(out)
+        return out
+      }
+      return { k: key, x }
+    } finally {
+      ledger({ ev: 'end', k: key, x, st: status, t: Date.now() })
+    }
+  }
+}
+
+const store = new RedisStore({ url: URL, leaseMs: Number(LEASE_MS), prefix: PREFIX })
+const policy = new RetryPolicy({ maxAttempts: 1000, baseDelayMs: 50, maxDelayMs: 1000 })
+
+async function runJob (job) {
+  const scoped = scope('soak', 'Soak', job.key)
+  const fp = fingerprint(job.payload)
+  const ac = new AbortController()
+  const timer = job.cancel_ms != null ? setTimeout(() => ac.abort(), job.cancel_ms) : undefined
+  const fn = action(job)
+  try {
+    const done = await retry(() => store.execute(scoped, fp, fn, { signal: ac.signal }),
+      { policy, safe: true, classify, signal: ac.signal, deadline: job.deadline_ms || 20000 })
+    calls[done.source]++
+    emit({ id: job.id, w: NAME, ok: true, v: summary(done.value), src: done.source })
+  } catch (err) {
+    if (ac.signal.aborted) {
+      emit({ id: job.id, w: NAME, cancelled: true })
+    } else {
+      const code = err instanceof Flaky ? 'UNAVAILABLE' : err instanceof Permanent ? 'INVALID_ARGUMENT' : String(err && err.code)
+      emit({ id: job.id, w: NAME, ok: false, code, err: String(err && err.message) })
+    }
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+const rl = readline.createInterface({ input: process.stdin })
+rl.on('line', (line) => {
+  if (!line.trim()) return
+  const p = runJob(JSON.parse(line))
+  pending.add(p)
+  p.finally(() => pending.delete(p))
+})
+rl.on('close', async () => {
+  while (pending.size) await Promise.all([...pending])
+  const c = store.counters()
+  emit({
+    end: NAME,
+    counters: { claims: c.claims, leads: c.leads, takeovers: c.takeovers, replays: c.replays, remote_waits: c.remoteWaits, leases_lost: c.leasesLost },
+    calls,
+  })
+  process.exit(0)
+})
+emit({ ready: NAME })
