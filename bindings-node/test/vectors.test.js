@@ -136,7 +136,8 @@ test('keys.json: parse, derive, scope', () => {
       const id = JSON.stringify(triple)
       if (scopedSeen.has(c.scoped)) assert.equal(scopedSeen.get(c.scoped), id, `${what}: injective`)
       scopedSeen.set(c.scoped, id)
-    } else {
+    } else if (c.op !== 'parse_scoped') {
+      // parse_scoped: Rust's ScopedKey::parse, which the Node package does not offer.
       assert.fail(`unknown op ${c.op}`)
     }
   })

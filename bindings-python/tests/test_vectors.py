@@ -142,7 +142,11 @@ def _text(case: dict[str, Any], name: str) -> str:
     return raw.decode("utf-16-be", "surrogatepass")
 
 
-@pytest.mark.parametrize("case", load_vectors("keys.json"), ids=case_id)
+# `parse_scoped` reads a scoped key back with Rust's ScopedKey::parse, which the Python
+# package does not offer: only the Rust suite runs those cases.
+@pytest.mark.parametrize(
+    "case", [c for c in load_vectors("keys.json") if c["op"] != "parse_scoped"], ids=case_id
+)
 def test_keys(case: dict[str, Any]) -> None:
     op = case["op"]
     if op == "parse":
@@ -405,9 +409,7 @@ def test_budget(case: dict[str, Any]) -> None:
     clock = ManualClock()
 
     def make() -> oncely.RetryBudget:
-        return oncely.RetryBudget(
-            b["ratio"], b["window_ms"] / 1000, b["min_per_sec"], _clock=clock
-        )
+        return oncely.RetryBudget(b["ratio"], b["window_ms"] / 1000, b["min_per_sec"], _clock=clock)
 
     if "error" in case:
         with pytest.raises(oncely.InvalidArgumentError) as info:

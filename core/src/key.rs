@@ -328,7 +328,7 @@ pub const CANONICAL_JSON_MAX_DEPTH: usize = 100;
 /// The canonical JSON (RFC 8785) bytes of `value`.
 ///
 /// Refused with INVALID_ARGUMENT naming `value`: NaN and infinities (JSON has no such
-/// numbers) and nesting deeper than [`CANONICAL_JSON_MAX_DEPTH`].
+/// numbers) and nesting deeper than [`CANONICAL_JSON_MAX_DEPTH`](crate::CANONICAL_JSON_MAX_DEPTH).
 pub fn canonical_json<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Error> {
     if crate::finite::has_non_finite(value) {
         return Err(Error::invalid(

@@ -85,7 +85,7 @@ pub use error::Error;
 pub use extract::{extract, RawFailure, RawValue};
 pub use key::{
     canonical_json, fingerprint, fingerprint_bytes, headers, http_status, IdempotencyKey,
-    ScopedKey, KEY_MAX_LEN, KEY_MIN_LEN, SCOPE_PART_MAX_LEN,
+    ScopedKey, CANONICAL_JSON_MAX_DEPTH, KEY_MAX_LEN, KEY_MIN_LEN, SCOPE_PART_MAX_LEN,
 };
 pub use naming::{DurationUnit, Naming};
 pub use retry::{

@@ -549,6 +549,19 @@ fn keys() {
                 };
                 r.check(i, case, "ScopedKey::new", &got, &want);
             }
+            "parse_scoped" => {
+                let text = str_of(case, "scoped");
+                let got = match ScopedKey::parse(text) {
+                    Ok(k) if k.as_str() == text => json!({"valid": true}),
+                    Ok(k) => json!({"valid": format!("changed to {:?}", k.as_str())}),
+                    Err(e) => json!({"error": error_json(&e)}),
+                };
+                let want = match case.get("valid") {
+                    Some(v) => json!({ "valid": v }),
+                    None => json!({"error": field(case, "error")}),
+                };
+                r.check(i, case, "ScopedKey::parse", &got, &want);
+            }
             other => panic!("unknown op {other:?} in keys.json"),
         }
     }

@@ -666,6 +666,65 @@ def keys_cases():
          {"business_id": utf16("\U0001F389x"), "operation": "charge"},
          key=derive_key("\U0001F389x", "charge"))
 
+    # Reading a scoped key back (Rust `ScopedKey::parse`; the bindings have none).
+    def parse_scoped(comment, text):
+        case = {"op": "parse_scoped", "comment": comment, "scoped": text}
+
+        def bad(field="scoped_key"):
+            case["error"] = {"kind": "invalid_argument", "field": field}
+            c.append(case)
+
+        if not text.startswith("v1:"):
+            return bad()
+        parts = text[3:].split(":", 2)
+        if len(parts) != 3:
+            return bad()
+        decoded = []
+        for part in parts[:2]:
+            raw, i = bytearray(), 0
+            while i < len(part):
+                if part[i] == "%":
+                    hx = part[i + 1:i + 3]
+                    if len(hx) != 2 or not all(ch in "0123456789abcdefABCDEF" for ch in hx):
+                        return bad()
+                    raw.append(int(hx, 16))
+                    i += 3
+                else:
+                    raw.extend(part[i].encode("utf-8"))
+                    i += 1
+            try:
+                decoded.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                return bad()
+        tenant, method, key = decoded[0], decoded[1], parts[2]
+        if key == "":
+            case["error"] = {"kind": "missing_key"}
+            return c.append(case)
+        if not key_valid(key):
+            return bad("idempotency_key")
+        for name, part in (("tenant", tenant), ("method", method)):
+            if part == "" or len(part.encode("utf-8")) > 1024:
+                return bad(name)
+        if scoped_key(tenant, method, key) != text:
+            return bad()
+        case["valid"] = True
+        c.append(case)
+
+    parse_scoped("a scoped key reads back", scoped_key("acme", "CreateOrder", k))
+    parse_scoped("escapes read back", scoped_key("a:b", "Cr\u00e9er {x}", k))
+    parse_scoped("no v1: prefix", "acme:CreateOrder:" + k)
+    parse_scoped("an upper-case prefix", "V1:acme:CreateOrder:" + k)
+    parse_scoped("lower-case hex is not the canonical form", "v1:a%3ab:m:" + k)
+    parse_scoped("an escape that is not needed", "v1:%61cme:m:" + k)
+    parse_scoped("an escape that is cut short", "v1:acme%4:m:" + k)
+    parse_scoped("escaped bytes that are not UTF-8", "v1:%FF:m:" + k)
+    parse_scoped("no key part", "v1:acme:m")
+    parse_scoped("an empty key", "v1:acme:m:")
+    parse_scoped("a malformed key", "v1:acme:m:bad key!")
+    parse_scoped("a ':' in the key part makes a malformed key", "v1:a:b:c:" + k)
+    parse_scoped("an empty tenant", "v1::m:" + k)
+    parse_scoped("a raw space in the tenant is not the canonical form", "v1:a b:m:" + k)
+
     # Injectivity: the triples of this file give pairwise different scoped keys.
     scoped = [x["scoped"] for x in c if x.get("op") == "scope" and "scoped" in x]
     assert len(scoped) == len(set(scoped))
