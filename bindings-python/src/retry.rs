@@ -62,7 +62,10 @@ impl Classification {
 /// SPEC §3: may a failure (a `Failure`, whose server delay counts, or a code) be
 /// retried, given the facts of the call?
 #[pyfunction]
-#[pyo3(signature = (code, *, safe=None, rereads=None, transient_internal=None))]
+#[pyo3(
+    signature = (code, *, safe=None, rereads=None, transient_internal=None),
+    text_signature = "(code, *, safe=False, rereads=False, transient_internal=False)"
+)]
 pub fn classify(
     py: Python<'_>,
     code: &Bound<'_, PyAny>,
@@ -70,7 +73,10 @@ pub fn classify(
     rereads: Option<&Bound<'_, PyAny>>,
     transient_internal: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Classification> {
-    let c = oncely::classify_failure(failure_of(py, code)?, facts(safe, rereads, transient_internal)?);
+    let c = oncely::classify_failure(
+        failure_of(py, code)?,
+        facts(safe, rereads, transient_internal)?,
+    );
     Ok(Classification {
         retryable: c.retryable,
         rule: c.rule.as_str(),
@@ -512,7 +518,10 @@ pub struct RetryState {
 #[pymethods]
 impl RetryState {
     #[new]
-    #[pyo3(signature = (policy=None, *, safe=None, rereads=None, transient_internal=None, deadline=None, budget=None, clock=None))]
+    #[pyo3(
+        signature = (policy=None, *, safe=None, rereads=None, transient_internal=None, deadline=None, budget=None, clock=None),
+        text_signature = "(policy=None, *, safe=False, rereads=False, transient_internal=False, deadline=None, budget=None, clock=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

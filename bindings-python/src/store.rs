@@ -254,7 +254,10 @@ impl PyStore {
 
     /// Looks the key up: an `Executed` (replay), a `(exception, traceback)` tuple (a
     /// cached failure), a `Lease` (run the action, then settle it) or a `Join` (wait).
-    #[pyo3(signature = (scoped, fingerprint, wait=None))]
+    #[pyo3(
+        signature = (scoped, fingerprint, wait=None),
+        text_signature = "($self, scoped, fingerprint, wait=True)"
+    )]
     fn begin(
         &self,
         py: Python<'_>,
