@@ -353,7 +353,10 @@ impl PyRedisStore {
     /// decoded), a `RedisLease` (run the action, then settle it), None (the leader
     /// went away: begin again), a `(exception, traceback)` tuple (a leader in this
     /// process failed) or an exception object (store error).
-    #[pyo3(signature = (scoped, fingerprint, wait=None))]
+    #[pyo3(
+        signature = (scoped, fingerprint, wait=None),
+        text_signature = "($self, scoped, fingerprint, wait=True)"
+    )]
     fn begin(
         &self,
         scoped: &Bound<'_, PyAny>,

@@ -9,7 +9,7 @@ use pyo3::types::{PyString, PyTuple};
 use oncely::{CallFacts, Clock, Code, Decision, Failure as CoreFailure, ServerDelay, SystemClock};
 
 use crate::convert::{finite, int_in, opt_seconds, seconds};
-use crate::errors::{flag, instance, invalid, IntoPyResult};
+use crate::errors::{flag, instance, invalid, text, IntoPyResult};
 
 /// A gRPC code from a Python int (or `Code` member).
 pub fn code_of(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Code> {
@@ -62,7 +62,10 @@ impl Classification {
 /// SPEC §3: may a failure (a `Failure`, whose server delay counts, or a code) be
 /// retried, given the facts of the call?
 #[pyfunction]
-#[pyo3(signature = (code, *, safe=None, rereads=None, transient_internal=None))]
+#[pyo3(
+    signature = (code, *, safe=None, rereads=None, transient_internal=None),
+    text_signature = "(code, *, safe=False, rereads=False, transient_internal=False)"
+)]
 pub fn classify(
     py: Python<'_>,
     code: &Bound<'_, PyAny>,
@@ -70,7 +73,10 @@ pub fn classify(
     rereads: Option<&Bound<'_, PyAny>>,
     transient_internal: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Classification> {
-    let c = oncely::classify_failure(failure_of(py, code)?, facts(safe, rereads, transient_internal)?);
+    let c = oncely::classify_failure(
+        failure_of(py, code)?,
+        facts(safe, rereads, transient_internal)?,
+    );
     Ok(Classification {
         retryable: c.retryable,
         rule: c.rule.as_str(),
@@ -514,7 +520,10 @@ pub struct RetryState {
 #[pymethods]
 impl RetryState {
     #[new]
-    #[pyo3(signature = (policy=None, *, safe=None, rereads=None, transient_internal=None, deadline=None, budget=None, clock=None))]
+    #[pyo3(
+        signature = (policy=None, *, safe=None, rereads=None, transient_internal=None, deadline=None, budget=None, clock=None),
+        text_signature = "(policy=None, *, safe=False, rereads=False, transient_internal=False, deadline=None, budget=None, clock=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -615,9 +624,10 @@ fn failure_of(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<CoreFailure> {
 #[pyo3(signature = (value, now=None))]
 pub fn parse_retry_after(
     py: Python<'_>,
-    value: &str,
+    value: &Bound<'_, PyAny>,
     now: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<f64> {
+    let value = text(value, "value")?;
     let now = match now {
         None => SystemTime::now(),
         Some(n) => {
@@ -633,7 +643,7 @@ pub fn parse_retry_after(
             })?
         }
     };
-    match oncely::parse_retry_after(value, now).py(py)? {
+    match oncely::parse_retry_after(&value, now).py(py)? {
         ServerDelay::After(d) => Ok(d.as_secs_f64()),
         ServerDelay::DoNotRetry => Ok(f64::INFINITY),
     }
@@ -641,8 +651,8 @@ pub fn parse_retry_after(
 
 /// Parses `grpc-retry-pushback-ms` into seconds; None means "do not retry".
 #[pyfunction]
-pub fn parse_pushback_ms(py: Python<'_>, value: &str) -> PyResult<Option<f64>> {
-    match oncely::parse_pushback_ms(value).py(py)? {
+pub fn parse_pushback_ms(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Option<f64>> {
+    match oncely::parse_pushback_ms(&text(value, "value")?).py(py)? {
         ServerDelay::After(d) => Ok(Some(d.as_secs_f64())),
         ServerDelay::DoNotRetry => Ok(None),
     }
@@ -663,16 +673,25 @@ impl ReasonCodes {
         ReasonCodes::default()
     }
     /// Adds a reason (`[A-Z][A-Z0-9_]{0,63}`) meaning `code` (a `Code`, an int or a name).
-    fn register(&mut self, py: Python<'_>, reason: &str, code: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn register(
+        &mut self,
+        py: Python<'_>,
+        reason: &Bound<'_, PyAny>,
+        code: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let reason = text(reason, "reason")?;
         let code = match code.extract::<String>() {
             Ok(name) => name.parse::<Code>().py(py)?,
             Err(_) => code_of(py, code)?,
         };
-        self.inner.register(reason, code).py(py)
+        self.inner.register(&reason, code).py(py)
     }
     /// The code a reason means (an int), or None.
-    fn resolve(&self, reason: &str) -> Option<u8> {
-        self.inner.resolve(reason).map(|c| c as u8)
+    fn resolve(&self, reason: &Bound<'_, PyAny>) -> PyResult<Option<u8>> {
+        Ok(self
+            .inner
+            .resolve(&text(reason, "reason")?)
+            .map(|c| c as u8))
     }
     fn __repr__(&self) -> String {
         "ReasonCodes()".to_owned()

@@ -213,15 +213,20 @@ pub struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (ttl=None, max_entries=None, *, in_progress_retry_after=None, cache_permanent_failures=false, _clock=None))]
+    #[pyo3(
+        signature = (ttl=None, max_entries=None, *, in_progress_retry_after=None, cache_permanent_failures=None, _clock=None),
+        text_signature = "(ttl=None, max_entries=None, *, in_progress_retry_after=None, cache_permanent_failures=False, _clock=None)"
+    )]
     fn new(
         py: Python<'_>,
         ttl: Option<&Bound<'_, PyAny>>,
         max_entries: Option<&Bound<'_, PyAny>>,
         in_progress_retry_after: Option<&Bound<'_, PyAny>>,
-        cache_permanent_failures: bool,
+        cache_permanent_failures: Option<&Bound<'_, PyAny>>,
         _clock: Option<&Bound<'_, ManualClock>>,
     ) -> PyResult<Self> {
+        let cache_permanent_failures =
+            crate::errors::flag(cache_permanent_failures, "cache_permanent_failures", false)?;
         let mut b = Store::builder().naming(oncely::Naming::SECONDS);
         if let Some(ttl) = opt_seconds(py, "ttl", ttl)? {
             b = b.ttl(ttl);
@@ -256,7 +261,10 @@ impl PyStore {
 
     /// Looks the key up: an `Executed` (replay), a `(exception, traceback)` tuple (a
     /// cached failure), a `Lease` (run the action, then settle it) or a `Join` (wait).
-    #[pyo3(signature = (scoped, fingerprint, wait=None))]
+    #[pyo3(
+        signature = (scoped, fingerprint, wait=None),
+        text_signature = "($self, scoped, fingerprint, wait=True)"
+    )]
     fn begin(
         &self,
         py: Python<'_>,

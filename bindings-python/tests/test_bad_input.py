@@ -278,6 +278,11 @@ _K = "order-0001"
         (lambda: oncely.retry_sync(lambda: 1, budget=3), "budget"),
         (lambda: oncely.retry_sync(lambda: 1, policy=3, deadline=1.0), "policy"),
         (lambda: oncely.IdempotencyStore().execute_sync(oncely.scope("a", "b", _K), "fp", lambda: 1, wait="no"), "wait"),
+        (lambda: oncely.IdempotencyStore(cache_permanent_failures="yes"), "cache_permanent_failures"),
+        (lambda: oncely.parse_retry_after(None), "value"),
+        (lambda: oncely.parse_pushback_ms(250), "value"),
+        (lambda: oncely.ReasonCodes().register(None, "UNAVAILABLE"), "reason"),
+        (lambda: oncely.ReasonCodes().resolve(7), "reason"),
         (lambda: oncely.RedisStore(None), "url"),  # type: ignore[arg-type]
         (lambda: oncely.RedisStore("redis://127.0.0.1:1/0", prefix=3), "prefix"),
     ],

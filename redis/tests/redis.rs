@@ -373,6 +373,69 @@ fn bad_settings_are_invalid_argument() {
     }
 }
 
+/// The messages name the setting and its unit as the caller does, with an example, and
+/// a URL that does not parse shows the expected form.
+#[test]
+fn bad_settings_are_named_in_the_callers_terms() {
+    fn node(field: &'static str) -> &'static str {
+        match field {
+            "lease" => "leaseMs",
+            "io_timeout" => "ioTimeoutMs",
+            other => other,
+        }
+    }
+    let lease = |naming| {
+        RedisStore::<Boom>::builder("redis://127.0.0.1:1")
+            .lease(Duration::ZERO)
+            .naming(naming)
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        lease(oncely::Naming::RUST),
+        "invalid lease: must be at least 30ms, e.g. 30s, got 0ns"
+    );
+    assert_eq!(
+        lease(oncely::Naming::SECONDS),
+        "invalid lease: must be at least 0.03 (seconds), e.g. 30, got 0"
+    );
+    let node = oncely::Naming::new(node, oncely::DurationUnit::Milliseconds);
+    assert_eq!(
+        lease(node),
+        "invalid leaseMs: must be at least 30 (milliseconds), e.g. 30000, got 0"
+    );
+    let short = RedisStore::<Boom>::builder("redis://127.0.0.1:1")
+        .lease(Duration::from_millis(60))
+        .io_timeout(Duration::from_secs(1))
+        .naming(node)
+        .build()
+        .unwrap_err();
+    assert!(
+        short.to_string().starts_with(
+            "invalid leaseMs: must be at least 3 × ioTimeoutMs (1000 (milliseconds)), got 60"
+        ),
+        "{short}"
+    );
+    let url = RedisStore::<Boom>::builder("localhost:6379")
+        .build()
+        .unwrap_err();
+    assert!(
+        url.to_string().contains("expected redis://host:6379/0"),
+        "{url}"
+    );
+    // The URL may hold a password: a TLS complaint names only its scheme.
+    let tls = RedisStore::<Boom>::builder("redis://:secret@127.0.0.1:1")
+        .tls_ca_file("/nonexistent/ca.pem")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        tls.contains("got a redis:// URL") && !tls.contains("secret"),
+        "{tls}"
+    );
+}
+
 /// A fleet in miniature: 4 instances × 6 threads, each thread calling every one of 60
 /// keys (in its own order, some with no-wait and retry): every action runs exactly
 /// once and every caller gets the leader's value.

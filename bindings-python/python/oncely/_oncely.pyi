@@ -27,9 +27,9 @@ def code_from_name(name: str) -> int: ...
 def classify(
     code: Union[Failure, int],
     *,
-    safe: bool = ...,
-    rereads: bool = ...,
-    transient_internal: bool = ...,
+    safe: bool = False,
+    rereads: bool = False,
+    transient_internal: bool = False,
 ) -> Classification: ...
 def parse_retry_after(value: str, now: Optional[float] = None) -> float: ...
 def parse_pushback_ms(value: str) -> Optional[float]: ...
@@ -159,9 +159,9 @@ class RetryState:
         cls,
         policy: Optional[RetryPolicy] = None,
         *,
-        safe: bool = ...,
-        rereads: bool = ...,
-        transient_internal: bool = ...,
+        safe: bool = False,
+        rereads: bool = False,
+        transient_internal: bool = False,
         deadline: Union[Deadline, _Seconds, None] = None,
         budget: Optional[RetryBudget] = None,
         clock: Optional[ManualClock] = None,
@@ -234,7 +234,7 @@ class _Store:
         _clock: Optional[ManualClock] = None,
     ) -> _Store: ...
     def _forget_running(self) -> int: ...
-    def begin(self, scoped: ScopedKey, fingerprint: str, wait: bool = ...) -> Any: ...
+    def begin(self, scoped: ScopedKey, fingerprint: str, wait: bool = True) -> Any: ...
     @property
     def caches_failures(self) -> bool: ...
     @property
@@ -277,7 +277,7 @@ class _RedisStore:
         dumps: Optional[Callable[[Any], Union[bytes, str]]] = None,
         loads: Optional[Callable[[Any], Any]] = None,
     ) -> _RedisStore: ...
-    def begin(self, scoped: ScopedKey, fingerprint: str, wait: bool = ...) -> RedisPending: ...
+    def begin(self, scoped: ScopedKey, fingerprint: str, wait: bool = True) -> RedisPending: ...
     @property
     def lease(self) -> float: ...
     @property
