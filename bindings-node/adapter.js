@@ -88,6 +88,22 @@ function keyValues(req) {
   return out
 }
 
+/**
+ * Whether a request declares (Content-Length) a body over the request cap: it is
+ * answered 413 at once, without reading a body it could not fingerprint (SPEC §8).
+ */
+function declaredOver(headers, cap) {
+  const v = headers['content-length']
+  if (v === undefined) return false
+  const n = Number(v)
+  return Number.isSafeInteger(n) && n > cap
+}
+
+/** The 413 problem for a request over the cap. */
+function tooLarge(s) {
+  return http.problem({ kind: 'request_too_large', message: String(s.requestCap) })
+}
+
 /** The most header names whose decisions are remembered (the names a handler sets). */
 const HEADER_RULES_MAX = 256
 
@@ -236,6 +252,8 @@ module.exports = {
   Released,
   settings,
   keyValues,
+  declaredOver,
+  tooLarge,
   storedFields,
   headerObject,
   scopeOf,

@@ -6,6 +6,8 @@ const {
   Released,
   settings,
   keyValues,
+  declaredOver,
+  tooLarge,
   storedFields,
   headerObject,
   scopeOf,
@@ -85,10 +87,16 @@ function idempotency(options) {
     if (req._body || req.readableEnded) {
       body = parsedBody(req)
     } else {
+      if (declaredOver(req.headers, s.requestCap)) {
+        s.counters.refused++
+        // The body is not read: the connection ends with this answer.
+        res.setHeader('connection', 'close')
+        return sendProblem(res, tooLarge(s))
+      }
       body = await readBody(req, s.requestCap)
       if (body === null) {
         s.counters.refused++
-        return sendProblem(res, http.problem({ kind: 'request_too_large', message: String(s.requestCap) }))
+        return sendProblem(res, tooLarge(s))
       }
       req.rawBody = body
       const ct = req.headers['content-type']

@@ -7,6 +7,8 @@ const {
   Released,
   settings,
   keyValues,
+  declaredOver,
+  tooLarge,
   storedFields,
   headerObject,
   scopeOf,
@@ -67,6 +69,12 @@ async function idempotency(fastify, options) {
       s.counters.refused++
       return sendProblem(reply, decision.problem)
     }
+    if (declaredOver(request.headers, s.requestCap)) {
+      s.counters.refused++
+      // The body is not read: the connection ends with this answer.
+      reply.header('connection', 'close')
+      return sendProblem(reply, tooLarge(s))
+    }
     request[STATE] = { key: decision.key, body: Buffer.alloc(0) }
   })
 
@@ -77,7 +85,7 @@ async function idempotency(fastify, options) {
     if (body === null) {
       s.counters.refused++
       request[STATE] = undefined
-      sendProblem(reply, http.problem({ kind: 'request_too_large', message: String(s.requestCap) }))
+      sendProblem(reply, tooLarge(s))
       return Readable.from([])
     }
     st.body = body

@@ -87,8 +87,8 @@ function post(port, key, agent) {
 }
 
 // 1. 200 concurrent requests, one key, a handler taking 50 ms.
-console.log('| middleware | handler calls (200 concurrent, one key) | statuses | distinct bodies |')
-console.log('|---|---|---|---|')
+console.log('| middleware | handler calls (200 concurrent, one key) | statuses | distinct bodies | marked replayed |')
+console.log('|---|---|---|---|---|')
 for (const [name, { app, c }] of Object.entries(makeApps(50))) {
   const s = await listen(app)
   const agent = new http.Agent({ keepAlive: true, maxSockets: 200 })
@@ -96,7 +96,7 @@ for (const [name, { app, c }] of Object.entries(makeApps(50))) {
   const all = await Promise.all(Array.from({ length: 200 }, () => post(s.address().port, key, agent)))
   const statuses = {}
   for (const r of all) statuses[r.status] = (statuses[r.status] ?? 0) + 1
-  console.log(`| ${name} | ${c.calls} | ${Object.entries(statuses).map(([k, v]) => `${v}× ${k}`).join(', ')} | ${new Set(all.map((r) => r.body)).size} |`)
+  console.log(`| ${name} | ${c.calls} | ${Object.entries(statuses).map(([k, v]) => `${v}× ${k}`).join(', ')} | ${new Set(all.map((r) => r.body)).size} | ${all.filter((r) => r.replayed).length} |`)
   agent.destroy()
   s.close()
 }

@@ -20,6 +20,32 @@ function listen(app) {
   })
 }
 
+/**
+ * Sends the head of a covered POST declaring `length` body bytes and only 10 of them:
+ * resolves with the answer given before the rest (a hang here fails the test).
+ */
+function oversized(url, length) {
+  const { port } = new URL(url)
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-big01', 'content-length': length } })
+    const timer = setTimeout(() => {
+      req.destroy()
+      reject(new Error('no answer before the body was sent'))
+    }, 5_000)
+    req.on('response', (res) => {
+      const chunks = []
+      res.on('data', (c) => chunks.push(c))
+      res.on('end', () => {
+        clearTimeout(timer)
+        req.destroy()
+        resolve({ status: res.statusCode, body: Buffer.concat(chunks).toString() })
+      })
+    })
+    req.on('error', () => {})
+    req.write('x'.repeat(10))
+  })
+}
+
 async function start(express, options, extra = () => {}) {
   const app = express()
   let calls = 0
@@ -177,6 +203,19 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
       assert.equal(again.body.toString(), 'part-1 of call 2\ndone\n')
       assert.equal(again.headers.get('idempotent-replayed'), null)
       assert.equal(s.calls(), 2)
+    } finally {
+      await s.close()
+    }
+  })
+
+  test(`${name}: a declared Content-Length over the request cap: 413 at once, before the body arrives; the handler not run`, async () => {
+    const s = await start(express, { store: new IdempotencyStore(), requestCap: 1_000 })
+    try {
+      const r = await oversized(s.url, 10_000_000)
+      assert.equal(r.status, 413)
+      assert.equal(JSON.parse(r.body).type, 'urn:oncely:problem:request-too-large')
+      assert.equal(s.calls(), 0)
+      assert.equal(s.middleware.counters().refused, 1)
     } finally {
       await s.close()
     }

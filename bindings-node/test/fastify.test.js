@@ -14,6 +14,32 @@ const { sequences, adapterOptions, answer, runSequence, send } = require('./http
 
 const REDIS = process.env.ONCELY_REDIS_URL
 
+/**
+ * Sends the head of a covered POST declaring `length` body bytes and only 10 of them:
+ * resolves with the answer given before the rest (a hang here fails the test).
+ */
+function oversized(url, length) {
+  const { port } = new URL(url)
+  return new Promise((resolve, reject) => {
+    const req = nodeHttp.request({ host: '127.0.0.1', port, method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-big01', 'content-length': length } })
+    const timer = setTimeout(() => {
+      req.destroy()
+      reject(new Error('no answer before the body was sent'))
+    }, 5_000)
+    req.on('response', (res) => {
+      const chunks = []
+      res.on('data', (c) => chunks.push(c))
+      res.on('end', () => {
+        clearTimeout(timer)
+        req.destroy()
+        resolve({ status: res.statusCode, body: Buffer.concat(chunks).toString() })
+      })
+    })
+    req.on('error', () => {})
+    req.write('x'.repeat(10))
+  })
+}
+
 for (const [major, Fastify] of Object.entries(FASTIFIES)) {
   async function start(options, extra = () => {}) {
     const app = Fastify()
@@ -257,6 +283,19 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
       assert.equal(r.body.toString(), 'part-1 of call 2\ndone\n')
       assert.equal(r.headers.get('idempotent-replayed'), null)
       assert.equal(s.calls(), 2)
+    } finally {
+      await s.close()
+    }
+  })
+
+  test(`${major}: a declared Content-Length over the request cap: 413 at once, before the body arrives; the handler not run`, async () => {
+    const s = await start({ store: new IdempotencyStore(), requestCap: 1_000 })
+    try {
+      const r = await oversized(s.url, 10_000_000)
+      assert.equal(r.status, 413)
+      assert.equal(JSON.parse(r.body).type, 'urn:oncely:problem:request-too-large')
+      assert.equal(s.calls(), 0)
+      assert.equal(s.app.idempotencyCounters().refused, 1)
     } finally {
       await s.close()
     }

@@ -671,3 +671,66 @@ test('cross-language: no value and not-storable records read the same in Node an
   assert.deepEqual(await runPython([URL, pfx, 'acme', 'Pay', k4, fp, 'decimal']), { value: '1.10', bytes: false, source: 'led' })
   await assert.rejects(s.execute(scope('acme', 'Pay', k4), fp, never), { kind: 'result_not_stored', typeName: 'decimal.Decimal', code: 'DATA_LOSS' })
 })
+
+/** Spawns a server process and resolves with it and the port it prints first. */
+function serverProcess(command, args, env) {
+  const { spawn } = require('node:child_process')
+  const child = spawn(command, args, { env: { ...process.env, ...env }, stdio: ['pipe', 'pipe', 'inherit'] })
+  return new Promise((resolve, reject) => {
+    child.stdout.once('data', (d) => resolve({ child, url: `http://127.0.0.1:${String(d).trim()}` }))
+    child.once('exit', (code) => reject(new Error(`${command} exited ${code}`)))
+  })
+}
+
+test('cross-language: a Python (ASGI, uvicorn) server and a Node (Express) server on one Redis run one request once', needsRedis, async () => {
+  if (!fs.existsSync(python)) {
+    throw new Error(`${python} does not exist: run scripts/test-python first (it makes the venv with the oncely wheel), or set ONCELY_VENV`)
+  }
+  const pfx = prefix()
+  const effects = path.join(require('node:os').tmpdir(), `oncely-effects-${newKey()}`)
+  fs.writeFileSync(effects, '')
+  const servers = []
+  try {
+    // Both: POST /orders, tenant "acme", a handler that records its call and answers 201.
+    servers.push(
+      await serverProcess(python, [path.join(root, 'bindings-python', 'tests', 'asgi_process_app.py')], {
+        ONCELY_REDIS_URL: URL,
+        PREFIX: pfx,
+        EFFECTS: effects,
+      }),
+    )
+    servers.push(
+      await serverProcess(process.execPath, [path.join(__dirname, '..', 'fixtures', 'express-redis-server.js')], {
+        PREFIX: pfx,
+        TENANT: 'acme',
+      }),
+    )
+    const send = (url) =>
+      fetch(`${url}/orders`, {
+        method: 'POST',
+        headers: { 'idempotency-key': 'order-xlang1', 'content-type': 'application/json' },
+        body: '{"sku":"A1","qty":1}',
+      }).then(async (r) => ({ status: r.status, replayed: r.headers.get('idempotent-replayed'), body: await r.text() }))
+    const all = await Promise.all(Array.from({ length: 40 }, (_, i) => send(servers[i % 2].url)))
+    for (const r of all) {
+      assert.equal(r.status, 201)
+      assert.equal(r.body, all[0].body)
+    }
+    assert.equal(all.filter((r) => r.replayed === 'true').length, 39)
+    const pythonCalls = fs.readFileSync(effects, 'utf8').split('\n').filter(Boolean).length
+    const nodeCalls = (await (await fetch(`${servers[1].url}/count`)).json()).calls
+    assert.equal(pythonCalls + nodeCalls, 1)
+    // A later retry to either server is a replay of the same answer.
+    for (const { url } of servers) {
+      const again = await send(url)
+      assert.equal(again.replayed, 'true')
+      assert.equal(again.body, all[0].body)
+    }
+  } finally {
+    for (const { child } of servers) {
+      child.stdin.end()
+      child.kill('SIGTERM')
+    }
+    fs.rmSync(effects, { force: true })
+  }
+})
