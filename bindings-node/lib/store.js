@@ -1,0 +1,392 @@
+'use strict'
+// The dedup store
+
+const { AsyncLocalStorage } = require('node:async_hooks')
+
+const native = require('../native.js')
+const { NativeStore } = require('../native.js')
+const { isOncelyError, mustBe, isSignal } = require('./errors.js')
+const { UNKNOWN, codeOf } = require('./extract.js')
+
+/** What a joiner's Promise resolves to when its leader went away: begin again. */
+const ABANDONED = Object.freeze({ oncelyAbandoned: true })
+/** What `begin` returns to a leader (its lease is then in the store's slot). */
+const LEAD = Object.freeze({ oncelyLead: true })
+
+function abortable(promise, signal) {
+  if (signal.aborted) {
+    // Nobody waits for `promise` any more (an action can abort its own caller before it
+    // fails): its rejection must not become an unhandled one, which ends the process.
+    promise.then(noop, noop)
+    return Promise.reject(signal.reason)
+  }
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(signal.reason)
+    signal.addEventListener('abort', onAbort, { once: true })
+    promise.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort)
+        resolve(v)
+      },
+      (e) => {
+        signal.removeEventListener('abort', onAbort)
+        reject(e)
+      },
+    )
+  })
+}
+
+const LED = 'led'
+const JOINED = 'joined'
+const REPLAYED = 'replayed'
+
+function noop() {}
+
+/**
+ * `promise` for one caller: rejects with `signal.reason` once `signal` aborts. `leave`
+ * runs once, when this caller stops waiting (settled or aborted).
+ */
+function waitFor(promise, signal, leave) {
+  if (signal === undefined) {
+    return promise.then(
+      (v) => {
+        leave()
+        return v
+      },
+      (e) => {
+        leave()
+        throw e
+      },
+    )
+  }
+  return new Promise((resolve, reject) => {
+    let waiting = true
+    const stop = () => {
+      if (!waiting) return false
+      waiting = false
+      leave()
+      return true
+    }
+    const onAbort = () => {
+      if (stop()) reject(signal.reason)
+    }
+    promise.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort)
+        if (stop()) resolve(v)
+      },
+      (e) => {
+        signal.removeEventListener('abort', onAbort)
+        if (stop()) reject(e)
+      },
+    )
+    if (signal.aborted) onAbort()
+    else signal.addEventListener('abort', onAbort, { once: true })
+  })
+}
+
+// ---------------------------------------------------------------------------------------
+// Flights: an action keeps its key until it settles (SPEC §6, Node). JavaScript cannot
+// stop a running Promise, so a caller that aborts only stops waiting: the lease stays
+// with the action, whose outcome is stored and given to the waiters as usual. The action
+// gets `{ signal }`, aborted once every caller of its key in this process has gone.
+// ---------------------------------------------------------------------------------------
+
+/** The flight whose action runs in the current async context (see `Flight.parent`). */
+const acting = new AsyncLocalStorage()
+
+/** The callers of one key in this process that wait for its outcome (leader included). */
+class Callers {
+  constructor(map, key) {
+    this.map = map
+    this.key = key
+    this.n = 0
+    /** The running flight of the key, if this process leads it. */
+    this.flight = undefined
+  }
+}
+
+function enter(map, key) {
+  let c = map.get(key)
+  if (c === undefined) {
+    c = new Callers(map, key)
+    map.set(key, c)
+  }
+  c.n += 1
+  return c
+}
+
+function leave(c) {
+  c.n -= 1
+  if (c.n > 0) return
+  if (c.flight !== undefined) c.flight.allGone()
+  else if (c.map.get(c.key) === c) c.map.delete(c.key)
+}
+
+function goneReason() {
+  return new DOMException('every caller of this operation stopped waiting', 'AbortError')
+}
+
+/** One run of an action, from its lead until it settles (or its lease is collected). */
+class Flight {
+  #controller = undefined
+  #gone = false
+
+  constructor(store, callers, fingerprint) {
+    /** The store (a RedisStore: the string naming its records, shared by instances). */
+    this.store = store
+    this.callers = callers
+    this.key = callers.key
+    this.fp = fingerprint
+    /** The flight whose action started this one: a cycle of keys is re-entrant too. */
+    this.parent = acting.getStore()
+    this.running = true
+    /** The leader's caller still waits (it counts in `callers`). */
+    this.leaderIn = true
+    this.info = new ActionInfo(this)
+    // A flight still recorded is over (its leader was collected unsettled, releasing the
+    // key): it no longer counts.
+    if (callers.flight !== undefined) callers.flight.collected()
+    callers.flight = this
+  }
+
+  get signal() {
+    if (this.#controller === undefined) {
+      this.#controller = new AbortController()
+      if (this.#gone) this.#controller.abort(goneReason())
+    }
+    return this.#controller.signal
+  }
+
+  /** Every caller has gone while the action runs: its signal fires (once). */
+  allGone() {
+    if (!this.running || this.#gone) return
+    this.#gone = true
+    if (this.#controller !== undefined) this.#controller.abort(goneReason())
+  }
+
+  /** The action settled (or its lease was collected unsettled): the flight is over. */
+  end() {
+    if (!this.running) return
+    this.running = false
+    const c = this.callers
+    if (c.flight === this) c.flight = undefined
+    if (c.n === 0 && c.map.get(c.key) === c) c.map.delete(c.key)
+  }
+
+  leaderLeaves() {
+    if (!this.leaderIn) return
+    this.leaderIn = false
+    leave(this.callers)
+  }
+
+  /** The leader's lease was collected with its never-settling action. */
+  collected() {
+    this.end()
+    this.leaderLeaves()
+  }
+}
+
+/** What an action is given: `signal` fires when every caller of its key has gone. */
+class ActionInfo {
+  #flight
+  constructor(flight) {
+    this.#flight = flight
+  }
+  /** An AbortSignal, aborted (an AbortError) once every caller of this run has stopped waiting. */
+  get signal() {
+    return this.#flight.signal
+  }
+}
+
+/** Runs `fn` as the action of `flight`: always a Promise, never a synchronous throw. */
+function act(flight, fn) {
+  try {
+    return Promise.resolve(acting.run(flight, fn, flight.info))
+  } catch (e) {
+    return Promise.reject(e)
+  }
+}
+
+/**
+ * The error for a call made, directly or through other keys, by the action that holds
+ * its key (it would wait for itself forever), or `undefined`.
+ */
+function reentry(store, key, fingerprint) {
+  for (let f = acting.getStore(); f !== undefined; f = f.parent) {
+    if (f.running && f.store === store && f.key === key && f.fp === fingerprint) return native.reentrantError(key)
+  }
+  return undefined
+}
+
+/** The code of a leader's error for the cache decision; UNKNOWN when it cannot be read. */
+const EXECUTE_DEFAULTS = Object.freeze({ wait: true, signal: undefined })
+
+/**
+ * Checks the arguments of either store's `execute` and reads its options once:
+ * `{ wait, signal }`. Throws the caller's own abort reason when the signal has already
+ * aborted (nothing has started).
+ */
+function executeArgs(scoped, fingerprint, fn, options) {
+  if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
+  if (typeof fingerprint !== 'string') throw mustBe('a string', 'fingerprint', fingerprint)
+  if (typeof fn !== 'function') throw mustBe('a function', 'fn', fn)
+  if (options === undefined) return EXECUTE_DEFAULTS
+  if (options === null || typeof options !== 'object') throw mustBe('an object', 'options', options)
+  const signal = options.signal
+  if (signal !== undefined && !isSignal(signal)) throw mustBe('an AbortSignal', 'signal', signal)
+  let wait = options.wait
+  if (wait === undefined) wait = true
+  else if (typeof wait !== 'boolean') throw mustBe('a boolean', 'wait', wait)
+  if (signal !== undefined && signal.aborted) throw signal.reason
+  return { wait, signal }
+}
+
+function cacheCode(error) {
+  try {
+    return codeOf(error)
+  } catch {
+    return UNKNOWN
+  }
+}
+
+/**
+ * Runs an action at most once per scoped key within the TTL and gives every caller its
+ * result (SPEC §6), over the core's in-process store.
+ */
+class IdempotencyStore {
+  #native
+  /** `native.begin` bound to the store: `(wait, key?, fingerprint?)`. */
+  #begin
+  /** `[0]`: a leader's lease, handed over by `begin`; `[1..]`: the stored values. */
+  #slot = [undefined]
+  #cacheFailures
+  /** The callers of each key waiting here (leaders and joiners), by scoped key. */
+  #callers = new Map()
+  /** The key and fingerprint text the native store holds from the last `begin`. */
+  #key = undefined
+  #fp = undefined
+
+  /** `{ ttlMs = 86_400_000, maxEntries, inProgressRetryAfterMs = 1000, cachePermanentFailures = false }` */
+  constructor(options) {
+    this.#native = new NativeStore(options, ABANDONED, LEAD, this.#slot)
+    this.#begin = this.#native.beginFunction()
+    this.#cacheFailures = options != null && options.cachePermanentFailures === true
+  }
+
+  /**
+   * `fn` runs only if this caller leads. Resolves to `{ value, replayed, source }`: the
+   * leader's value (the same object for every caller), whether this caller got it from
+   * another call, and how (`'led'`, `'joined'`, `'replayed'`).
+   */
+  execute(scoped, fingerprint, fn, options) {
+    // Not an async function: a replay or a join costs no async frame of its own (a
+    // replay resolves at once, a join chains on the flight's one shared Promise). Every
+    // error still comes back as a rejection.
+    try {
+      const { wait, signal } = executeArgs(scoped, fingerprint, fn, options)
+      const reentrant = reentry(this, scoped, fingerprint)
+      if (reentrant !== undefined) throw reentrant
+      // The strings cross into Rust only when they differ from the last call's.
+      let r
+      try {
+        r = scoped === this.#key && fingerprint === this.#fp ? this.#begin(wait) : this.#begin(wait, scoped === this.#key ? undefined : scoped, fingerprint === this.#fp ? undefined : fingerprint)
+      } catch (e) {
+        this.#key = this.#fp = undefined
+        throw e
+      }
+      this.#key = scoped
+      this.#fp = fingerprint
+      // A replay: the index of the stored value in the slot array.
+      if (typeof r === 'number') return Promise.resolve({ value: this.#slot[r], replayed: true, source: REPLAYED })
+      if (r === LEAD) return this.#lead(scoped, fingerprint, fn, signal)
+      if (r instanceof Promise) {
+        // The leader went away (ABANDONED): begin again, one waiter leads.
+        const c = enter(this.#callers, scoped)
+        const flight = c.flight
+        const joined = (v) => {
+          if (v !== ABANDONED) return { value: v, replayed: true, source: JOINED }
+          // The leader was collected unsettled: its flight is over.
+          if (flight !== undefined) flight.collected()
+          return this.execute(scoped, fingerprint, fn, options)
+        }
+        if (signal !== undefined) return waitFor(r, signal, () => leave(c)).then(joined)
+        return r.then(
+          (v) => {
+            leave(c)
+            return joined(v)
+          },
+          (e) => {
+            leave(c)
+            throw e
+          },
+        )
+      }
+      throw new Error('oncely: unexpected answer from the native store')
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /**
+   * This caller leads: its lease is in the slot. Runs `fn` and settles the lease with its
+   * outcome, whether or not this caller still waits (an abort only stops the waiting).
+   */
+  #lead(scoped, fingerprint, fn, signal) {
+    const lease = this.#slot[0]
+    this.#slot[0] = undefined
+    const flight = new Flight(this, enter(this.#callers, scoped), fingerprint)
+    const done = act(flight, fn).then(
+      (value) => {
+        flight.end()
+        if (signal === undefined) flight.leaderLeaves()
+        this.#native.complete(lease, value)
+        return { value, replayed: false, source: LED }
+      },
+      (error) => {
+        flight.end()
+        if (signal === undefined) flight.leaderLeaves()
+        this.#native.fail(lease, error, this.#cacheFailures ? cacheCode(error) : UNKNOWN)
+        throw error
+      },
+    )
+    return signal === undefined ? done : waitFor(done, signal, () => flight.leaderLeaves())
+  }
+
+  /** Counts since the store was made: leads, joins, replays, conflicts, expirations, evictions. */
+  counters() {
+    return this.#native.counters()
+  }
+
+  /** Entries held now (running and completed; expired ones not yet swept included). */
+  get size() {
+    return this.#native.size
+  }
+
+  /** The TTL of completed entries, ms. */
+  get ttlMs() {
+    return this.#native.ttlMs
+  }
+
+  /** Waiters not yet woken (for tests and metrics). */
+  get pendingWaiters() {
+    return this.#native.pendingWaiters
+  }
+
+  /** Clears a completed entry (e.g. a cached failure) so the next call runs again. */
+  remove(scoped) {
+    if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
+    return this.#native.remove(scoped)
+  }
+}
+
+/**
+ * The HTTP status a server answers with an error of oncely (`err.httpStatus`: 400
+ * invalid or missing key, 422 fingerprint mismatch, 409 in progress, 503 store
+ * unavailable, …), or `undefined` for any other error.
+ */
+function httpStatusOf(err) {
+  return isOncelyError(err) ? err.httpStatus : undefined
+}
+
+module.exports = { ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }
