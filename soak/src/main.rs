@@ -38,6 +38,28 @@ impl Classify for Fail {
     }
 }
 
+/// Why one attempt failed.
+#[derive(Debug)]
+enum CallError {
+    Execute(ExecuteError<Fail>),
+    DeadlineExceeded,
+}
+
+impl Classify for CallError {
+    fn code(&self) -> Code {
+        match self {
+            CallError::Execute(e) => e.code(),
+            CallError::DeadlineExceeded => Code::DeadlineExceeded,
+        }
+    }
+    fn server_delay(&self) -> Option<oncely::ServerDelay> {
+        match self {
+            CallError::Execute(e) => e.server_delay(),
+            CallError::DeadlineExceeded => None,
+        }
+    }
+}
+
 struct Worker {
     name: String,
     store: RedisStore<Fail>,
@@ -168,9 +190,19 @@ fn run_job(w: Arc<Worker>, job: Value) {
         .with_max_attempts(1000)
         .with_base_delay(Duration::from_millis(50))
         .with_max_delay(Duration::from_millis(1000));
-    let call = retry(|_| {
+    let call = retry(|attempt| {
         let (w, scoped, fp, job) = (&w, &scoped, &fp, &job);
-        async move { w.store.execute(scoped, fp, || action(w, job)).await }
+        // The time left is this attempt's timeout, as a client forwards it: a waiter
+        // stops at the caller's deadline (a leader's action is dropped with it and its
+        // claim released).
+        let left = attempt.remaining.unwrap_or(Duration::from_secs(60));
+        async move {
+            let exec = w.store.execute(scoped, fp, || action(w, job));
+            match select(Box::pin(exec), futures_timer::Delay::new(left)).await {
+                Either::Left((r, _)) => r.map_err(CallError::Execute),
+                Either::Right(((), _)) => Err(CallError::DeadlineExceeded),
+            }
+        }
     })
     .policy(policy)
     .safe(true)
@@ -200,7 +232,7 @@ fn run_job(w: Arc<Worker>, job: Value) {
             json!({"id": id, "w": w.name, "ok": true, "v": summary(&done.value), "src": src})
         }
         Some(Err(e)) => {
-            let err: &ExecuteError<Fail> = &e.error;
+            let err = &e.error;
             json!({"id": id, "w": w.name, "ok": false, "code": err.code().as_str(),
                    "err": format!("{err:?}"), "att": e.attempts})
         }

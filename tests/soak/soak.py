@@ -677,7 +677,7 @@ class Soak:
                 return f"x:{v.get('x')}"
         return f"unexpected:{result[:40]!r}"
 
-    def attribute(self, a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    def attribute(self, a: dict[str, Any], b: dict[str, Any], renewals: bool = True) -> str | None:
         """The injected fault that let b's lease claim in while a ran, if any: one that
         hit a's process or the store between a lease before a started and b's start, and
         long enough to fail a renewal (a third of a lease; a lease only lapses after
@@ -685,7 +685,7 @@ class Soak:
         for f in self.timeline:
             if f["end"] < a["start"] - self.lease or f["start"] > b["start"]:
                 continue
-            if f["fault"] == "cut pub/sub" or (
+            if f["fault"] == "cut pub/sub" or (renewals and
                     f["fault"] != "SIGKILL" and f["end"] - f["start"] < self.lease / 3):
                 continue
             if f["target"] in ("store", a["w"]):
@@ -696,7 +696,7 @@ class Soak:
         by_key = self.ledger()
         rows: list[tuple[str, int, str]] = []
         reexec, overlaps, unattributed, lost, mismatched, hung = [], [], [], [], [], []
-        unavailable_outside, unexpected = [], []
+        unavailable_outside, unexpected, unrecorded = [], [], []
         for it in self.intents:
             execs = sorted(by_key.get(it.key, []), key=lambda e: e["start"])
             rec = self.record(it.key)
@@ -712,6 +712,16 @@ class Soak:
                     x = stored.split(":")[1]
                     if not any(e["x"] == x and e["st"] in ("ok", "killed") for e in execs):
                         mismatched.append(f"{it.key}: stored {stored} from no finished execution")
+            stored_x = stored.split(":")[1] if stored and stored.startswith(("x:", "big:")) else None
+            for e in execs:
+                # A success that is not the stored result: its completion failed (the
+                # store unreachable, or its lease lost), so a later caller runs it again.
+                if e["st"] == "ok" and stored_x is not None and e["x"] != stored_x:
+                    cause = self.attribute(e, {"start": e["end"] + 2 * self.lease}, renewals=False)
+                    unrecorded.append(f"{it.key}: {e['x']}: {cause}")
+                    if cause is None:
+                        unattributed.append(f"{it.key}: {e['x']} succeeded at "
+                                            f"{self.rel(e['end']):.2f} and was not recorded")
             for i, a in enumerate(execs):
                 for b in execs[i + 1:]:
                     if b["start"] < a["end"]:
@@ -778,7 +788,9 @@ class Soak:
             ("re-executions after completion", len(reexec), "must be 0"),
             ("overlapping executions", len(overlaps), "each after an injected fault"
              + "".join(f"; {n} after {c}" for c, n in sorted(causes.items()))),
-            ("unattributed overlaps", len(unattributed), "must be 0"),
+            ("successes not recorded (run again)", len(unrecorded),
+             "each after an injected fault (completion failed or lease lost)"),
+            ("unattributed overlaps / unrecorded", len(unattributed), "must be 0"),
             ("lost intents", len(lost), "must be 0"),
             ("mismatched values", len(mismatched), "must be 0"),
             ("hung callers (> deadline + lease)", len(hung), "must be 0"),

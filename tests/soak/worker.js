@@ -21,7 +21,10 @@ const pending = new Set()
 
 class Flaky extends Error {}
 class Permanent extends Error {}
-const classify = (err) => (err instanceof Flaky ? 'UNAVAILABLE' : err instanceof Permanent ? 'INVALID_ARGUMENT' : undefined)
+class DeadlineExceeded extends Error {}
+const classify = (err) => (err instanceof Flaky
+  ? 'UNAVAILABLE'
+  : err instanceof Permanent ? 'INVALID_ARGUMENT' : err instanceof DeadlineExceeded ? 'DEADLINE_EXCEEDED' : undefined)
 
 const emit = (obj) => process.stdout.write(JSON.stringify(obj) + '\n')
 const ledger = (obj) => fs.writeSync(ledgerFd, JSON.stringify(obj) + '\n')
@@ -72,7 +75,19 @@ async function runJob (job) {
   const timer = job.cancel_ms != null ? setTimeout(() => ac.abort(), job.cancel_ms) : undefined
   const fn = action(job)
   try {
-    const done = await retry(() => store.execute(scoped, fp, fn, { signal: ac.signal }),
+    // The time left is this attempt's timeout, as a client forwards it: a waiter stops
+    // at the caller's deadline (a leader's action runs on, its outcome stored).
+    const attempt = async (n, info) => {
+      // remainingMs has a fraction; AbortSignal.timeout takes whole milliseconds.
+      const timeout = AbortSignal.timeout(Math.max(1, Math.ceil(Math.min(info.remainingMs, 60000))))
+      try {
+        return await store.execute(scoped, fp, fn, { signal: AbortSignal.any([ac.signal, timeout]) })
+      } catch (err) {
+        if (timeout.aborted && !ac.signal.aborted) throw new DeadlineExceeded(job.key)
+        throw err
+      }
+    }
+    const done = await retry(attempt,
       { policy, safe: true, classify, signal: ac.signal, deadline: job.deadline_ms || 20000 })
     calls[done.source]++
     emit({ id: job.id, w: NAME, ok: true, v: summary(done.value), src: done.source })
@@ -80,7 +95,7 @@ async function runJob (job) {
     if (ac.signal.aborted) {
       emit({ id: job.id, w: NAME, cancelled: true })
     } else {
-      const code = err instanceof Flaky ? 'UNAVAILABLE' : err instanceof Permanent ? 'INVALID_ARGUMENT' : String(err && err.code)
+      const code = classify(err) || String(err && err.code)
       emit({ id: job.id, w: NAME, ok: false, code, err: String(err && err.message) })
     }
   } finally {

@@ -48,11 +48,17 @@ class Permanent(Exception):
     """A failure the caller does not retry (INVALID_ARGUMENT)."""
 
 
+class DeadlineExceeded(Exception):
+    """The caller's deadline passed during an attempt (DEADLINE_EXCEEDED)."""
+
+
 def classify(exc: BaseException) -> Any:
     if isinstance(exc, Flaky):
         return oncely.Code.UNAVAILABLE
     if isinstance(exc, Permanent):
         return oncely.Code.INVALID_ARGUMENT
+    if isinstance(exc, DeadlineExceeded):
+        return oncely.Code.DEADLINE_EXCEEDED
     return None
 
 
@@ -117,14 +123,20 @@ async def run_job(store: oncely.RedisStore, job: dict[str, Any]) -> None:
     fp = oncely.fingerprint(job["payload"])
     action = make_action(job)
 
-    async def call() -> Any:
+    async def call(attempt: oncely.Attempt) -> Any:
         if BYPASS:
             return Bypassed(await action())
-        return await store.execute(scoped, fp, action)
+        # The time left is this attempt's timeout, as a client forwards it: a waiter
+        # stops at the caller's deadline (a leader's action runs on in its own task).
+        remaining = attempt.remaining if attempt.remaining is not None else 60.0
+        try:
+            return await asyncio.wait_for(store.execute(scoped, fp, action), max(remaining, 0.001))
+        except TimeoutError:
+            raise DeadlineExceeded(job["key"]) from None
 
     policy = oncely.RetryPolicy(max_attempts=1000, base_delay=0.05, max_delay=1.0)
     task = asyncio.ensure_future(
-        oncely.retry(call, policy=policy, safe=True, classify=classify,
+        oncely.retry(call, policy=policy, safe=True, classify=classify, pass_attempt=True,
                      deadline=job.get("deadline_ms", 20000) / 1000)
     )
     if job.get("cancel_ms") is not None:
@@ -135,11 +147,7 @@ async def run_job(store: oncely.RedisStore, job: dict[str, Any]) -> None:
         emit({"id": job["id"], "w": NAME, "cancelled": True})
         return
     except Exception as exc:  # noqa: BLE001 - reported to the driver, which judges it
-        code = getattr(exc, "code", None)
-        if isinstance(exc, Flaky):
-            code = oncely.Code.UNAVAILABLE
-        elif isinstance(exc, Permanent):
-            code = oncely.Code.INVALID_ARGUMENT
+        code = classify(exc) or getattr(exc, "code", None)
         emit({"id": job["id"], "w": NAME, "ok": False,
               "code": getattr(code, "name", str(code)), "err": f"{type(exc).__name__}: {exc}"})
         return
