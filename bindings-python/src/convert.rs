@@ -41,7 +41,11 @@ fn int_as_f64(obj: &Bound<'_, PyAny>) -> PyResult<f64> {
     match obj.extract::<f64>() {
         Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
             let negative = obj.lt(0)?;
-            Ok(if negative { f64::NEG_INFINITY } else { f64::INFINITY })
+            Ok(if negative {
+                f64::NEG_INFINITY
+            } else {
+                f64::INFINITY
+            })
         }
         other => other,
     }

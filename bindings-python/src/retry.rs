@@ -639,7 +639,11 @@ pub fn parse_retry_after(
                 SystemTime::UNIX_EPOCH.checked_sub(offset)
             };
             at.ok_or_else(|| {
-                invalid(py, "now", format!("{secs} seconds is beyond the system clock's range"))
+                invalid(
+                    py,
+                    "now",
+                    format!("{secs} seconds is beyond the system clock's range"),
+                )
             })?
         }
     };

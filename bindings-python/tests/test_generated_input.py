@@ -4,7 +4,8 @@ Whatever a caller passes, only the documented exceptions come out (``OncelyError
 subclasses, ``TypeError``, ``ValueError``): never a crash, never a hang (each store
 call is bounded), never a leaked lease (after an ``execute`` that raised, the key is
 free). The default profile keeps the suite short; ``ONCELY_HYPOTHESIS_PROFILE=soak``
-(with ``ONCELY_HYPOTHESIS_EXAMPLES``, default 20,000) runs the long form.
+(with ``ONCELY_HYPOTHESIS_EXAMPLES``, default 20,000) runs the long form, without the
+suite's per-test timeout.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ settings.register_profile(
     suppress_health_check=list(HealthCheck),
 )
 settings.load_profile(os.environ.get("ONCELY_HYPOTHESIS_PROFILE", "default"))
+if settings().max_examples > 1000:
+    # A long run outlasts the suite's per-test timeout; each store call stays bounded.
+    pytestmark = pytest.mark.timeout(0)
 
 DOCUMENTED = (oncely.OncelyError, TypeError, ValueError)
 # A store call that has not returned after this long is a hang.
