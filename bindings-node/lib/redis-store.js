@@ -25,7 +25,7 @@ function valueTypeName(v) {
   try {
     if (Array.isArray(v)) return 'Array'
     const proto = Object.getPrototypeOf(v)
-    const ctor = proto !== null && Object.prototype.hasOwnProperty.call(proto, 'constructor') ? proto.constructor : undefined
+    const ctor = proto !== null && Object.hasOwn(proto, 'constructor') ? proto.constructor : undefined
     return typeof ctor === 'function' && typeof ctor.name === 'string' && ctor.name !== '' ? ctor.name : 'Object'
   } catch {
     return 'Object' // a revoked Proxy

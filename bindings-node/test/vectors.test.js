@@ -243,7 +243,7 @@ test('result_codec.json: the stored form of a RedisStore result', () => {
       assert.throws(() => oncely.decodeResult(record), { kind: 'result_not_stored', typeName: c.type_name }, c.comment)
       continue
     }
-    const [tag, got] = native.decodeRecord(record)
+    const [tag] = native.decodeRecord(record)
     assert.equal(tag, T[c.kind], c.comment)
     if (c.kind === 'json') assert.deepEqual(oncely.decodeResult(record), c.value, c.comment)
     else if (c.kind === 'no_value') assert.equal(oncely.decodeResult(record), undefined)
