@@ -35,8 +35,8 @@ function sleep(ms, signal) {
 
 /**
  * What the action is told about its attempt, the same shape as Rust's `Attempt` and
- * Python's `Attempt`: `number` (1 for the first), `remainingMs` before the deadline
- * (`Infinity` without one) and `previousAttempts`; also the caller's `signal` and the
+ * Python's `Attempt`: `number` (1 for the first), `remainingMs` before the deadline in whole
+ * milliseconds (`Infinity` without one) and `previousAttempts`; also the caller's `signal` and the
  * `deadline`. It converts to its number (`attempt < 3`, `` `${attempt}` ``), and is also
  * passed as the second argument, where earlier versions gave the attempt's details.
  */
@@ -48,7 +48,9 @@ class Attempt {
   }
   /** Milliseconds left before the deadline (Infinity without one): forward it as a per-attempt timeout. */
   get remainingMs() {
-    return this.deadline === undefined ? Infinity : this.deadline.remainingMs
+    // Whole milliseconds (rounded down, never past the deadline), so it can be handed to
+    // timers and `AbortSignal.timeout` as is.
+    return this.deadline === undefined ? Infinity : Math.floor(this.deadline.remainingMs)
   }
   /** Attempts made before this one (for a `grpc-previous-rpc-attempts` header). */
   get previousAttempts() {

@@ -438,3 +438,16 @@ test('the action gets one Attempt: number, remainingMs and previousAttempts, as 
     [3, 2, 800],
   ])
 })
+
+test('an attempt\'s remainingMs is whole milliseconds that AbortSignal.timeout takes', async () => {
+  let seen
+  await oncely.retry(
+    (attempt) => {
+      seen = attempt.remainingMs
+      AbortSignal.timeout(attempt.remainingMs) // throws ERR_OUT_OF_RANGE on a fraction
+      return 'ok'
+    },
+    { deadline: new oncely.Deadline(1234.5) },
+  )
+  assert.ok(Number.isInteger(seen) && seen > 0 && seen <= 1234, String(seen))
+})
