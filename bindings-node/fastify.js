@@ -130,9 +130,11 @@ async function idempotency(fastify, options) {
           }
         }
         // As in oncely/express: a client gone before the answer began leaves the handler
-        // running, and its answer is settled in onSend as usual.
+        // running, and its answer is settled in onSend as usual. An answer begun but not
+        // settled in onSend was cut, or written on the raw response around Fastify
+        // (`reply.hijack()`): it is not stored, and the key is released.
         reply.raw.once('close', () => {
-          if (!st.streaming && !reply.raw.writableFinished && reply.raw.headersSent) {
+          if (!st.streaming && reply.raw.headersSent) {
             st.settle(new Released(owner, 'the response was not sent whole'))
           }
         })

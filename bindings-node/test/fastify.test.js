@@ -238,6 +238,29 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 
+  test(`${major}: a hijacked reply (answered on the raw response) is not stored and releases its key`, async () => {
+    const s = await start({ store: new IdempotencyStore() }, (app, call) => {
+      app.post('/raw', (req, reply) => {
+        const n = call()
+        reply.hijack()
+        reply.raw.writeHead(200, { 'content-type': 'text/plain' })
+        reply.raw.end(`raw ${n}`)
+      })
+    })
+    try {
+      for (const n of [1, 2]) {
+        // A key still held would leave this retry waiting: the bound detects that hang.
+        const r = await fetch(`${s.url}/raw`, { method: 'POST', headers: { 'idempotency-key': 'order-raw01' }, body: 'x', signal: AbortSignal.timeout(5_000) })
+        assert.equal(r.status, 200)
+        assert.equal(await r.text(), `raw ${n}`)
+        assert.equal(r.headers.get('idempotent-replayed'), null)
+      }
+      assert.equal(s.calls(), 2)
+    } finally {
+      await s.close()
+    }
+  })
+
   test(`${major}: a client gone mid-stream: the key is held until the stream's producer stops, then released`, async () => {
     let release
     let stopped
