@@ -6,6 +6,7 @@ encoding tests need no Redis."""
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import datetime
 import decimal
@@ -241,6 +242,39 @@ async def test_many_concurrent_asyncio_callers_run_once() -> None:
     sources = [r.source for r in results]
     assert sources.count("led") == 1 and sources.count("joined") == 199
     assert s.counters()["claims"] == 1  # the in-process tier: one claim
+
+
+@needs_redis
+def test_execute_sync_waiter_on_another_instance_stops_at_ctrl_c() -> None:
+    pfx = prefix()
+    leader_store, waiter_store = store(pfx), store(pfx)
+    k = key()
+    started = threading.Event()
+    release = threading.Event()
+    leader_done = threading.Event()
+
+    def work() -> str:
+        started.set()
+        release.wait(10)
+        return "done"
+
+    def lead() -> None:
+        leader_store.execute_sync(k, FP, work)
+        leader_done.set()
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    assert started.wait(10)
+    # Ctrl-C while this (main) thread waits in Redis for the leader: the wait ends.
+    threading.Timer(0.2, _thread.interrupt_main).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            waiter_store.execute_sync(k, FP, lambda: "not run")
+        assert not leader_done.is_set(), "the waiter ignored Ctrl-C until its leader ended"
+    finally:
+        release.set()
+        leader.join(30)
+    assert waiter_store.execute_sync(k, FP, lambda: "not run").value == "done"
 
 
 @needs_redis

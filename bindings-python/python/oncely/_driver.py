@@ -198,7 +198,8 @@ class Driver:
     ) -> Executed[T]:
         """The blocking variant of :meth:`execute`: runs ``fn()`` on this thread if this
         call leads; otherwise blocks the thread (GIL released) until the leader
-        finishes. An async function raises ``TypeError`` (use :meth:`execute`) before
+        finishes, or until a signal handler raises (Ctrl-C: ``KeyboardInterrupt``; the
+        leader runs on). An async function raises ``TypeError`` (use :meth:`execute`) before
         anything runs."""
         check_sync_action(fn, self._method)
         ident = self._ident(scoped)
