@@ -30,6 +30,7 @@ from oncely import (
     RedisStore,
     StoreUnavailableError,
 )
+from oncely._driver import wait_step
 from oncely.redis_store import decode_result, encode_result
 
 URL = os.environ.get("ONCELY_REDIS_URL")
@@ -275,6 +276,48 @@ def test_execute_sync_waiter_on_another_instance_stops_at_ctrl_c() -> None:
         release.set()
         leader.join(30)
     assert waiter_store.execute_sync(k, FP, lambda: "not run").value == "done"
+
+
+@needs_redis
+async def test_a_claim_answered_as_its_caller_is_cancelled_is_released() -> None:
+    pfx = prefix()
+    s, other = store(pfx), store(pfx)
+    k = key()
+    pending = s.begin(k, FP, True)
+
+    class AnsweredAsCancelled:
+        """The claim's answer reaches its caller's future in the turn of the loop that
+        cancels the caller."""
+
+        task: asyncio.Task[Any]
+
+        def subscribe(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> Any:
+            inner = loop.create_future()
+            out = pending.subscribe(loop, inner)
+
+            def deliver(value: Any) -> None:
+                fut.set_result(value)
+                self.task.cancel()
+
+            if out is inner:
+                inner.add_done_callback(lambda f: deliver(f.result()))
+            else:
+                loop.call_soon(deliver, out)
+            return fut
+
+        def cancel(self) -> None:
+            pending.cancel()
+
+    step = AnsweredAsCancelled()
+    step.task = asyncio.ensure_future(wait_step(step))
+    # gather keeps the CancelledError, and with it (its context's traceback) the frame
+    # that got the claim: the claim is released all the same, and another instance
+    # leads at once (a claim kept would hold the key, renewed, while the error lives).
+    outcomes = await asyncio.gather(step.task, return_exceptions=True)
+    assert isinstance(outcomes[0], asyncio.CancelledError)
+    r = await asyncio.wait_for(other.execute(k, FP, lambda: "second"), 10)
+    assert r.value == "second" and r.source == "led"
+    del outcomes
 
 
 @needs_redis

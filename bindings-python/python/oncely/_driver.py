@@ -54,6 +54,12 @@ async def wait_step(step: Any) -> Any:
             out = await fut
         except BaseException:
             step.cancel()
+            if fut.done() and not fut.cancelled():
+                # Answered in the turn that cancelled the caller: a claim won then is
+                # released now, not held (and renewed) while the traceback keeps it.
+                won = fut.result()
+                if won.__class__ in _LEASES:
+                    won.abandon()
             raise
     return out
 
