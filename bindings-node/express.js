@@ -262,12 +262,13 @@ function idempotency(options) {
         // stored (it was not sent whole) and the key is released. One that goes away before
         // the answer began leaves the answer, once given, kept as usual. A response cut by
         // the server instead (Express destroys the socket when a handler fails after its
-        // headers were sent) means the handler has stopped: the key is released now.
+        // headers were sent; a handler may destroy it before answering) means the handler
+        // has stopped: the key is released now.
         res.once('close', () => {
-          if (ended || !res.headersSent) return
+          if (ended) return
           const socket = req.socket
           if (socket && (socket.readableEnded || socket.errored)) {
-            away = true
+            if (res.headersSent) away = true
             return
           }
           restore()

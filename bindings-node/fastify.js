@@ -130,11 +130,15 @@ async function idempotency(fastify, options) {
           }
         }
         // As in oncely/express: a client gone before the answer began leaves the handler
-        // running, and its answer is settled in onSend as usual.
+        // running, and its answer is settled in onSend as usual. A response closed and not
+        // settled in onSend otherwise was cut by the server (a handler that destroys the
+        // connection), or written on the raw response around Fastify (`reply.hijack()`):
+        // it is not stored, and the key is released.
         reply.raw.once('close', () => {
-          if (!st.streaming && !reply.raw.writableFinished && reply.raw.headersSent) {
-            st.settle(new Released(owner, 'the response was not sent whole'))
-          }
+          if (st.streaming) return
+          const socket = request.raw.socket
+          if (!reply.raw.headersSent && socket && (socket.readableEnded || socket.errored)) return
+          st.settle(new Released(owner, 'the response was not sent whole'))
         })
         started('lead')
       })

@@ -97,6 +97,16 @@ function asBuffer(bytes) {
  * a value that cannot be stored.
  */
 function encodeResult(value, encode) {
+  try {
+    return encodeValue(value, encode)
+  } catch {
+    // A Proxy whose traps throw (even `instanceof` runs one): the action has run, so its
+    // key must still be settled, as "not storable".
+    return native.encodeRecord('not_storable', valueTypeName(value))
+  }
+}
+
+function encodeValue(value, encode) {
   if (value === undefined) return native.encodeRecord('no_value')
   if (encode !== undefined) {
     let out

@@ -208,6 +208,28 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
     }
   })
 
+  test(`${name}: a handler that destroys the connection before answering releases the key; the retry runs it`, async () => {
+    const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
+      app.post('/refused', mw, (req, res) => {
+        const n = call()
+        if (n === 1) return setTimeout(() => res.destroy(), 20)
+        res.status(201).send(`call ${n}`)
+      })
+    })
+    try {
+      const req = { method: 'POST', path: '/refused', headers: { 'idempotency-key': 'order-cut01' }, body: 'x' }
+      await assert.rejects(send(s.url, req))
+      // A key still held would leave this retry waiting: the bound detects that hang.
+      const again = await fetch(`${s.url}/refused`, { method: 'POST', headers: { 'idempotency-key': 'order-cut01' }, body: 'x', signal: AbortSignal.timeout(5_000) })
+      assert.equal(again.status, 201)
+      assert.equal(await again.text(), 'call 2')
+      assert.equal(again.headers.get('idempotent-replayed'), null)
+      assert.equal(s.calls(), 2)
+    } finally {
+      await s.close()
+    }
+  })
+
   test(`${name}: a declared Content-Length over the request cap: 413 at once, before the body arrives; the handler not run`, async () => {
     const s = await start(express, { store: new IdempotencyStore(), requestCap: 1_000 })
     try {

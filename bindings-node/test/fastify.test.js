@@ -238,6 +238,58 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 
+  test(`${major}: a hijacked reply (answered on the raw response) is not stored and releases its key`, async () => {
+    const s = await start({ store: new IdempotencyStore() }, (app, call) => {
+      app.post('/raw', (req, reply) => {
+        const n = call()
+        reply.hijack()
+        reply.raw.writeHead(200, { 'content-type': 'text/plain' })
+        reply.raw.end(`raw ${n}`)
+      })
+    })
+    try {
+      for (const n of [1, 2]) {
+        // A key still held would leave this retry waiting: the bound detects that hang.
+        const r = await fetch(`${s.url}/raw`, { method: 'POST', headers: { 'idempotency-key': 'order-raw01' }, body: 'x', signal: AbortSignal.timeout(5_000) })
+        assert.equal(r.status, 200)
+        assert.equal(await r.text(), `raw ${n}`)
+        assert.equal(r.headers.get('idempotent-replayed'), null)
+      }
+      assert.equal(s.calls(), 2)
+    } finally {
+      await s.close()
+    }
+  })
+
+  test(`${major}: a handler that destroys the connection before answering (hijacked or not) releases the key; the retry runs it`, async () => {
+    for (const hijack of [false, true]) {
+      const path = hijack ? '/cut-raw' : '/cut'
+      const s = await start({ store: new IdempotencyStore() }, (app, call) => {
+        app.post(path, async (req, reply) => {
+          const n = call()
+          if (n === 1) {
+            if (hijack) reply.hijack()
+            reply.raw.destroy()
+            return reply
+          }
+          return reply.code(201).send(`call ${n}`)
+        })
+      })
+      try {
+        const headers = { 'idempotency-key': 'order-cut01' }
+        await assert.rejects(fetch(`${s.url}${path}`, { method: 'POST', headers, body: 'x' }))
+        // A key still held would leave this retry waiting: the bound detects that hang.
+        const again = await fetch(`${s.url}${path}`, { method: 'POST', headers, body: 'x', signal: AbortSignal.timeout(5_000) })
+        assert.equal(again.status, 201, path)
+        assert.equal(await again.text(), 'call 2')
+        assert.equal(again.headers.get('idempotent-replayed'), null)
+        assert.equal(s.calls(), 2)
+      } finally {
+        await s.close()
+      }
+    }
+  })
+
   test(`${major}: a client gone mid-stream: the key is held until the stream's producer stops, then released`, async () => {
     let release
     let stopped

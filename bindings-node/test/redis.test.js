@@ -115,6 +115,26 @@ test('encoding: a value JSON would change is not storable, named by its type', (
   }
 })
 
+/**
+ * A value whose prototype and key traps throw: even `instanceof` on it throws. (Its `get`
+ * passes through: a `then` that throws would make the action itself fail.)
+ */
+function trapped() {
+  const boom = () => {
+    throw new Error('trap')
+  }
+  return new Proxy({}, { getPrototypeOf: boom, ownKeys: boom, has: boom, getOwnPropertyDescriptor: boom })
+}
+
+test('encoding: a Proxy whose traps throw is not storable (never a throw), as a value or as encode output', () => {
+  assert.deepEqual(encodeResult(trapped()), Buffer.from('xObject'))
+  assert.deepEqual(encodeResult({ a: [trapped()] }), Buffer.from('xObject'))
+  assert.deepEqual(
+    encodeResult(1, () => trapped()),
+    Buffer.from('xnumber'),
+  )
+})
+
 test('encoding: user codec records', () => {
   const encode = (v) => JSON.stringify(v, (k, x) => (x instanceof Map ? { map: [...x] } : x))
   const record = encodeResult(new Map([['a', 1]]), encode)
@@ -419,6 +439,24 @@ test('a result that cannot be stored runs once: joiners get it, later callers re
     }
     assert.equal(runs, 1, typeName)
     assert.deepEqual(await hgetResult(s.recordKey(k)), Buffer.from(`x${typeName}`))
+  }
+})
+
+test('a result whose Proxy traps throw settles its key: one run, later callers result_not_stored', { ...needsRedis, timeout: 30_000 }, async () => {
+  for (const options of [{}, { encode: () => trapped(), decode: (b) => b }]) {
+    const s = store(options)
+    const k = key()
+    let runs = 0
+    const value = trapped()
+    const action = async () => {
+      runs++
+      await new Promise((r) => setTimeout(r, 20))
+      return value
+    }
+    const done = await Promise.all([1, 2, 3].map(() => s.execute(k, fp, action)))
+    assert.ok(done.every((d) => d.value === value))
+    await assert.rejects(s.execute(k, fp, action), { code: 'DATA_LOSS', kind: 'result_not_stored' })
+    assert.equal(runs, 1)
   }
 })
 

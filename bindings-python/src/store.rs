@@ -27,6 +27,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -556,16 +557,61 @@ impl Step {
         bury(py);
     }
 
-    /// Blocks this thread, with the GIL released, until the outcome is ready.
+    /// Blocks this thread, with the GIL released, until the outcome is ready. A signal
+    /// (Ctrl-C: `KeyboardInterrupt`) stops the wait, as a cancellation stops an asyncio
+    /// waiter: what it waited for is dropped.
     pub(crate) fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let waited = self.take()?;
-        let ready = py.detach(move || match waited {
-            Waited::Memory(join) => Ready::Memory(join.wait()),
-            Waited::Native(future) => Ready::Native(pollster::block_on(future)),
-        });
-        let out = ready_value(py, ready);
+        let ready = wait_interruptibly(py, waited);
+        let out = ready.map(|ready| ready_value(py, ready));
         bury(py);
-        Ok(out)
+        out
+    }
+}
+
+/// How often a blocked `wait` lets Python run its signal handlers.
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+/// Wakes a thread parked in [`wait_interruptibly`].
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Polls `waited` on this thread, parked with the GIL released between polls, and runs
+/// Python's signal handlers every [`SIGNAL_CHECK`]. Hand-written rather than
+/// `pollster::block_on`, which cannot be woken to look at signals: a waiter blocked on a
+/// long-running leader would ignore Ctrl-C until that leader ended.
+fn wait_interruptibly(py: Python<'_>, mut waited: Waited) -> PyResult<Ready> {
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    loop {
+        let waker = waker.clone();
+        let (back, ready) = py.detach(move || {
+            let mut cx = Context::from_waker(&waker);
+            let until = Instant::now() + SIGNAL_CHECK;
+            loop {
+                if let Poll::Ready(out) = waited.poll(&mut cx) {
+                    return (None, Some(out));
+                }
+                let now = Instant::now();
+                if now >= until {
+                    return (Some(waited), None);
+                }
+                std::thread::park_timeout(until - now);
+            }
+        });
+        if let Some(out) = ready {
+            return Ok(out);
+        }
+        waited = back.expect("a pending wait is handed back");
+        // An exception from a signal handler ends the wait; `waited` is dropped here.
+        py.check_signals()?;
     }
 }
 

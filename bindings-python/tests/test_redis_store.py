@@ -6,6 +6,7 @@ encoding tests need no Redis."""
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import datetime
 import decimal
@@ -29,6 +30,7 @@ from oncely import (
     RedisStore,
     StoreUnavailableError,
 )
+from oncely._driver import wait_step
 from oncely.redis_store import decode_result, encode_result
 
 URL = os.environ.get("ONCELY_REDIS_URL")
@@ -241,6 +243,81 @@ async def test_many_concurrent_asyncio_callers_run_once() -> None:
     sources = [r.source for r in results]
     assert sources.count("led") == 1 and sources.count("joined") == 199
     assert s.counters()["claims"] == 1  # the in-process tier: one claim
+
+
+@needs_redis
+def test_execute_sync_waiter_on_another_instance_stops_at_ctrl_c() -> None:
+    pfx = prefix()
+    leader_store, waiter_store = store(pfx), store(pfx)
+    k = key()
+    started = threading.Event()
+    release = threading.Event()
+    leader_done = threading.Event()
+
+    def work() -> str:
+        started.set()
+        release.wait(10)
+        return "done"
+
+    def lead() -> None:
+        leader_store.execute_sync(k, FP, work)
+        leader_done.set()
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    assert started.wait(10)
+    # Ctrl-C while this (main) thread waits in Redis for the leader: the wait ends.
+    threading.Timer(0.2, _thread.interrupt_main).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            waiter_store.execute_sync(k, FP, lambda: "not run")
+        assert not leader_done.is_set(), "the waiter ignored Ctrl-C until its leader ended"
+    finally:
+        release.set()
+        leader.join(30)
+    assert waiter_store.execute_sync(k, FP, lambda: "not run").value == "done"
+
+
+@needs_redis
+async def test_a_claim_answered_as_its_caller_is_cancelled_is_released() -> None:
+    pfx = prefix()
+    s, other = store(pfx), store(pfx)
+    k = key()
+    pending = s.begin(k, FP, True)
+
+    class AnsweredAsCancelled:
+        """The claim's answer reaches its caller's future in the turn of the loop that
+        cancels the caller."""
+
+        task: asyncio.Task[Any]
+
+        def subscribe(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> Any:
+            inner = loop.create_future()
+            out = pending.subscribe(loop, inner)
+
+            def deliver(value: Any) -> None:
+                fut.set_result(value)
+                self.task.cancel()
+
+            if out is inner:
+                inner.add_done_callback(lambda f: deliver(f.result()))
+            else:
+                loop.call_soon(deliver, out)
+            return fut
+
+        def cancel(self) -> None:
+            pending.cancel()
+
+    step = AnsweredAsCancelled()
+    step.task = asyncio.ensure_future(wait_step(step))
+    # gather keeps the CancelledError, and with it (its context's traceback) the frame
+    # that got the claim: the claim is released all the same, and another instance
+    # leads at once (a claim kept would hold the key, renewed, while the error lives).
+    outcomes = await asyncio.gather(step.task, return_exceptions=True)
+    assert isinstance(outcomes[0], asyncio.CancelledError)
+    r = await asyncio.wait_for(other.execute(k, FP, lambda: "second"), 10)
+    assert r.value == "second" and r.source == "led"
+    del outcomes
 
 
 @needs_redis

@@ -3,6 +3,7 @@ core's manual clock, failures, counters."""
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import gc
 import threading
@@ -270,6 +271,37 @@ def test_execute_sync_threads_share_one_call() -> None:
         assert not t.is_alive(), "a waiter hangs"
     assert calls == 1 and len(results) == 32
     assert len({id(r.value) for r in results}) == 1
+
+
+def test_execute_sync_waiter_stops_at_ctrl_c_while_the_leader_runs_on() -> None:
+    store = IdempotencyStore()
+    k = key()
+    started = threading.Event()
+    release = threading.Event()
+    leader_done = threading.Event()
+
+    def work() -> str:
+        started.set()
+        release.wait(10)
+        return "done"
+
+    def lead() -> None:
+        store.execute_sync(k, FP, work)
+        leader_done.set()
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    assert started.wait(10)
+    # Ctrl-C while this (main) thread waits for the leader: the wait ends with it.
+    threading.Timer(0.1, _thread.interrupt_main).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.execute_sync(k, FP, lambda: "not run")
+        assert not leader_done.is_set(), "the waiter ignored Ctrl-C until its leader ended"
+    finally:
+        release.set()
+        leader.join(30)
+    assert store.execute_sync(k, FP, lambda: "not run").value == "done"
 
 
 def test_execute_sync_leader_failure_reaches_waiters() -> None:

@@ -54,6 +54,12 @@ async def wait_step(step: Any) -> Any:
             out = await fut
         except BaseException:
             step.cancel()
+            if fut.done() and not fut.cancelled():
+                # Answered in the turn that cancelled the caller: a claim won then is
+                # released now, not held (and renewed) while the traceback keeps it.
+                won = fut.result()
+                if won.__class__ in _LEASES:
+                    won.abandon()
             raise
     return out
 
@@ -198,7 +204,8 @@ class Driver:
     ) -> Executed[T]:
         """The blocking variant of :meth:`execute`: runs ``fn()`` on this thread if this
         call leads; otherwise blocks the thread (GIL released) until the leader
-        finishes. An async function raises ``TypeError`` (use :meth:`execute`) before
+        finishes, or until a signal handler raises (Ctrl-C: ``KeyboardInterrupt``; the
+        leader runs on). An async function raises ``TypeError`` (use :meth:`execute`) before
         anything runs."""
         check_sync_action(fn, self._method)
         ident = self._ident(scoped)
