@@ -8,6 +8,15 @@ use oncely::{IdempotencyKey, ScopedKey as CoreScopedKey};
 use crate::convert::{text, to_json};
 use crate::errors::IntoPyResult;
 
+/// The `key` argument as text: a non-`str` is a type error naming the argument `key`;
+/// a lone surrogate is an invalid `idempotency_key`, as every other bad key value is.
+fn key_text<'a>(py: Python<'_>, key: &'a Bound<'_, PyAny>) -> PyResult<std::borrow::Cow<'a, str>> {
+    if !key.is_instance_of::<pyo3::types::PyString>() {
+        return Err(crate::errors::wrong_type("key", "a str", key));
+    }
+    text(py, "idempotency_key", key)
+}
+
 /// A random UUID v4 key.
 #[pyfunction]
 pub fn new_key() -> String {
@@ -32,7 +41,7 @@ pub fn derive_key(
 /// `MissingKeyError` for the empty string) otherwise.
 #[pyfunction]
 pub fn validate_key(py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<String> {
-    IdempotencyKey::parse(&text(py, "key", key)?)
+    IdempotencyKey::parse(&key_text(py, key)?)
         .map(|k| k.as_str().to_owned())
         .py(py)
 }
@@ -69,7 +78,7 @@ pub fn scope(
     key: &Bound<'_, PyAny>,
 ) -> PyResult<ScopedKey> {
     // The key is checked first, then the tenant, then the method (SPEC §5).
-    let key = IdempotencyKey::parse(&text(py, "key", key)?).py(py)?;
+    let key = IdempotencyKey::parse(&key_text(py, key)?).py(py)?;
     let tenant = text(py, "tenant", tenant)?;
     let method = text(py, "method", method)?;
     CoreScopedKey::new(&tenant, &method, &key)
