@@ -89,6 +89,21 @@ pub const DEFAULT_POLL_MIN: Duration = Duration::from_millis(10);
 /// Default cap of a waiter's poll interval (500 ms).
 pub const DEFAULT_POLL_MAX: Duration = Duration::from_millis(500);
 
+/// Parses the URL into the client's settings. No `CLIENT SETINFO` handshake: opening a
+/// connection then takes no extra round trip, so it stays within one timeout (each
+/// handshake reply may wait a whole timeout).
+fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
+    use redis::IntoConnectionInfo;
+    let info = url
+        .into_connection_info()
+        .map_err(|e| Error::InvalidArgument {
+            field: "url",
+            reason: format!("{e}"),
+        })?;
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    Ok(info.set_redis_settings(settings))
+}
+
 /// Whether `url` asks for TLS (`rediss://`).
 fn is_tls_url(url: &str) -> bool {
     url.get(..9)
@@ -285,12 +300,12 @@ impl<E> RedisStoreBuilder<E> {
             });
         }
         let client = match &config.tls_ca_file {
-            None => {
-                redis::Client::open(config.url.as_str()).map_err(|e| Error::InvalidArgument {
+            None => redis::Client::open(connection_info(&config.url)?).map_err(|e| {
+                Error::InvalidArgument {
                     field: "url",
                     reason: format!("{e}"),
-                })?
-            }
+                }
+            })?,
             Some(path) => {
                 let invalid = |reason: String| Error::InvalidArgument {
                     field: "tls_ca_file",
@@ -305,7 +320,7 @@ impl<E> RedisStoreBuilder<E> {
                     client_tls: None,
                     root_cert: Some(pem),
                 };
-                redis::Client::build_with_tls(config.url.as_str(), certs)
+                redis::Client::build_with_tls(connection_info(&config.url)?, certs)
                     .map_err(|e| invalid(format!("{}: {e}", path.display())))?
             }
         };

@@ -507,7 +507,10 @@ impl Renewer {
                     p.invoke_script(scripts.renew.key(key).arg(token).arg(lease_ms));
                 }
                 match p.query::<Vec<i64>>(c) {
-                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
                         scripts.renew.prepare_invoke().load(c)?;
                         p.query(c)
                     }
