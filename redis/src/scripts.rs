@@ -137,6 +137,8 @@ pub(crate) enum Claim {
     Mismatch,
     Running { left_ms: u64 },
     Version(String),
+    /// Led, but fewer replicas than wanted acknowledged the claim: released.
+    Unreplicated { acked: usize, wanted: usize },
 }
 
 /// What a waiter's look at the record found.
