@@ -127,14 +127,18 @@ const SENTINEL_SCHEME: &str = "redis+sentinel://";
 /// Splits `redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]` into
 /// the Sentinels' URLs, the master name and the primary's settings URL.
 fn parse_sentinel_url(url: &str) -> Result<(Vec<String>, String, String), Error> {
-    let invalid = |reason: &str| Error::InvalidArgument {
+    let invalid = |reason: &str| {
+        Error::InvalidArgument {
         field: "url",
         reason: format!(
             "{reason}: expected {SENTINEL_SCHEME}[user:password@]host:port[,host:port...]/master[/db]"
         ),
+    }
     };
     let rest = &url[SENTINEL_SCHEME.len()..];
-    let (authority, path) = rest.split_once('/').ok_or_else(|| invalid("no master name"))?;
+    let (authority, path) = rest
+        .split_once('/')
+        .ok_or_else(|| invalid("no master name"))?;
     let (userinfo, hosts) = match authority.rsplit_once('@') {
         Some((u, h)) => (Some(u), h),
         None => (None, authority),
@@ -250,14 +254,14 @@ fn topology_of(config: &Config) -> Result<Topology, Error> {
             .iter()
             .map(|u| connection_info(u))
             .collect::<Result<Vec<_>, _>>()?;
-        return Topology::cluster(seeds, ca, config.connect_timeout).map_err(|e| match &config
-            .tls_ca_file
-        {
-            Some(path) if ca_error(&e) => Error::InvalidArgument {
-                field: "tls_ca_file",
-                reason: format!("{}: {e}", path.display()),
-            },
-            _ => url_error(e),
+        return Topology::cluster(seeds, ca, config.connect_timeout).map_err(|e| {
+            match &config.tls_ca_file {
+                Some(path) if ca_error(&e) => Error::InvalidArgument {
+                    field: "tls_ca_file",
+                    reason: format!("{}: {e}", path.display()),
+                },
+                _ => url_error(e),
+            }
         });
     }
     let info = connection_info(&config.url)?;
@@ -268,7 +272,9 @@ fn topology_of(config: &Config) -> Result<Topology, Error> {
                 field: "tls_ca_file",
                 reason: format!("{}: {e}", path.display()),
             }),
-        _ => redis::Client::open(info).map(Topology::Single).map_err(url_error),
+        _ => redis::Client::open(info)
+            .map(Topology::Single)
+            .map_err(url_error),
     }
 }
 
@@ -654,12 +660,7 @@ impl From<i64> for Completed {
 }
 
 /// Runs the release script: 1 deleted, 0 not ours (left alone).
-fn release(
-    scripts: &Scripts,
-    c: &mut Con,
-    record: &str,
-    token: &str,
-) -> redis::RedisResult<i64> {
+fn release(scripts: &Scripts, c: &mut Con, record: &str, token: &str) -> redis::RedisResult<i64> {
     scripts
         .release
         .key(record)
@@ -816,10 +817,8 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 record.clone(),
                 token.clone(),
             );
-            let (min_replicas, replicas_timeout) = (
-                inner.config.min_replicas,
-                inner.config.min_replicas_timeout,
-            );
+            let (min_replicas, replicas_timeout) =
+                (inner.config.min_replicas, inner.config.min_replicas_timeout);
             rt.pool.call_or_undo(
                 move |c| {
                     let claim = scripts
@@ -1162,10 +1161,8 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
             let (record, token, v) = (self.record.clone(), self.token.clone(), value.clone());
             let ttl_ms = millis(inner.config.ttl);
             let (renewer, renewal) = (rt.renewer.clone(), self.renewal);
-            let (min_replicas, replicas_timeout) = (
-                inner.config.min_replicas,
-                inner.config.min_replicas_timeout,
-            );
+            let (min_replicas, replicas_timeout) =
+                (inner.config.min_replicas, inner.config.min_replicas_timeout);
             rt.pool.call_to_end(
                 move |c| {
                     let channel = Inner::<E>::channel(&record);

@@ -132,13 +132,20 @@ impl Scripts {
 /// What the claim script found.
 #[derive(Debug)]
 pub(crate) enum Claim {
-    Lead { generation: u64 },
+    Lead {
+        generation: u64,
+    },
     Replay(Vec<u8>),
     Mismatch,
-    Running { left_ms: u64 },
+    Running {
+        left_ms: u64,
+    },
     Version(String),
     /// Led, but fewer replicas than wanted acknowledged the claim: released.
-    Unreplicated { acked: usize, wanted: usize },
+    Unreplicated {
+        acked: usize,
+        wanted: usize,
+    },
 }
 
 /// What a waiter's look at the record found.

@@ -22,7 +22,6 @@ use oncely::Error;
 use crate::scripts::Scripts;
 use crate::topology::{is_not_primary, Con, Topology};
 
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -362,10 +361,7 @@ impl Pool {
     }
 
     /// Runs `f` on a worker without waiting for it (release after a panic or drop).
-    pub(crate) fn spawn(
-        &self,
-        f: impl FnMut(&mut Con) -> redis::RedisResult<()> + Send + 'static,
-    ) {
+    pub(crate) fn spawn(&self, f: impl FnMut(&mut Con) -> redis::RedisResult<()> + Send + 'static) {
         let deadline = Instant::now() + self.io_timeout;
         let job: Job = Box::new(move |conn: &mut Conn| {
             let _ = conn.run(deadline, f);

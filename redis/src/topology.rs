@@ -94,7 +94,8 @@ impl Topology {
     ) -> RedisResult<Topology> {
         let info = SentinelNodeConnectionInfo::default()
             .set_redis_connection_info(node.redis_settings().clone());
-        let client = SentinelClient::build(sentinels, master, Some(info), SentinelServerType::Master)?;
+        let client =
+            SentinelClient::build(sentinels, master, Some(info), SentinelServerType::Master)?;
         Ok(Topology::Sentinel(Arc::new(Mutex::new(client))))
     }
 
@@ -197,7 +198,9 @@ impl Con {
     /// `WAIT n timeout` on the primary that holds `key`, after this connection's
     /// writes there: how many replicas acknowledged them.
     pub fn wait_replicas(&mut self, key: &str, n: usize, timeout: Duration) -> RedisResult<usize> {
-        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
         let mut wait = redis::cmd("WAIT");
         wait.arg(n).arg(ms);
         match self {

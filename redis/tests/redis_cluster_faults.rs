@@ -115,7 +115,11 @@ fn key() -> ScopedKey {
 }
 
 /// `n` keys whose records hash to slots in `slots`.
-fn keys_in(store: &RedisStore<Boom>, slots: std::ops::RangeInclusive<u16>, n: usize) -> Vec<ScopedKey> {
+fn keys_in(
+    store: &RedisStore<Boom>,
+    slots: std::ops::RangeInclusive<u16>,
+    n: usize,
+) -> Vec<ScopedKey> {
     let mut c = node(port_of(&urls()[0])).unwrap();
     let mut found = Vec::new();
     while found.len() < n {
@@ -156,12 +160,7 @@ struct Load {
 /// `workers` threads, each with its own store (another instance), call every key
 /// `rounds` times while `during` runs on the main thread; a caller that gets
 /// UNAVAILABLE tries again (bounded). Keys spread over the workers in their own order.
-fn load(
-    prefix: &str,
-    keys: &[ScopedKey],
-    min_replicas: usize,
-    during: impl FnOnce(),
-) -> Load {
+fn load(prefix: &str, keys: &[ScopedKey], min_replicas: usize, during: impl FnOnce()) -> Load {
     const WORKERS: usize = 6;
     const ROUNDS: usize = 3;
     let n = keys.len();
@@ -217,7 +216,9 @@ fn load(
                                     break;
                                 }
                                 Err(ExecuteError::Store(
-                                    Error::Unavailable(_) | Error::LeaseLost | Error::InProgress { .. },
+                                    Error::Unavailable(_)
+                                    | Error::LeaseLost
+                                    | Error::InProgress { .. },
                                 )) if Instant::now() < stop_by => {
                                     un.fetch_add(1, Ordering::SeqCst);
                                     std::thread::sleep(Duration::from_millis(20));
@@ -270,7 +271,10 @@ fn wait_cluster_ok(what: &str) {
         if ok {
             return;
         }
-        assert!(Instant::now() < deadline, "the cluster did not recover after {what}");
+        assert!(
+            Instant::now() < deadline,
+            "the cluster did not recover after {what}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -280,7 +284,10 @@ fn wait_cluster_ok(what: &str) {
 fn reshard_under_load() {
     let prefix = format!("r{}", &IdempotencyKey::random().as_str()[..10]);
     let probe = store(&prefix, 0);
-    let masters: Vec<NodeInfo> = nodes().into_iter().filter(|n| n.master && !n.failed).collect();
+    let masters: Vec<NodeInfo> = nodes()
+        .into_iter()
+        .filter(|n| n.master && !n.failed)
+        .collect();
     let (from, to) = (&masters[0], &masters[1]);
     // redis-cli takes the source's lowest slots first.
     let mut slots: Vec<u16> = from.slots.iter().flat_map(|(a, b)| *a..=*b).collect();
@@ -291,8 +298,16 @@ fn reshard_under_load() {
     let (from_id, to_id) = (from.id.clone(), to.id.clone());
     let seen = load(&prefix, &keys, 0, || {
         redis_cli(&[
-            "--cluster", "reshard", &seed, "--cluster-from", &from_id, "--cluster-to", &to_id,
-            "--cluster-slots", "100", "--cluster-yes",
+            "--cluster",
+            "reshard",
+            &seed,
+            "--cluster-from",
+            &from_id,
+            "--cluster-to",
+            &to_id,
+            "--cluster-slots",
+            "100",
+            "--cluster-yes",
         ]);
     });
     wait_cluster_ok("resharding");
@@ -300,7 +315,10 @@ fn reshard_under_load() {
         .iter()
         .filter(|k| owner(slot_of(&probe.record_key(k))).id == to_id)
         .count();
-    println!("resharding: {moved} of {} keys' slots moved; {seen:?}", keys.len());
+    println!(
+        "resharding: {moved} of {} keys' slots moved; {seen:?}",
+        keys.len()
+    );
     assert_eq!(moved, keys.len(), "the keys' slots should all have moved");
     for (i, r) in seen.runs.iter().enumerate() {
         assert_eq!(*r, 1, "key {i} ran {r} times while its slot moved");
@@ -333,10 +351,10 @@ fn failover_under_load(min_replicas: usize) -> Load {
         assert!(killed.success());
         // The replica takes over (cluster-node-timeout 1 s).
         let deadline = Instant::now() + Duration::from_secs(30);
-        while nodes()
-            .iter()
-            .all(|n| !(n.master && !n.failed && n.slots.iter().any(|(x, y)| (*x..=*y).contains(&a))) || n.port == victim.port)
-        {
+        while nodes().iter().all(|n| {
+            !(n.master && !n.failed && n.slots.iter().any(|(x, y)| (*x..=*y).contains(&a)))
+                || n.port == victim.port
+        }) {
             assert!(Instant::now() < deadline, "no replica took over");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -357,7 +375,7 @@ fn failover_under_load(min_replicas: usize) -> Load {
 /// acknowledged runs again), then one without it (reported).
 #[test]
 #[ignore = "needs a Redis Cluster: run scripts/test-redis"]
-fn slots_move_and_masters_fail_under_load() {
+fn on_cluster_slots_move_and_masters_fail_under_load() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         reshard_under_load();
@@ -381,7 +399,9 @@ fn slots_move_and_masters_fail_under_load() {
     });
     match rx.recv_timeout(Duration::from_secs(150)) {
         Ok(()) => {}
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("a scenario failed (see above)"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("a scenario failed (see above)")
+        }
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("the scenarios hung"),
     }
 }

@@ -76,7 +76,7 @@ fn role(port: u16) -> Option<String> {
 /// and once the old primary is back (as a replica) new keys lead with `min_replicas(1)`.
 #[test]
 #[ignore = "needs Redis Sentinels: run scripts/test-redis"]
-fn store_follows_a_failover_and_replays_results() {
+fn on_sentinel_store_follows_a_failover_and_replays_results() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let prefix = format!("s{}", &IdempotencyKey::random().as_str()[..10]);
@@ -119,7 +119,10 @@ fn store_follows_a_failover_and_replays_results() {
                 Err(ExecuteError::Store(Error::Unavailable(_))) => unavailable += 1,
                 Err(e) => panic!("{e:?}"),
             }
-            assert!(Instant::now() < deadline, "the store did not follow the failover");
+            assert!(
+                Instant::now() < deadline,
+                "the store did not follow the failover"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         assert_eq!(role(port_of(&replica)).as_deref(), Some("master"));
@@ -176,7 +179,9 @@ fn store_follows_a_failover_and_replays_results() {
     });
     match rx.recv_timeout(Duration::from_secs(90)) {
         Ok(()) => {}
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the scenario failed (see above)"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("the scenario failed (see above)")
+        }
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("the scenario hung"),
     }
 }
@@ -188,8 +193,14 @@ fn sentinel_settings_are_checked() {
         Err(Error::InvalidArgument { field, .. }) => field,
         r => panic!("{r:?}"),
     };
-    assert_eq!(invalid(RedisStore::builder("redis+sentinel://127.0.0.1:1")), "url");
-    assert_eq!(invalid(RedisStore::builder("redis+sentinel:///oncely")), "url");
+    assert_eq!(
+        invalid(RedisStore::builder("redis+sentinel://127.0.0.1:1")),
+        "url"
+    );
+    assert_eq!(
+        invalid(RedisStore::builder("redis+sentinel:///oncely")),
+        "url"
+    );
     assert_eq!(
         invalid(RedisStore::builder("redis+sentinel://127.0.0.1:1/m").cluster(true)),
         "cluster"
