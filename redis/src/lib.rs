@@ -326,7 +326,8 @@ struct Config {
     /// Replicas that must acknowledge a claim and a completion (`WAIT`), and how long
     /// to wait for them.
     min_replicas: usize,
-    min_replicas_timeout: Duration,
+    /// `None`: half the I/O timeout.
+    min_replicas_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for Config {
@@ -343,7 +344,7 @@ impl fmt::Debug for Config {
             .field("cluster", &self.cluster)
             .field("sentinel_master", &self.sentinel_master)
             .field("min_replicas", &self.min_replicas)
-            .field("min_replicas_timeout", &self.min_replicas_timeout)
+            .field("min_replicas_timeout", &self.min_replicas_timeout())
             .finish_non_exhaustive()
     }
 }
@@ -352,6 +353,10 @@ impl Config {
     fn io_timeout(&self) -> Duration {
         self.io_timeout
             .unwrap_or_else(|| DEFAULT_IO_TIMEOUT.min(self.lease / 3))
+    }
+    fn min_replicas_timeout(&self) -> Duration {
+        self.min_replicas_timeout
+            .unwrap_or_else(|| self.io_timeout() / 2)
     }
 }
 
@@ -458,12 +463,19 @@ impl<E> RedisStoreBuilder<E> {
     /// replicas before the caller goes on (default 0: no WAIT). A claim that fewer
     /// replicas acknowledged is released and the caller gets UNAVAILABLE (the action
     /// has not run); a completion that fewer acknowledged is still returned as stored
-    /// (the action ran) and counted in
-    /// [`RedisCounters::completions_unreplicated`]. `timeout` must be below the I/O
-    /// timeout.
-    pub fn min_replicas(mut self, n: usize, timeout: Duration) -> Self {
+    /// (the action ran), counted in [`RedisCounters::completions_unreplicated`] and
+    /// logged (`log` crate, warn). The timeout is
+    /// [`min_replicas_timeout`](Self::min_replicas_timeout).
+    pub fn min_replicas(mut self, n: usize) -> Self {
         self.config.min_replicas = n;
-        self.config.min_replicas_timeout = timeout;
+        self
+    }
+
+    /// How long `WAIT` waits for the replicas of [`min_replicas`](Self::min_replicas)
+    /// (default half the I/O timeout; it must be below the I/O timeout, as WAIT runs
+    /// within the call's deadline).
+    pub fn min_replicas_timeout(mut self, d: Duration) -> Self {
+        self.config.min_replicas_timeout = Some(d);
         self
     }
 
@@ -521,13 +533,14 @@ impl<E> RedisStoreBuilder<E> {
                 reason: "must be non-empty and contain no '{' or '}'".into(),
             });
         }
-        if config.min_replicas > 0 && config.min_replicas_timeout >= io_timeout {
+        positive("min_replicas_timeout", config.min_replicas_timeout())?;
+        if config.min_replicas > 0 && config.min_replicas_timeout() >= io_timeout {
             return Err(Error::InvalidArgument {
                 field: "min_replicas",
                 reason: format!(
-                    "the timeout ({:?}) must be below io_timeout ({io_timeout:?}): WAIT runs \
-                     within the call's deadline",
-                    config.min_replicas_timeout
+                    "min_replicas_timeout ({:?}) must be below io_timeout ({io_timeout:?}): \
+                     WAIT runs within the call's deadline",
+                    config.min_replicas_timeout()
                 ),
             });
         }
@@ -732,7 +745,7 @@ impl<E> RedisStore<E> {
                 cluster: false,
                 sentinel_master: None,
                 min_replicas: 0,
-                min_replicas_timeout: Duration::ZERO,
+                min_replicas_timeout: None,
             },
         }
     }
@@ -817,8 +830,10 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 record.clone(),
                 token.clone(),
             );
-            let (min_replicas, replicas_timeout) =
-                (inner.config.min_replicas, inner.config.min_replicas_timeout);
+            let (min_replicas, replicas_timeout) = (
+                inner.config.min_replicas,
+                inner.config.min_replicas_timeout(),
+            );
             rt.pool.call_or_undo(
                 move |c| {
                     let claim = scripts
@@ -898,7 +913,7 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 Err(Error::Unavailable(format!(
                     "Redis replication: {acked} of the {wanted} replicas wanted acknowledged the \
                      claim within {:?}; it was released and the action has not run",
-                    inner.config.min_replicas_timeout
+                    inner.config.min_replicas_timeout()
                 )))
             }
             Claim::Mismatch => Err(Error::FingerprintMismatch),
@@ -1161,8 +1176,10 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
             let (record, token, v) = (self.record.clone(), self.token.clone(), value.clone());
             let ttl_ms = millis(inner.config.ttl);
             let (renewer, renewal) = (rt.renewer.clone(), self.renewal);
-            let (min_replicas, replicas_timeout) =
-                (inner.config.min_replicas, inner.config.min_replicas_timeout);
+            let (min_replicas, replicas_timeout) = (
+                inner.config.min_replicas,
+                inner.config.min_replicas_timeout(),
+            );
             rt.pool.call_to_end(
                 move |c| {
                     let channel = Inner::<E>::channel(&record);

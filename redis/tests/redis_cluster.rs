@@ -295,7 +295,8 @@ mod on_cluster {
                     .cluster(true)
                     .prefix(&prefix)
                     .lease(Duration::from_secs(3))
-                    .min_replicas(n, Duration::from_millis(200))
+                    .min_replicas(n)
+                    .min_replicas_timeout(Duration::from_millis(200))
                     .build()
                     .unwrap()
             };

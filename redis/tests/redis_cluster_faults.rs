@@ -105,7 +105,9 @@ fn store(prefix: &str, min_replicas: usize) -> RedisStore<Boom> {
         .lease(Duration::from_millis(900))
         .io_timeout(Duration::from_millis(300));
     if min_replicas > 0 {
-        b = b.min_replicas(min_replicas, Duration::from_millis(100));
+        b = b
+            .min_replicas(min_replicas)
+            .min_replicas_timeout(Duration::from_millis(100));
     }
     b.build().unwrap()
 }

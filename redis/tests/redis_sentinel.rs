@@ -39,7 +39,8 @@ fn stores(prefix: &str) -> (RedisStore<Boom>, RedisStore<Boom>) {
         b.prefix(prefix)
             .lease(Duration::from_millis(900))
             .io_timeout(Duration::from_millis(300))
-            .min_replicas(1, Duration::from_millis(100))
+            .min_replicas(1)
+            .min_replicas_timeout(Duration::from_millis(100))
             .build()
             .unwrap()
     };
@@ -212,7 +213,8 @@ fn sentinel_settings_are_checked() {
     assert_eq!(
         invalid(
             RedisStore::builder("redis://127.0.0.1:1")
-                .min_replicas(1, Duration::from_secs(2))
+                .min_replicas(1)
+                .min_replicas_timeout(Duration::from_secs(2))
                 .io_timeout(Duration::from_secs(1))
         ),
         "min_replicas"
