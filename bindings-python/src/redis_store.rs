@@ -293,11 +293,11 @@ pub struct PyRedisStore {
 #[pymethods]
 impl PyRedisStore {
     #[new]
-    #[pyo3(signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None))]
+    #[pyo3(signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=false, sentinel=None, min_replicas=None, min_replicas_timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        url: &str,
+        url: &Bound<'_, PyAny>,
         lease: Option<&Bound<'_, PyAny>>,
         ttl: Option<&Bound<'_, PyAny>>,
         prefix: Option<&str>,
@@ -307,6 +307,10 @@ impl PyRedisStore {
         in_progress_retry_after: Option<&Bound<'_, PyAny>>,
         dumps: Option<Bound<'_, PyAny>>,
         loads: Option<Bound<'_, PyAny>>,
+        cluster: bool,
+        sentinel: Option<&str>,
+        min_replicas: Option<&Bound<'_, PyAny>>,
+        min_replicas_timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let callable = |field: &'static str, f: Option<Bound<'_, PyAny>>| -> PyResult<_> {
             match f.filter(|f| !f.is_none()) {
@@ -324,7 +328,32 @@ impl PyRedisStore {
                 "dumps and loads go together: give both or neither",
             ));
         }
-        let mut b = Store::builder(url);
+        // One URL, or several (a Cluster's seeds, or Sentinels): the first is the URL.
+        let urls: Vec<String> = match url.extract::<String>() {
+            Ok(u) => vec![u],
+            Err(_) => match url.extract::<Vec<String>>() {
+                Ok(us) if !us.is_empty() => us,
+                _ => {
+                    return Err(crate::errors::wrong_type(
+                        "url",
+                        "a str or a non-empty list of str",
+                        url,
+                    ))
+                }
+            },
+        };
+        let mut b = Store::builder(urls[0].clone())
+            .seeds(urls[1..].to_vec())
+            .cluster(cluster);
+        if let Some(master) = sentinel {
+            b = b.sentinel(master);
+        }
+        if let Some(n) = min_replicas.filter(|n| !n.is_none()) {
+            b = b.min_replicas(int_in(py, "min_replicas", n, 0, 1024)? as usize);
+        }
+        if let Some(d) = opt_seconds(py, "min_replicas_timeout", min_replicas_timeout)? {
+            b = b.min_replicas_timeout(d);
+        }
         if let Some(d) = opt_seconds(py, "lease", lease)? {
             b = b.lease(d);
         }
@@ -459,6 +488,8 @@ impl PyRedisStore {
         d.set_item("replays", c.replays)?;
         d.set_item("remote_waits", c.remote_waits)?;
         d.set_item("leases_lost", c.leases_lost)?;
+        d.set_item("claims_unreplicated", c.claims_unreplicated)?;
+        d.set_item("completions_unreplicated", c.completions_unreplicated)?;
         Ok(d)
     }
 }
