@@ -132,7 +132,11 @@ pub(crate) fn string_array(
             field,
             &format!(
                 "{field} must be a non-empty array of strings, got {}",
-                if is_array { "an empty array" } else { type_name(env, v) }
+                if is_array {
+                    "an empty array"
+                } else {
+                    type_name(env, v)
+                }
             ),
         ));
     }

@@ -144,7 +144,9 @@ impl Topology {
     /// Opens a connection, within `timeout` per node reached.
     pub(crate) fn connect(&self, timeout: Duration) -> RedisResult<Con> {
         match self {
-            Topology::Cluster { client, .. } => Ok(Con::Cluster(client.get_connection()?)),
+            Topology::Cluster { client, .. } => {
+                Ok(Con::Cluster(Box::new(client.get_connection()?)))
+            }
             _ => {
                 let Some(client) = self.node_client()? else {
                     unreachable!("a node client for one node or a Sentinel")
@@ -157,11 +159,12 @@ impl Topology {
 
 /// One connection: to a node (one Redis, or the Sentinels' primary), or to a Cluster
 /// (one connection per node it reached, opened as needed by the redis crate).
-pub enum Con {
+pub(crate) enum Con {
     /// A connection to one node.
     Node(redis::Connection),
     /// A Cluster connection: commands are routed by key, MOVED / ASK followed.
-    Cluster(ClusterConnection),
+    /// (Boxed: it is several times the size of a node connection.)
+    Cluster(Box<ClusterConnection>),
 }
 
 impl Con {
@@ -182,7 +185,10 @@ impl Con {
     /// Runs the commands of `pipe` and returns their replies in order. On a node,
     /// one round trip; on a Cluster, the commands may hash to different slots, so the
     /// cluster pipeline sends each node its share.
-    pub fn pipeline<T: redis::FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> RedisResult<T> {
+    pub(crate) fn pipeline<T: redis::FromRedisValue>(
+        &mut self,
+        pipe: &redis::Pipeline,
+    ) -> RedisResult<T> {
         match self {
             Con::Node(c) => pipe.query(c),
             Con::Cluster(c) => {
@@ -197,7 +203,12 @@ impl Con {
 
     /// `WAIT n timeout` on the primary that holds `key`, after this connection's
     /// writes there: how many replicas acknowledged them.
-    pub fn wait_replicas(&mut self, key: &str, n: usize, timeout: Duration) -> RedisResult<usize> {
+    pub(crate) fn wait_replicas(
+        &mut self,
+        key: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> RedisResult<usize> {
         let ms = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
