@@ -361,7 +361,7 @@ export interface RedisStoreSettings {
   /**
    * Replicas that must acknowledge every claim and completion (`WAIT`; default 0). A claim
    * they did not acknowledge is released and the call fails UNAVAILABLE before `fn` runs;
-   * a completion they did not acknowledge is counted (`completions_unreplicated`).
+   * a completion they did not acknowledge is counted (`completionsUnreplicated`).
    */
   minReplicas?: number
   /** How long `WAIT` waits for them (default ioTimeoutMs / 2; below ioTimeoutMs). */

@@ -53,11 +53,11 @@ test('minReplicas waits for the replicas; a claim they cannot acknowledge runs n
   }
   const got = await Promise.all(Array.from({ length: 5 }, () => one.execute(key(), 'fp', action)))
   assert.deepEqual(got.map((g) => g.value), ['v', 'v', 'v', 'v', 'v'])
-  assert.equal(one.counters().completions_unreplicated, 0)
+  assert.equal(one.counters().completionsUnreplicated, 0)
   const two = clusterStore(prefix, { minReplicas: 2, minReplicasTimeoutMs: 200 })
   await assert.rejects(two.execute(key(), 'fp', action), (e) => e.code === 'UNAVAILABLE')
   assert.equal(runs, 5)
-  assert.equal(two.counters().claims_unreplicated, 1)
+  assert.equal(two.counters().claimsUnreplicated, 1)
 })
 
 test('topology settings are checked', () => {
