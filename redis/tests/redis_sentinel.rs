@@ -74,7 +74,9 @@ fn role(port: u16) -> Option<String> {
 /// Completed results survive the primary's death: the Sentinels promote the replica,
 /// both stores follow it on their own, every result is replayed (no action runs
 /// again), callers during the failover get UNAVAILABLE without their action running,
-/// and once the old primary is back (as a replica) new keys lead with `min_replicas(1)`.
+/// and once the old primary is back (as a replica) new keys lead with `min_replicas(1)`;
+/// after a graceful failover (the old primary stays up as a replica and answers
+/// READONLY) both stores move to the new primary.
 #[test]
 #[ignore = "needs Redis Sentinels: run scripts/test-redis"]
 fn on_sentinel_store_follows_a_failover_and_replays_results() {
@@ -91,6 +93,7 @@ fn on_sentinel_store_follows_a_failover_and_replays_results() {
         assert_eq!(a.counters().completions_unreplicated, 0);
         assert_eq!(b.counters().completions_unreplicated, 0);
 
+        let url = env("ONCELY_REDIS_SENTINEL_URL");
         let primary = env("ONCELY_REDIS_SENTINEL_PRIMARY");
         let replica = env("ONCELY_REDIS_SENTINEL_REPLICA");
         let dir = env("ONCELY_REDIS_SENTINEL_DIR");
@@ -176,6 +179,63 @@ fn on_sentinel_store_follows_a_failover_and_replays_results() {
             }
         }
         assert_eq!(role(port).as_deref(), Some("slave"));
+
+        // A graceful failover (SENTINEL FAILOVER): the primary the stores are connected
+        // to stays up as a replica and answers writes with READONLY. Each connection
+        // that gets it is dropped and the next one goes to the new primary.
+        let primary_now = port_of(&replica);
+        let sentinel = url["redis+sentinel://".len()..]
+            .split(',')
+            .next()
+            .unwrap()
+            .to_owned();
+        let mut s = redis::Client::open(format!("redis://{sentinel}"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r: redis::RedisResult<String> = redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg("oncely")
+                .query(&mut s);
+            if r.is_ok() {
+                break;
+            }
+            // The previous failover may still be settling (INPROG, NOGOODSLAVE).
+            assert!(
+                Instant::now() < deadline,
+                "SENTINEL FAILOVER refused: {r:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        while role(primary_now).as_deref() != Some("slave") {
+            assert!(
+                Instant::now() < deadline,
+                "the graceful failover did not happen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut readonly = 0;
+        for s in [&a, &b] {
+            let k = key();
+            loop {
+                match block_on(s.execute(&k, "f", || async { Ok(b"after".to_vec()) })) {
+                    Ok(done) => {
+                        assert_eq!(done.value, b"after");
+                        break;
+                    }
+                    Err(ExecuteError::Store(Error::Unavailable(_)))
+                        if Instant::now() < deadline =>
+                    {
+                        readonly += 1;
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+        }
+        println!("graceful failover: {readonly} calls were UNAVAILABLE meanwhile");
         let _ = tx.send(());
     });
     match rx.recv_timeout(Duration::from_secs(90)) {
