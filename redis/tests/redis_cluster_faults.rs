@@ -336,10 +336,20 @@ fn failover_under_load(min_replicas: usize) -> Load {
         .into_iter()
         .find(|n| n.master && !n.failed && !n.slots.is_empty())
         .unwrap();
-    // Its replica is in sync before the kill (WAIT 1 on the master).
+    // Its replica is in sync before the kill (WAIT 1 on the master); after an earlier
+    // failover the restarted node may still be catching up.
     let mut c = node(victim.port).unwrap();
-    let synced: i64 = redis::cmd("WAIT").arg(1).arg(2000).query(&mut c).unwrap();
-    assert_eq!(synced, 1, "the master's replica is not in sync");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let synced: i64 = redis::cmd("WAIT").arg(1).arg(200).query(&mut c).unwrap();
+        if synced == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the master's replica is not in sync"
+        );
+    }
     let (a, b) = victim.slots[0];
     let keys = keys_in(&probe, a..=b, 40);
     let dir = cluster_dir();
