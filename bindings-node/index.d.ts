@@ -382,9 +382,41 @@ export declare class IdempotencyStore {
   remove(scoped: ScopedKey): boolean
 }
 
-export interface RedisStoreOptions {
-  /** `redis://[user:password@]host:port/db`. */
-  url: string
+/** Where the Redis is: one URL, or several (`urls`). */
+export type RedisStoreAddress =
+  | {
+      /**
+       * `redis://[user:password@]host:port/db` (`rediss://` for TLS); with `cluster: true`
+       * a seed node of a Redis Cluster; with `sentinel`, a Sentinel; or
+       * `redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]`.
+       */
+      url: string
+      urls?: undefined
+    }
+  | {
+      /** Several addresses: a Cluster's seed nodes (`cluster: true`), or the Sentinels (`sentinel`). */
+      urls: string[]
+      url?: undefined
+    }
+
+export type RedisStoreOptions = RedisStoreAddress & RedisStoreSettings
+
+export interface RedisStoreSettings {
+  /**
+   * A Redis Cluster (default false): slots are learned from the seeds and followed as they
+   * move (resharding, failover).
+   */
+  cluster?: boolean
+  /** The master name the Sentinels at `url`/`urls` monitor: the store follows its failovers. */
+  sentinel?: string
+  /**
+   * Replicas that must acknowledge every claim and completion (`WAIT`; default 0). A claim
+   * they did not acknowledge is released and the call fails UNAVAILABLE before `fn` runs;
+   * a completion they did not acknowledge is counted (`completionsUnreplicated`).
+   */
+  minReplicas?: number
+  /** How long `WAIT` waits for them (default ioTimeoutMs / 2; below ioTimeoutMs). */
+  minReplicasTimeoutMs?: number
   /** How long a claim lasts without renewal (default 30_000; renewed every lease/3 while `fn` runs). */
   leaseMs?: number
   /** How long a completed result is kept (default 86_400_000, 24 h). */

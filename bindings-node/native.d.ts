@@ -79,7 +79,8 @@ export declare class ManualClock {
 /** The shared dedup store on Redis (oncely-redis). Internal: used through `RedisStore`. */
 export declare class NativeRedisStore {
   /**
-   * `options`: `{ url, prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
+   * `options`: `{ url | urls, cluster, sentinel, minReplicas, minReplicasTimeoutMs,
+   * prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
    * inProgressRetryAfterMs }`.
    */
   constructor(options: unknown)
@@ -616,6 +617,16 @@ export interface RedisStoreCounters {
   remoteWaits: number
   /** Leaders that found their lease taken over when completing. */
   leasesLost: number
+  /**
+   * Claims released (UNAVAILABLE) because fewer replicas than `minReplicas`
+   * acknowledged them.
+   */
+  claimsUnreplicated: number
+  /**
+   * Completions stored on the primary that fewer replicas than `minReplicas`
+   * acknowledged in time (the action ran).
+   */
+  completionsUnreplicated: number
 }
 
 /**

@@ -179,7 +179,8 @@ class RedisStore {
   #callers = new Map()
 
   /**
-   * `{ url, leaseMs = 30_000, ttlMs = 86_400_000, prefix = 'oncely', connectTimeoutMs = 1000,
+   * `{ url | urls, cluster = false, sentinel, minReplicas = 0, minReplicasTimeoutMs = ioTimeoutMs / 2,
+   * leaseMs = 30_000, ttlMs = 86_400_000, prefix = 'oncely', connectTimeoutMs = 1000,
    * ioTimeoutMs = min(1000, leaseMs / 3), workers = 4, inProgressRetryAfterMs = 1000, encode, decode }`
    */
   constructor(options) {
@@ -195,7 +196,7 @@ class RedisStore {
     this.#decode = decode
     // Instances on one Redis and prefix share their records: for the re-entrancy check
     // they are one store.
-    this.#identity = `redis\n${options.url}\n${this.#native.prefix}`
+    this.#identity = `redis\n${options.url ?? options.urls.join(' ')}\n${this.#native.prefix}`
   }
 
   /**

@@ -543,6 +543,12 @@ pub struct RedisStoreCounters {
     pub remote_waits: f64,
     /// Leaders that found their lease taken over when completing.
     pub leases_lost: f64,
+    /// Claims released (UNAVAILABLE) because fewer replicas than `minReplicas`
+    /// acknowledged them.
+    pub claims_unreplicated: f64,
+    /// Completions stored on the primary that fewer replicas than `minReplicas`
+    /// acknowledged in time (the action ran).
+    pub completions_unreplicated: f64,
 }
 
 /// The shared dedup store on Redis (oncely-redis). Internal: used through `RedisStore`.
@@ -553,7 +559,8 @@ pub struct NativeRedisStore {
 
 #[napi]
 impl NativeRedisStore {
-    /// `options`: `{ url, prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
+    /// `options`: `{ url | urls, cluster, sentinel, minReplicas, minReplicasTimeoutMs,
+    /// prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
     /// inProgressRetryAfterMs }`.
     #[napi(constructor, ts_args_type = "options: unknown")]
     pub fn new(env: &Env, options: Unknown<'_>) -> Result<Self> {
@@ -571,6 +578,11 @@ impl NativeRedisStore {
             "RedisStore",
             &[
                 "url",
+                "urls",
+                "cluster",
+                "sentinel",
+                "minReplicas",
+                "minReplicasTimeoutMs",
                 "prefix",
                 "leaseMs",
                 "ttlMs",
@@ -583,9 +595,18 @@ impl NativeRedisStore {
                 "decode",
             ],
         )?;
-        let url = match o.get(c"url")? {
-            Some(v) => convert::string(raw, v, "url", 4096)?,
-            None => {
+        // One URL, or several (`urls`: a Cluster's seeds, or Sentinels).
+        let urls = match (o.get(c"url")?, o.get(c"urls")?) {
+            (Some(v), None) => vec![convert::string(raw, v, "url", 4096)?],
+            (None, Some(v)) => convert::string_array(raw, v, "urls", 4096)?,
+            (Some(_), Some(_)) => {
+                return Err(errors::type_error(
+                    raw,
+                    "urls",
+                    "give url or urls, not both",
+                ))
+            }
+            (None, None) => {
                 return Err(errors::type_error(
                     raw,
                     "url",
@@ -593,7 +614,21 @@ impl NativeRedisStore {
                 ))
             }
         };
-        let mut b = Store::builder(url).naming(errors::NAMING);
+        let mut b = Store::builder(urls[0].clone())
+            .seeds(urls[1..].to_vec())
+            .naming(errors::NAMING);
+        if let Some(on) = o.boolean(c"cluster")? {
+            b = b.cluster(on);
+        }
+        if let Some(v) = o.get(c"sentinel")? {
+            b = b.sentinel(convert::string(raw, v, "sentinel", SHORT_STRING_MAX)?);
+        }
+        if let Some(n) = o.integer(c"minReplicas", 0.0, 1024.0)? {
+            b = b.min_replicas(n as usize);
+        }
+        if let Some(d) = o.millis(c"minReplicasTimeoutMs", "min_replicas_timeout")? {
+            b = b.min_replicas_timeout(d);
+        }
         if let Some(v) = o.get(c"prefix")? {
             b = b.prefix(convert::string(raw, v, "prefix", SHORT_STRING_MAX)?);
         }
@@ -819,6 +854,8 @@ impl NativeRedisStore {
             replays: c.replays as f64,
             remote_waits: c.remote_waits as f64,
             leases_lost: c.leases_lost as f64,
+            claims_unreplicated: c.claims_unreplicated as f64,
+            completions_unreplicated: c.completions_unreplicated as f64,
         }
     }
 

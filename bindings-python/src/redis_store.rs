@@ -286,7 +286,7 @@ pub struct PyRedisStore {
 #[pymethods]
 impl PyRedisStore {
     #[new]
-    #[pyo3(signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None))]
+    #[pyo3(signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=None, sentinel=None, min_replicas=None, min_replicas_timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -300,6 +300,10 @@ impl PyRedisStore {
         in_progress_retry_after: Option<&Bound<'_, PyAny>>,
         dumps: Option<Bound<'_, PyAny>>,
         loads: Option<Bound<'_, PyAny>>,
+        cluster: Option<&Bound<'_, PyAny>>,
+        sentinel: Option<&Bound<'_, PyAny>>,
+        min_replicas: Option<&Bound<'_, PyAny>>,
+        min_replicas_timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let callable = |field: &'static str, f: Option<Bound<'_, PyAny>>| -> PyResult<_> {
             match f.filter(|f| !f.is_none()) {
@@ -317,8 +321,33 @@ impl PyRedisStore {
                 "dumps and loads go together: give both or neither",
             ));
         }
-        let mut b =
-            Store::builder(crate::errors::text(url, "url")?).naming(oncely::Naming::SECONDS);
+        // One URL, or several (a Cluster's seeds, or Sentinels): the first is the URL.
+        let urls: Vec<String> = match url.extract::<String>() {
+            Ok(u) => vec![u],
+            Err(_) => match url.extract::<Vec<String>>() {
+                Ok(us) if !us.is_empty() => us,
+                _ => {
+                    return Err(crate::errors::wrong_type(
+                        "url",
+                        "a str or a non-empty list of str",
+                        url,
+                    ))
+                }
+            },
+        };
+        let mut b = Store::builder(urls[0].clone())
+            .seeds(urls[1..].to_vec())
+            .naming(oncely::Naming::SECONDS)
+            .cluster(crate::errors::flag(cluster, "cluster", false)?);
+        if let Some(master) = sentinel.filter(|s| !s.is_none()) {
+            b = b.sentinel(crate::errors::text(master, "sentinel")?);
+        }
+        if let Some(n) = min_replicas.filter(|n| !n.is_none()) {
+            b = b.min_replicas(int_in(py, "min_replicas", n, 0, 1024)? as usize);
+        }
+        if let Some(d) = opt_seconds(py, "min_replicas_timeout", min_replicas_timeout)? {
+            b = b.min_replicas_timeout(d);
+        }
         if let Some(d) = opt_seconds(py, "lease", lease)? {
             b = b.lease(d);
         }
@@ -457,6 +486,8 @@ impl PyRedisStore {
         d.set_item("replays", c.replays)?;
         d.set_item("remote_waits", c.remote_waits)?;
         d.set_item("leases_lost", c.leases_lost)?;
+        d.set_item("claims_unreplicated", c.claims_unreplicated)?;
+        d.set_item("completions_unreplicated", c.completions_unreplicated)?;
         Ok(d)
     }
 }

@@ -16,8 +16,7 @@ use oncely::{
     canonical_json, classify, classify_failure, duration_from_millis_f64, extract, fingerprint,
     fingerprint_bytes, parse_pushback_ms, parse_retry_after, CallFacts, Code, Error, Failure,
     IdempotencyKey, ManualClock, RawFailure, RawValue, ReasonCodes, RetryBudget, RetryPolicy,
-    ScopedKey, Scripted,
-    ServerDelay, Simulation, Timeline,
+    ScopedKey, Scripted, ServerDelay, Simulation, Timeline,
 };
 use serde_json::{json, Value};
 

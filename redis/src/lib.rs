@@ -49,6 +49,7 @@ pub mod codec;
 mod runtime;
 mod scripts;
 mod threads;
+mod topology;
 
 /// The README's example, compiled as a doctest.
 #[cfg(doctest)]
@@ -73,6 +74,7 @@ use runtime::{PerProcess, Runtime};
 pub use scripts::RECORD_VERSION;
 use scripts::{Claim, Peek, Scripts};
 use threads::Link;
+use topology::{Con, Topology};
 
 /// Locks a mutex, going on after a panic elsewhere: every critical section leaves its
 /// state whole, so a poisoned lock holds nothing half-done.
@@ -94,6 +96,21 @@ pub const DEFAULT_WORKERS: usize = 4;
 pub const DEFAULT_POLL_MIN: Duration = Duration::from_millis(10);
 /// Default cap of a waiter's poll interval (500 ms).
 pub const DEFAULT_POLL_MAX: Duration = Duration::from_millis(500);
+
+/// Parses the URL into the client's settings. No `CLIENT SETINFO` handshake: opening a
+/// connection then takes no extra round trip, so it stays within one timeout (each
+/// handshake reply may wait a whole timeout).
+fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
+    use redis::IntoConnectionInfo;
+    let info = url
+        .into_connection_info()
+        .map_err(|e| Error::InvalidArgument {
+            field: "url",
+            reason: format!("{e}; {URL_FORM}"),
+        })?;
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    Ok(info.set_redis_settings(settings))
+}
 
 /// Whether `url` asks for TLS (`rediss://`).
 fn is_tls_url(url: &str) -> bool {
@@ -121,6 +138,172 @@ fn url_scheme(url: &str) -> String {
         Some((scheme, _)) => format!("a {scheme}:// URL"),
         None => "no scheme".to_owned(),
     }
+}
+
+/// The scheme of a Sentinel URL.
+const SENTINEL_SCHEME: &str = "redis+sentinel://";
+
+/// Splits `redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]` into
+/// the Sentinels' URLs, the master name and the primary's settings URL.
+fn parse_sentinel_url(url: &str) -> Result<(Vec<String>, String, String), Error> {
+    let invalid = |reason: &str| {
+        Error::InvalidArgument {
+        field: "url",
+        reason: format!(
+            "{reason}: expected {SENTINEL_SCHEME}[user:password@]host:port[,host:port...]/master[/db]"
+        ),
+    }
+    };
+    let rest = &url[SENTINEL_SCHEME.len()..];
+    let (authority, path) = rest
+        .split_once('/')
+        .ok_or_else(|| invalid("no master name"))?;
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (master, db) = match path.split_once('/') {
+        Some((m, d)) => (m, Some(d)),
+        None => (path, None),
+    };
+    if master.is_empty() {
+        return Err(invalid("no master name"));
+    }
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{h}"))
+        .collect();
+    if sentinels.is_empty() {
+        return Err(invalid("no Sentinel address"));
+    }
+    // The primary's user, password and database (its address comes from the Sentinels).
+    let node = format!(
+        "redis://{}127.0.0.1/{}",
+        userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
+        db.unwrap_or("0")
+    );
+    Ok((sentinels, master.to_owned(), node))
+}
+
+/// How the configured store reaches Redis (checks the URLs and the CA file).
+fn topology_of(config: &Config) -> Result<Topology, Error> {
+    let n = &config.naming;
+    let url_error = |e: redis::RedisError| Error::InvalidArgument {
+        field: n.field("url"),
+        reason: format!("{e}; {URL_FORM}"),
+    };
+    let sentinel_url = config
+        .url
+        .get(..SENTINEL_SCHEME.len())
+        .is_some_and(|s| s.eq_ignore_ascii_case(SENTINEL_SCHEME));
+    let sentinel = sentinel_url || config.sentinel_master.is_some();
+    if config.cluster && sentinel {
+        return Err(Error::InvalidArgument {
+            field: n.field("cluster"),
+            reason: "a Cluster has no Sentinels: use one or the other".into(),
+        });
+    }
+    if !config.seeds.is_empty() && !config.cluster && config.sentinel_master.is_none() {
+        return Err(Error::InvalidArgument {
+            field: n.field("seeds"),
+            reason: "more addresses are for a Cluster (cluster) or Sentinels (sentinel)".into(),
+        });
+    }
+    let urls: Vec<&str> = std::iter::once(config.url.as_str())
+        .chain(config.seeds.iter().map(String::as_str))
+        .collect();
+    let tls = urls.iter().any(|u| is_tls_url(u));
+    let ca = match &config.tls_ca_file {
+        None => None,
+        Some(path) => {
+            let invalid = |reason: String| Error::InvalidArgument {
+                field: "tls_ca_file",
+                reason,
+            };
+            if let Some(plain) = urls.iter().find(|u| !is_tls_url(u)) {
+                return Err(invalid(format!(
+                    "needs a rediss:// URL, e.g. rediss://host:6380/0, got {}",
+                    url_scheme(plain)
+                )));
+            }
+            Some(
+                std::fs::read(path)
+                    .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?,
+            )
+        }
+    };
+    if tls {
+        install_crypto_provider();
+    }
+    if sentinel {
+        if tls {
+            return Err(Error::InvalidArgument {
+                field: n.field("url"),
+                reason: "TLS to Sentinels and their primary is not supported".into(),
+            });
+        }
+        let (sentinels, master, node) = if sentinel_url {
+            if config.sentinel_master.is_some() || !config.seeds.is_empty() {
+                return Err(Error::InvalidArgument {
+                    field: n.field("sentinel"),
+                    reason: "a redis+sentinel:// URL already names the Sentinels and the master"
+                        .into(),
+                });
+            }
+            parse_sentinel_url(&config.url)?
+        } else {
+            let master = config.sentinel_master.clone().unwrap_or_default();
+            // The URLs' user, password and database are the primary's.
+            (
+                urls.iter()
+                    .map(|u| {
+                        let info = connection_info(u)?;
+                        Ok(format!("redis://{}", info.addr()))
+                    })
+                    .collect::<Result<Vec<_>, Error>>()?,
+                master,
+                config.url.clone(),
+            )
+        };
+        let sentinels = sentinels
+            .iter()
+            .map(|u| connection_info(u))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Topology::sentinel(sentinels, &master, &connection_info(&node)?).map_err(url_error);
+    }
+    if config.cluster {
+        let seeds = urls
+            .iter()
+            .map(|u| connection_info(u))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Topology::cluster(seeds, ca, config.connect_timeout).map_err(|e| {
+            match &config.tls_ca_file {
+                Some(path) if ca_error(&e) => Error::InvalidArgument {
+                    field: "tls_ca_file",
+                    reason: format!("{}: {e}", path.display()),
+                },
+                _ => url_error(e),
+            }
+        });
+    }
+    let info = connection_info(&config.url)?;
+    match (&config.tls_ca_file, ca) {
+        (Some(path), Some(pem)) => topology::open_client(info, Some(pem))
+            .map(Topology::Single)
+            .map_err(|e| Error::InvalidArgument {
+                field: "tls_ca_file",
+                reason: format!("{}: {e}", path.display()),
+            }),
+        _ => redis::Client::open(info)
+            .map(Topology::Single)
+            .map_err(url_error),
+    }
+}
+
+/// Whether building a client failed on its TLS certificates.
+fn ca_error(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::InvalidClientConfig
 }
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`].
@@ -159,6 +342,16 @@ struct Config {
     in_progress_retry_after: Duration,
     tls_ca_file: Option<PathBuf>,
     naming: oncely::Naming,
+    /// More seed nodes of a Cluster, or more Sentinels (`url` is the first).
+    seeds: Vec<String>,
+    cluster: bool,
+    /// The master name the Sentinels at `url` and `seeds` monitor.
+    sentinel_master: Option<String>,
+    /// Replicas that must acknowledge a claim and a completion (`WAIT`), and how long
+    /// to wait for them.
+    min_replicas: usize,
+    /// `None`: half the I/O timeout.
+    min_replicas_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for Config {
@@ -172,6 +365,10 @@ impl fmt::Debug for Config {
             .field("io_timeout", &self.io_timeout())
             .field("workers", &self.workers)
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("cluster", &self.cluster)
+            .field("sentinel_master", &self.sentinel_master)
+            .field("min_replicas", &self.min_replicas)
+            .field("min_replicas_timeout", &self.min_replicas_timeout())
             .finish_non_exhaustive()
     }
 }
@@ -180,6 +377,10 @@ impl Config {
     fn io_timeout(&self) -> Duration {
         self.io_timeout
             .unwrap_or_else(|| DEFAULT_IO_TIMEOUT.min(self.lease / 3))
+    }
+    fn min_replicas_timeout(&self) -> Duration {
+        self.min_replicas_timeout
+            .unwrap_or_else(|| self.io_timeout() / 2)
     }
 }
 
@@ -255,6 +456,58 @@ impl<E> RedisStoreBuilder<E> {
     /// [`Naming::RUST`](oncely::Naming::RUST).
     pub fn naming(mut self, naming: oncely::Naming) -> Self {
         self.config.naming = naming;
+        self
+    }
+
+    /// Connects to a Redis Cluster (default: one node). The URL given to
+    /// [`RedisStore::builder`] is a seed node, and [`seeds`](Self::seeds) adds more; the
+    /// store learns the slots from them and follows them as they move (MOVED / ASK:
+    /// resharding, a primary that failed over). A record's key and its notification
+    /// channel hash to one slot (the hash tag `{<prefix>:<scoped key>}`), so every
+    /// script runs on one node.
+    pub fn cluster(mut self, on: bool) -> Self {
+        self.config.cluster = on;
+        self
+    }
+
+    /// More addresses (URLs) besides the first: seed nodes of a Cluster, or Sentinels
+    /// (with [`sentinel`](Self::sentinel)). With neither, [`build`](Self::build)
+    /// refuses them (field `"seeds"`).
+    pub fn seeds<S: Into<String>>(mut self, urls: impl IntoIterator<Item = S>) -> Self {
+        self.config.seeds = urls.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Connects to the primary that the Sentinels at the URL (and the
+    /// [`seeds`](Self::seeds)) monitor under the name `master`. The URL's user,
+    /// password and database are the primary's; the Sentinels are reached without
+    /// them. The same as a `redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]`
+    /// URL. Every new connection asks the Sentinels again, and a connection whose node
+    /// answers as a replica (`READONLY`) is dropped, so the store follows a failover on
+    /// its own; during one, calls get UNAVAILABLE and no action runs without a claim.
+    pub fn sentinel(mut self, master: impl Into<String>) -> Self {
+        self.config.sentinel_master = Some(master.into());
+        self
+    }
+
+    /// Durability chosen per store: every claim and every completion is followed by
+    /// `WAIT n timeout` on the primary that holds the record, so that it is on `n`
+    /// replicas before the caller goes on (default 0: no WAIT). A claim that fewer
+    /// replicas acknowledged is released and the caller gets UNAVAILABLE (the action
+    /// has not run); a completion that fewer acknowledged is still returned as stored
+    /// (the action ran), counted in [`RedisCounters::completions_unreplicated`] and
+    /// logged (`log` crate, warn). The timeout is
+    /// [`min_replicas_timeout`](Self::min_replicas_timeout).
+    pub fn min_replicas(mut self, n: usize) -> Self {
+        self.config.min_replicas = n;
+        self
+    }
+
+    /// How long `WAIT` waits for the replicas of [`min_replicas`](Self::min_replicas)
+    /// (default half the I/O timeout; it must be below the I/O timeout, as WAIT runs
+    /// within the call's deadline).
+    pub fn min_replicas_timeout(mut self, d: Duration) -> Self {
+        self.config.min_replicas_timeout = Some(d);
         self
     }
 
@@ -338,39 +591,26 @@ impl<E> RedisStoreBuilder<E> {
                 ),
             });
         }
-        let client = match &config.tls_ca_file {
-            None => {
-                redis::Client::open(config.url.as_str()).map_err(|e| Error::InvalidArgument {
-                    field: n.field("url"),
-                    reason: format!("{e}; {URL_FORM}"),
-                })?
-            }
-            Some(path) => {
-                let invalid = |reason: String| Error::InvalidArgument {
-                    field: "tls_ca_file",
-                    reason,
-                };
-                if !is_tls_url(&config.url) {
-                    return Err(invalid(format!(
-                        "needs a rediss:// URL, e.g. rediss://host:6380/0, got {}",
-                        url_scheme(&config.url)
-                    )));
-                }
-                let pem = std::fs::read(path)
-                    .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
-                let certs = redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem),
-                };
-                redis::Client::build_with_tls(config.url.as_str(), certs)
-                    .map_err(|e| invalid(format!("{}: {e}", path.display())))?
-            }
-        };
-        if is_tls_url(&config.url) {
-            install_crypto_provider();
+        positive(
+            "min_replicas_timeout",
+            config.min_replicas_timeout(),
+            io_timeout / 2,
+        )?;
+        if config.min_replicas > 0 && config.min_replicas_timeout() >= io_timeout {
+            return Err(Error::InvalidArgument {
+                field: n.field("min_replicas"),
+                reason: format!(
+                    "{} ({}) must be below {} ({}): WAIT runs within the call's deadline",
+                    n.field("min_replicas_timeout"),
+                    n.duration(config.min_replicas_timeout()),
+                    n.field("io_timeout"),
+                    n.duration(io_timeout),
+                ),
+            });
         }
+        let topology = topology_of(&config)?;
         let link = Link {
-            client,
+            topology,
             connect_timeout: config.connect_timeout,
             io_timeout,
         };
@@ -390,7 +630,7 @@ impl<E> RedisStoreBuilder<E> {
         let identity = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (config.url.as_str(), config.prefix.as_str()).hash(&mut h);
+            (config.url.as_str(), &config.seeds, config.prefix.as_str()).hash(&mut h);
             h.finish() as usize
         };
         Ok(RedisStore {
@@ -440,6 +680,13 @@ pub struct RedisCounters {
     pub remote_waits: u64,
     /// Leaders that found their lease taken over when completing.
     pub leases_lost: u64,
+    /// Claims released and answered UNAVAILABLE because fewer replicas than
+    /// [`min_replicas`](RedisStoreBuilder::min_replicas) acknowledged them.
+    pub claims_unreplicated: u64,
+    /// Completions stored on the primary that fewer replicas than
+    /// [`min_replicas`](RedisStoreBuilder::min_replicas) acknowledged in time (the
+    /// action ran; a failover now could lose the result).
+    pub completions_unreplicated: u64,
 }
 
 #[derive(Default)]
@@ -450,6 +697,8 @@ struct AtomicCounters {
     replays: AtomicU64,
     remote_waits: AtomicU64,
     leases_lost: AtomicU64,
+    claims_unreplicated: AtomicU64,
+    completions_unreplicated: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -467,13 +716,28 @@ struct Inner<E> {
     scripts: Arc<Scripts>,
 }
 
+/// What a completion did.
+enum Completed {
+    /// Stored (and acknowledged by the replicas wanted, if any).
+    Stored,
+    /// Stored on the primary, but fewer replicas than wanted acknowledged it.
+    Unreplicated(String),
+    /// The lease was taken over: nothing written.
+    Lost,
+}
+
+impl From<i64> for Completed {
+    fn from(script_reply: i64) -> Self {
+        if script_reply == 1 {
+            Completed::Stored
+        } else {
+            Completed::Lost
+        }
+    }
+}
+
 /// Runs the release script: 1 deleted, 0 not ours (left alone).
-fn release(
-    scripts: &Scripts,
-    c: &mut redis::Connection,
-    record: &str,
-    token: &str,
-) -> redis::RedisResult<i64> {
+fn release(scripts: &Scripts, c: &mut Con, record: &str, token: &str) -> redis::RedisResult<i64> {
     scripts
         .release
         .key(record)
@@ -542,6 +806,11 @@ impl<E> RedisStore<E> {
                 in_progress_retry_after: oncely::DEFAULT_IN_PROGRESS_RETRY_AFTER,
                 tls_ca_file: None,
                 naming: oncely::Naming::RUST,
+                seeds: Vec::new(),
+                cluster: false,
+                sentinel_master: None,
+                min_replicas: 0,
+                min_replicas_timeout: None,
             },
         }
     }
@@ -583,6 +852,8 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             replays: c.replays.load(Ordering::Relaxed),
             remote_waits: c.remote_waits.load(Ordering::Relaxed),
             leases_lost: c.leases_lost.load(Ordering::Relaxed),
+            claims_unreplicated: c.claims_unreplicated.load(Ordering::Relaxed),
+            completions_unreplicated: c.completions_unreplicated.load(Ordering::Relaxed),
         }
     }
 
@@ -625,16 +896,34 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 record.clone(),
                 token.clone(),
             );
+            let (min_replicas, replicas_timeout) = (
+                inner.config.min_replicas,
+                inner.config.min_replicas_timeout(),
+            );
             rt.pool.call_or_undo(
                 move |c| {
-                    scripts
+                    let claim = scripts
                         .claim
                         .key(&record)
                         .arg(&fp)
                         .arg(&token)
                         .arg(lease_ms)
                         .arg(ttl_ms)
-                        .invoke::<Claim>(c)
+                        .invoke::<Claim>(c)?;
+                    if min_replicas == 0 || !matches!(claim, Claim::Lead { .. }) {
+                        return Ok(claim);
+                    }
+                    let acked = c.wait_replicas(&record, min_replicas, replicas_timeout)?;
+                    if acked >= min_replicas {
+                        return Ok(claim);
+                    }
+                    // Not on enough replicas: a failover now could lose it and let
+                    // another caller run the action too. Given back before anything ran.
+                    release(&scripts, c, &record, &token)?;
+                    Ok(Claim::Unreplicated {
+                        acked,
+                        wanted: min_replicas,
+                    })
                 },
                 // The caller went away while claiming: release what it won.
                 move |c, claim| match claim {
@@ -697,6 +986,15 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 Ok(Begin::Replay(Ok(value)))
             }
             // Dropping `local` lets local waiters look again themselves.
+            Claim::Unreplicated { acked, wanted } => {
+                bump(&inner.counters.claims_unreplicated);
+                drop(local);
+                Err(Error::Unavailable(format!(
+                    "Redis replication: {acked} of the {wanted} replicas wanted acknowledged the \
+                     claim within {:?}; it was released and the action has not run",
+                    inner.config.min_replicas_timeout()
+                )))
+            }
             Claim::Mismatch => Err(Error::FingerprintMismatch),
             Claim::Version(v) => Err(Inner::<E>::version_error(&v)),
             Claim::Running { .. } if !options.wait => Err(Error::InProgress {
@@ -935,17 +1233,33 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
             let (record, token, v) = (self.record.clone(), self.token.clone(), value.clone());
             let ttl_ms = millis(inner.config.ttl);
             let (renewer, renewal) = (rt.renewer.clone(), self.renewal);
+            let (min_replicas, replicas_timeout) = (
+                inner.config.min_replicas,
+                inner.config.min_replicas_timeout(),
+            );
             rt.pool.call_to_end(
                 move |c| {
                     let channel = Inner::<E>::channel(&record);
-                    scripts
+                    let stored = scripts
                         .complete
                         .key(&record)
                         .arg(&token)
                         .arg(&v)
                         .arg(ttl_ms)
                         .arg(&channel)
-                        .invoke::<i64>(c)
+                        .invoke::<i64>(c)?;
+                    if stored != 1 || min_replicas == 0 {
+                        return Ok(Completed::from(stored));
+                    }
+                    // The effect happened: a WAIT that fails or falls short is reported,
+                    // the result is still the caller's.
+                    match c.wait_replicas(&record, min_replicas, replicas_timeout) {
+                        Ok(n) if n >= min_replicas => Ok(Completed::Stored),
+                        Ok(n) => Ok(Completed::Unreplicated(format!(
+                            "{n} of {min_replicas} replicas acknowledged it"
+                        ))),
+                        Err(e) => Ok(Completed::Unreplicated(format!("WAIT failed: {e}"))),
+                    }
                 },
                 move |_| renewer.unregister(renewal),
             )
@@ -962,7 +1276,15 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
             let stored = stored.await;
             rt.renewer.unregister(renewal);
             match stored {
-                Ok(1) => {
+                Ok(done @ (Completed::Stored | Completed::Unreplicated(_))) => {
+                    if let Completed::Unreplicated(why) = done {
+                        bump(&inner.counters.completions_unreplicated);
+                        log::warn!(
+                            "oncely-redis: the result of {} was stored on the primary but not \
+                             on enough replicas ({why}); a failover now could lose it",
+                            scoped.as_str()
+                        );
+                    }
                     if let Some(local) = local {
                         settle_local(&rt, local, &scoped, value);
                     }
@@ -970,7 +1292,7 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
                 }
                 // Taken over: the new leader's record is left alone; local waiters look
                 // again (and join the new leader).
-                Ok(_) => {
+                Ok(Completed::Lost) => {
                     bump(&inner.counters.leases_lost);
                     Err(Error::LeaseLost)
                 }

@@ -1,7 +1,7 @@
 //! The record transitions: one Lua script each, every one checked against the lease
 //! token. The record format is documented in the crate's README (format version 1).
 
-use redis::{Script, Value};
+use redis::{ParsingError, Script, Value};
 
 /// The record format version this crate reads and writes.
 pub const RECORD_VERSION: &str = "1";
@@ -132,11 +132,20 @@ impl Scripts {
 /// What the claim script found.
 #[derive(Debug)]
 pub(crate) enum Claim {
-    Lead { generation: u64 },
+    Lead {
+        generation: u64,
+    },
     Replay(Vec<u8>),
     Mismatch,
-    Running { left_ms: u64 },
+    Running {
+        left_ms: u64,
+    },
     Version(String),
+    /// Led, but fewer replicas than wanted acknowledged the claim: released.
+    Unreplicated {
+        acked: usize,
+        wanted: usize,
+    },
 }
 
 /// What a waiter's look at the record found.
@@ -151,15 +160,11 @@ pub(crate) enum Peek {
     Gone,
 }
 
-fn bad_reply(v: &Value) -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::TypeError,
-        "unexpected reply from an oncely script",
-        format!("{v:?}"),
-    ))
+fn bad_reply(v: &Value) -> ParsingError {
+    format!("unexpected reply from an oncely script: {v:?}").into()
 }
 
-fn parts(v: Value) -> redis::RedisResult<(String, Option<Value>)> {
+fn parts(v: Value) -> Result<(String, Option<Value>), ParsingError> {
     let Value::Array(mut items) = v else {
         return Err(bad_reply(&v));
     };
@@ -167,33 +172,30 @@ fn parts(v: Value) -> redis::RedisResult<(String, Option<Value>)> {
         return Err(bad_reply(&Value::Array(items)));
     }
     let second = (items.len() == 2).then(|| items.pop()).flatten();
-    let tag: String = redis::from_owned_redis_value(items.pop().unwrap_or(Value::Nil))?;
+    let tag: String = redis::from_redis_value(items.pop().unwrap_or(Value::Nil))?;
     Ok((tag, second))
 }
 
-fn int(v: Option<Value>) -> redis::RedisResult<u64> {
+fn int(v: Option<Value>) -> Result<u64, ParsingError> {
     let v = v.unwrap_or(Value::Nil);
-    let n: i64 = redis::from_redis_value(&v)?;
+    let n: i64 = redis::from_redis_value_ref(&v)?;
     u64::try_from(n).map_err(|_| bad_reply(&v))
 }
 
-fn bytes(v: Option<Value>) -> redis::RedisResult<Vec<u8>> {
+fn bytes(v: Option<Value>) -> Result<Vec<u8>, ParsingError> {
     match v {
         None | Some(Value::Nil) => Ok(Vec::new()),
-        Some(v) => redis::from_owned_redis_value(v),
+        Some(v) => redis::from_redis_value(v),
     }
 }
 
 fn text(v: Option<Value>) -> String {
-    v.and_then(|v| redis::from_owned_redis_value::<String>(v).ok())
+    v.and_then(|v| redis::from_redis_value::<String>(v).ok())
         .unwrap_or_default()
 }
 
 impl redis::FromRedisValue for Claim {
-    fn from_redis_value(v: &Value) -> redis::RedisResult<Self> {
-        Self::from_owned_redis_value(v.clone())
-    }
-    fn from_owned_redis_value(v: Value) -> redis::RedisResult<Self> {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let orig = format!("{v:?}");
         let (tag, second) = parts(v)?;
         Ok(match tag.as_str() {
@@ -206,22 +208,13 @@ impl redis::FromRedisValue for Claim {
                 left_ms: int(second)?,
             },
             "version" => Claim::Version(text(second)),
-            _ => {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::TypeError,
-                    "unexpected reply from the claim script",
-                    orig,
-                )))
-            }
+            _ => return Err(format!("unexpected reply from the claim script: {orig}").into()),
         })
     }
 }
 
 impl redis::FromRedisValue for Peek {
-    fn from_redis_value(v: &Value) -> redis::RedisResult<Self> {
-        Self::from_owned_redis_value(v.clone())
-    }
-    fn from_owned_redis_value(v: Value) -> redis::RedisResult<Self> {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let orig = format!("{v:?}");
         let (tag, second) = parts(v)?;
         Ok(match tag.as_str() {
@@ -230,13 +223,7 @@ impl redis::FromRedisValue for Peek {
                 left_ms: int(second)?,
             },
             "expired" | "absent" | "mismatch" | "version" => Peek::Gone,
-            _ => {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::TypeError,
-                    "unexpected reply from the peek script",
-                    orig,
-                )))
-            }
+            _ => return Err(format!("unexpected reply from the peek script: {orig}").into()),
         })
     }
 }

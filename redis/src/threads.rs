@@ -21,6 +21,7 @@ use oncely::Error;
 
 use crate::lock;
 use crate::scripts::Scripts;
+use crate::topology::{is_not_primary, Con, Topology};
 
 /// Redis could not be reached or answered with an error: UNAVAILABLE, fail closed.
 pub(crate) fn unavailable(e: &redis::RedisError) -> Error {
@@ -69,7 +70,7 @@ impl Failure {
 /// Connection settings shared by every thread.
 #[derive(Clone)]
 pub(crate) struct Link {
-    pub client: redis::Client,
+    pub topology: Topology,
     pub connect_timeout: Duration,
     pub io_timeout: Duration,
 }
@@ -93,7 +94,7 @@ fn left(deadline: Instant, io_timeout: Duration) -> Option<Duration> {
 /// One lazily (re)opened connection. Any I/O error drops it; the next use reconnects.
 pub(crate) struct Conn {
     link: Link,
-    con: Option<redis::Connection>,
+    con: Option<Con>,
 }
 
 impl Conn {
@@ -119,7 +120,7 @@ impl Conn {
     pub(crate) fn run<T>(
         &mut self,
         deadline: Instant,
-        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Failure> {
         let reused = self.con.is_some();
         match self.run_once(deadline, &mut f) {
@@ -138,14 +139,14 @@ impl Conn {
     fn run_once<T>(
         &mut self,
         deadline: Instant,
-        f: &mut impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        f: &mut impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Failure> {
         if self.con.is_none() {
             let time = left(deadline, self.link.io_timeout).ok_or(Failure::NotSent)?;
             let con = self
                 .link
-                .client
-                .get_connection_with_timeout(self.link.connect_timeout.min(time))
+                .topology
+                .connect(self.link.connect_timeout.min(time))
                 .map_err(Failure::NotConnected)?;
             self.con = Some(con);
         }
@@ -154,13 +155,13 @@ impl Conn {
         };
         let r = match left(deadline, self.link.io_timeout) {
             None => return Err(Failure::NotSent),
-            Some(time) => con
-                .set_read_timeout(Some(time))
-                .and_then(|()| con.set_write_timeout(Some(time)))
-                .and_then(|()| f(con)),
+            Some(time) => con.set_timeouts(time).and_then(|()| f(con)),
         };
         if let Err(e) = &r {
-            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
+            // A node that is no longer the primary: the next connection goes to the
+            // current one (a Sentinel is asked again).
+            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() || is_not_primary(e)
+            {
                 self.con = None;
             }
         }
@@ -278,7 +279,7 @@ impl Pool {
     fn call_with<T: Send + 'static>(
         &self,
         if_abandoned: IfAbandoned,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T> + Send + 'static,
         after: impl FnOnce(&Result<T, Failure>) + Send + 'static,
     ) -> Reply<T> {
         let deadline = Instant::now() + self.io_timeout;
@@ -300,7 +301,7 @@ impl Pool {
     /// it up.
     pub(crate) fn call<T: Send + 'static>(
         &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T> + Send + 'static,
     ) -> Reply<T> {
         self.call_with(IfAbandoned::Skip, f, |_| {})
     }
@@ -310,7 +311,7 @@ impl Pool {
     /// sent, it is never overtaken by a release queued after it).
     pub(crate) fn call_to_end<T: Send + 'static>(
         &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T> + Send + 'static,
         after: impl FnOnce(&Result<T, Failure>) + Send + 'static,
     ) -> Reply<T> {
         self.call_with(IfAbandoned::Run, f, after)
@@ -327,8 +328,8 @@ impl Pool {
     /// answer was lost is released (best effort) rather than left to its lease.
     pub(crate) fn call_or_undo<T: Send + 'static>(
         &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
-        undo: impl FnOnce(&mut redis::Connection, T) -> redis::RedisResult<()> + Send + 'static,
+        f: impl FnMut(&mut Con) -> redis::RedisResult<T> + Send + 'static,
+        undo: impl FnOnce(&mut Con, T) -> redis::RedisResult<()> + Send + 'static,
         undo_later: impl FnOnce(T) + Send + 'static,
         undo_unknown: impl FnOnce() + Send + 'static,
     ) -> Reply<T> {
@@ -357,10 +358,7 @@ impl Pool {
     }
 
     /// Runs `f` on a worker without waiting for it (release after a panic or drop).
-    pub(crate) fn spawn(
-        &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<()> + Send + 'static,
-    ) {
+    pub(crate) fn spawn(&self, f: impl FnMut(&mut Con) -> redis::RedisResult<()> + Send + 'static) {
         let deadline = Instant::now() + self.io_timeout;
         let job: Job = Box::new(move |conn: &mut Conn| {
             let _ = conn.run(deadline, f);
@@ -503,10 +501,13 @@ impl Renewer {
                 for (_, key, token) in &due {
                     p.invoke_script(scripts.renew.key(key).arg(token).arg(lease_ms));
                 }
-                match p.query::<Vec<i64>>(c) {
-                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                match c.pipeline::<Vec<i64>>(&p) {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
                         scripts.renew.prepare_invoke().load(c)?;
-                        p.query(c)
+                        c.pipeline(&p)
                     }
                     r => r,
                 }
@@ -673,10 +674,7 @@ impl Notifier {
     /// One pub/sub connection, until it fails (or shutdown).
     fn session(&self, link: &Link, pause: &mut Duration) -> Session {
         // Waiters fall back to polling while there is no session.
-        let Ok(mut con) = link
-            .client
-            .get_connection_with_timeout(link.connect_timeout)
-        else {
+        let Ok(mut con) = link.topology.listen_connection(link.connect_timeout) else {
             return Session::Failed;
         };
         let mut ps = con.as_pubsub();

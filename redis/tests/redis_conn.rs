@@ -657,13 +657,13 @@ fn acl_denials(user: &str) -> i64 {
             redis::Value::Array(items) => items
                 .chunks(2)
                 .filter_map(|kv| {
-                    let k: String = redis::from_redis_value(&kv[0]).ok()?;
+                    let k: String = redis::from_redis_value_ref(&kv[0]).ok()?;
                     Some((k, kv.get(1)?.clone()))
                 })
                 .collect(),
             redis::Value::Map(items) => items
                 .into_iter()
-                .filter_map(|(k, v)| Some((redis::from_redis_value(&k).ok()?, v)))
+                .filter_map(|(k, v)| Some((redis::from_redis_value_ref(&k).ok()?, v)))
                 .collect(),
             _ => continue,
         };
@@ -673,10 +673,11 @@ fn acl_denials(user: &str) -> i64 {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.clone())
         };
-        let who: Option<String> = get("username").and_then(|v| redis::from_redis_value(&v).ok());
+        let who: Option<String> =
+            get("username").and_then(|v| redis::from_redis_value_ref(&v).ok());
         if who.as_deref() == Some(user) {
             total += get("count")
-                .and_then(|v| redis::from_redis_value::<i64>(&v).ok())
+                .and_then(|v| redis::from_redis_value_ref::<i64>(&v).ok())
                 .unwrap_or(1);
         }
     }

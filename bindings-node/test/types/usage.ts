@@ -149,3 +149,9 @@ async function redisUsage(scoped: ScopedKey): Promise<void> {
 void redisUsage
 // @ts-expect-error RedisStore needs its options (a url)
 new RedisStore()
+// One URL or several: a Cluster's seeds, or Sentinels; with replica-acknowledged writes.
+new RedisStore({ urls: ['redis://10.0.0.1:6379', 'redis://10.0.0.2:6379'], cluster: true, minReplicas: 1, minReplicasTimeoutMs: 100 })
+new RedisStore({ url: 'redis+sentinel://10.0.0.1:26379/mymaster' })
+new RedisStore({ urls: ['redis://10.0.0.1:26379'], sentinel: 'mymaster' }).counters().completionsUnreplicated.toFixed()
+// @ts-expect-error url or urls, not both
+new RedisStore({ url: 'redis://10.0.0.1:6379', urls: ['redis://10.0.0.2:6379'] })

@@ -1,5 +1,6 @@
 # Type stubs of the native module oncely._oncely (bindings-python/src). Checked against
 # the module by mypy.stubtest in scripts/test-python.
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Callable, Final, Generic, Literal, Optional, TypeVar, Union, final
 
@@ -265,7 +266,7 @@ class RedisLease:
 class _RedisStore:
     def __new__(
         cls,
-        url: str,
+        url: Union[str, Sequence[str]],
         lease: Optional[_Seconds] = None,
         ttl: Optional[_Seconds] = None,
         *,
@@ -276,6 +277,10 @@ class _RedisStore:
         in_progress_retry_after: Optional[_Seconds] = None,
         dumps: Optional[Callable[[Any], Union[bytes, str]]] = None,
         loads: Optional[Callable[[Any], Any]] = None,
+        cluster: bool = False,
+        sentinel: Optional[str] = None,
+        min_replicas: Optional[int] = None,
+        min_replicas_timeout: Optional[_Seconds] = None,
     ) -> _RedisStore: ...
     def begin(self, scoped: ScopedKey, fingerprint: str, wait: bool = True) -> RedisPending: ...
     @property

@@ -169,10 +169,18 @@ class RedisStore(_RedisStore, Driver):
     """A dedup store shared by every process using one Redis.
 
     ``RedisStore(url, lease=30.0, ttl=86400.0, *, prefix="oncely", connect_timeout=1.0,
-    io_timeout=1.0, workers=4, in_progress_retry_after=1.0, dumps=None, loads=None)``:
+    io_timeout=1.0, workers=4, in_progress_retry_after=1.0, dumps=None, loads=None,
+    cluster=False, sentinel=None, min_replicas=0, min_replicas_timeout=None)``:
     ``io_timeout`` bounds each Redis call from the moment it is made (default
     min(1 s, lease/3), at most lease/3); ``url`` is
-    ``redis://[user:password@]host:port/db``; ``lease`` is how long a claim lasts
+    ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS), or a list of
+    them: with ``cluster=True`` the seed nodes of a Redis Cluster, with
+    ``sentinel="<master name>"`` the Sentinels (also written
+    ``redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]``);
+    ``min_replicas`` makes every claim and completion wait (``WAIT``, up to
+    ``min_replicas_timeout``, default io_timeout/2) for that many replicas: a claim
+    they did not acknowledge is released and the call raises
+    ``StoreUnavailableError`` before ``fn`` runs; ``lease`` is how long a claim lasts
     without renewal (renewed every lease/3 while ``fn`` runs; a crashed leader's key is
     taken over after it); ``ttl`` keeps completed results. Durations are seconds or
     ``timedelta``. Redis unreachable or too slow → ``StoreUnavailableError`` and ``fn``
