@@ -72,7 +72,7 @@ use oncely::{
 use runtime::{PerProcess, Runtime};
 pub use scripts::RECORD_VERSION;
 use scripts::{Claim, Peek, Scripts};
-use threads::Link;
+use threads::{Link, Request};
 
 /// Default lease: how long a claim lives without renewal (30 s).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -425,19 +425,9 @@ struct Inner<E> {
     scripts: Arc<Scripts>,
 }
 
-/// Runs the release script: 1 deleted, 0 not ours (left alone).
-fn release(
-    scripts: &Scripts,
-    c: &mut redis::Connection,
-    record: &str,
-    token: &str,
-) -> redis::RedisResult<i64> {
-    scripts
-        .release
-        .key(record)
-        .arg(token)
-        .arg(channel(record))
-        .invoke(c)
+/// The release script's call: 1 deleted, 0 not ours (left alone).
+fn release(scripts: &Scripts, record: &str, token: &str) -> Request {
+    scripts.release.on(record).arg(token).arg(channel(record))
 }
 
 /// The notification channel of a record.
@@ -455,9 +445,7 @@ fn release_in_background<E>(
     if !rt.is_current() {
         return; // a copy left by fork(): the claim stays the parent's
     }
-    let scripts = scripts.clone();
-    rt.pool
-        .spawn(move |c| release(&scripts, c, &record, &token).map(drop));
+    rt.pool.spawn(release(scripts, &record, &token));
 }
 
 fn millis(d: Duration) -> u64 {
@@ -563,12 +551,18 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
         let record = inner.record_key(key);
         let token = oncely::IdempotencyKey::random().as_str().to_owned();
         let claim = {
-            let scripts = inner.scripts.clone();
-            let (record, fp, token) = (record.clone(), fingerprint.to_owned(), token.clone());
             let lease_ms = millis(inner.config.lease);
             let ttl_ms = millis(inner.config.ttl).max(lease_ms.saturating_mul(2));
+            let request = inner
+                .scripts
+                .claim
+                .on(&record)
+                .arg(fingerprint)
+                .arg(&token)
+                .arg(lease_ms)
+                .arg(ttl_ms);
             let (undo_scripts, undo_record, undo_token) =
-                (scripts.clone(), record.clone(), token.clone());
+                (inner.scripts.clone(), record.clone(), token.clone());
             let (later_rt, later_scripts, later_record, later_token) = (
                 rt.clone(),
                 inner.scripts.clone(),
@@ -582,22 +576,11 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 token.clone(),
             );
             rt.pool.call_or_undo(
-                move |c| {
-                    scripts
-                        .claim
-                        .key(&record)
-                        .arg(&fp)
-                        .arg(&token)
-                        .arg(lease_ms)
-                        .arg(ttl_ms)
-                        .invoke::<Claim>(c)
-                },
+                request,
                 // The caller went away while claiming: release what it won.
-                move |c, claim| match claim {
-                    Claim::Lead { .. } => {
-                        release(&undo_scripts, c, &undo_record, &undo_token).map(drop)
-                    }
-                    _ => Ok(()),
+                move |claim: &Claim| match claim {
+                    Claim::Lead { .. } => Some(release(&undo_scripts, &undo_record, &undo_token)),
+                    _ => None,
                 },
                 // The caller went away after the answer came, before reading it.
                 move |claim| {
@@ -755,13 +738,8 @@ async fn wait_remote<E: Send + Sync + 'static>(
         .subscribe(&inner.link, Inner::<E>::channel(&record));
     if sub.needs_poke {
         let wake = rt.notifier.wake_channel().to_owned();
-        rt.pool.spawn(move |c| {
-            redis::cmd("PUBLISH")
-                .arg(&wake)
-                .arg("subscribe")
-                .query::<i64>(c)
-                .map(drop)
-        });
+        rt.pool
+            .spawn(Request::command("PUBLISH").arg(wake).arg("subscribe"));
     }
     let mut delay = inner.config.poll_min;
     loop {
@@ -783,13 +761,10 @@ async fn wait_remote<E: Send + Sync + 'static>(
             // A copy left by fork(): look again with this process's own runtime.
             return Joined::Abandoned;
         }
-        let peek = {
-            let scripts = inner.scripts.clone();
-            let (record, fp) = (record.clone(), fingerprint.clone());
-            rt.pool
-                .call(move |c| scripts.peek.key(&record).arg(&fp).invoke::<Peek>(c))
-        }
-        .await;
+        let peek = rt
+            .pool
+            .call::<Peek>(inner.scripts.peek.on(&record).arg(&fingerprint))
+            .await;
         match peek {
             Ok(Peek::Done(value)) => {
                 settle_local(&rt, local, &key, value.clone());
@@ -896,24 +871,17 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
         let local = self.local.take();
         // A copy left by fork() sends nothing: the claim stays the parent's.
         let stored = rt.is_current().then(|| {
-            let scripts = inner.scripts.clone();
-            let (record, token, v) = (self.record.clone(), self.token.clone(), value.clone());
-            let ttl_ms = millis(inner.config.ttl);
+            let request = inner
+                .scripts
+                .complete
+                .on(&self.record)
+                .arg(&self.token)
+                .arg(&value)
+                .arg(millis(inner.config.ttl))
+                .arg(Inner::<E>::channel(&self.record));
             let (renewer, renewal) = (rt.renewer.clone(), self.renewal);
-            rt.pool.call_to_end(
-                move |c| {
-                    let channel = Inner::<E>::channel(&record);
-                    scripts
-                        .complete
-                        .key(&record)
-                        .arg(&token)
-                        .arg(&v)
-                        .arg(ttl_ms)
-                        .arg(&channel)
-                        .invoke::<i64>(c)
-                },
-                move |_| renewer.unregister(renewal),
-            )
+            rt.pool
+                .call_to_end::<i64>(request, move || renewer.unregister(renewal))
         });
         let scoped = self.scoped.clone();
         let renewal = self.renewal;
@@ -958,12 +926,10 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
         let rt = self.rt.clone();
         rt.renewer.unregister(self.renewal);
         // Released in Redis before the local waiters are woken.
-        let released = {
-            let scripts = inner.scripts.clone();
-            let (record, token) = (self.record.clone(), self.token.clone());
-            rt.pool.call(move |c| release(&scripts, c, &record, &token))
-        }
-        .await;
+        let released = rt
+            .pool
+            .call::<i64>(release(&inner.scripts, &self.record, &self.token))
+            .await;
         let _ = released; // unreachable Redis: the claim lapses with its lease
         match self.local.take() {
             Some(local) => local.fail_now(error),

@@ -1,7 +1,9 @@
 //! The record transitions: one Lua script each, every one checked against the lease
 //! token. The record format is documented in the crate's README (format version 1).
 
-use redis::{ParsingError, Script, Value};
+use redis::{ParsingError, Value};
+
+use crate::threads::Request;
 
 /// The record format version this crate reads and writes.
 pub const RECORD_VERSION: &str = "1";
@@ -108,23 +110,46 @@ return 1
 "#
 );
 
-/// The compiled scripts (`EVALSHA`, loaded on first use).
+/// A script of one key, sent as `EVALSHA` (loaded and sent again when Redis does not
+/// know it, see [`crate::threads::pipeline`]).
+pub(crate) struct Lua {
+    code: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        Lua {
+            code,
+            hash: redis::Script::new(code).get_hash().to_owned(),
+        }
+    }
+
+    /// A call of this script on `key`; its arguments follow with [`Request::arg`].
+    pub(crate) fn on(&self, key: &str) -> Request {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.hash).arg(1).arg(key);
+        Request::script(cmd, self.code)
+    }
+}
+
+/// The scripts of the record transitions.
 pub(crate) struct Scripts {
-    pub claim: Script,
-    pub peek: Script,
-    pub renew: Script,
-    pub complete: Script,
-    pub release: Script,
+    pub claim: Lua,
+    pub peek: Lua,
+    pub renew: Lua,
+    pub complete: Lua,
+    pub release: Lua,
 }
 
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            claim: Script::new(CLAIM),
-            peek: Script::new(PEEK),
-            renew: Script::new(RENEW),
-            complete: Script::new(COMPLETE),
-            release: Script::new(RELEASE),
+            claim: Lua::new(CLAIM),
+            peek: Lua::new(PEEK),
+            renew: Lua::new(RENEW),
+            complete: Lua::new(COMPLETE),
+            release: Lua::new(RELEASE),
         }
     }
 }

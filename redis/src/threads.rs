@@ -7,11 +7,10 @@
 //! each caller within about one I/O timeout, whatever its place in the queue. A call
 //! whose deadline passed before a worker took it up is never sent.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -40,7 +39,7 @@ pub(crate) fn unavailable(e: &redis::RedisError) -> Error {
 }
 
 /// Why a call gave no value.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Failure {
     /// Its deadline passed before it could be sent: Redis never saw it.
     NotSent,
@@ -171,26 +170,242 @@ impl Conn {
     }
 }
 
-type Job = Box<dyn FnOnce(&mut Conn) + Send>;
-
-/// A fixed pool of threads, each with its own connection, running jobs in order of
-/// arrival. The threads end when the pool is dropped.
-///
-/// Every job ends by its deadline and all jobs get the same time, so the jobs ahead of
-/// a call end before the call's own deadline: a call waits for a worker at most until
-/// its deadline, and is then failed without being sent.
-pub(crate) struct Pool {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
-    io_timeout: Duration,
+/// One command of a pipeline: a plain command, or a script call sent as `EVALSHA`
+/// (see [`crate::scripts::Lua::on`]).
+#[derive(Clone)]
+pub(crate) struct Request {
+    cmd: redis::Cmd,
+    /// The script's source, for a script call: loaded when Redis answers NOSCRIPT.
+    script: Option<&'static str>,
 }
 
-/// What a job does when its caller went away before it started.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum IfAbandoned {
-    /// Skip it: nobody will read the answer (a claim, a look).
-    Skip,
-    /// Run it anyway: a completion, whose order against a later release matters.
-    Run,
+impl Request {
+    /// A plain command, e.g. `Request::command("PUBLISH").arg(channel).arg("x")`.
+    pub(crate) fn command(name: &str) -> Self {
+        Request {
+            cmd: redis::cmd(name),
+            script: None,
+        }
+    }
+
+    /// A call of the script `code` (an `EVALSHA` of its hash).
+    pub(crate) fn script(cmd: redis::Cmd, code: &'static str) -> Self {
+        Request {
+            cmd,
+            script: Some(code),
+        }
+    }
+
+    /// Appends an argument.
+    pub(crate) fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+}
+
+/// Runs `requests` on `con` as one pipeline (one write, then the replies in order) and
+/// gives one result per request, in order: a reply, or that request's own error.
+/// The outer error is the connection's (a timeout or a broken connection: nothing can
+/// be said of any request then). The replies are all read by `deadline`.
+///
+/// A script call that Redis does not know (NOSCRIPT: first use, a restarted or
+/// flushed server) is loaded and sent again, with the other unknown ones, in a
+/// second pipeline; the other requests keep their first reply.
+///
+/// This is the only way the store's threads talk to Redis, so a connection of
+/// another kind (e.g. one that routes each request to a cluster node) only needs to
+/// provide it, even by running the requests one by one.
+pub(crate) fn pipeline(
+    con: &mut redis::Connection,
+    requests: &[&Request],
+    deadline: Instant,
+) -> redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> {
+    let mut out = send(con, &[], requests, deadline, true)?;
+    let unknown: Vec<usize> = (0..requests.len())
+        .filter(|&i| {
+            requests[i].script.is_some()
+                && matches!(&out[i], Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+        })
+        .collect();
+    if !unknown.is_empty() {
+        let mut loads: Vec<&str> = unknown.iter().filter_map(|&i| requests[i].script).collect();
+        loads.sort_unstable();
+        loads.dedup();
+        let again: Vec<&Request> = unknown.iter().map(|&i| requests[i]).collect();
+        for (i, r) in unknown
+            .into_iter()
+            .zip(send(con, &loads, &again, deadline, false)?)
+        {
+            out[i] = r;
+        }
+    }
+    Ok(out)
+}
+
+/// One write of `SCRIPT LOAD`s for `loads` then `requests`; the replies of `requests`.
+/// `timeout_set`: the read timeout already fits `deadline` (set just before).
+///
+/// Hand-written over `send_packed_command` / `recv_response` rather than the crate's
+/// `Pipeline::query`: that one keeps reading after a timed-out reply, each read
+/// waiting a whole timeout again, so a black-holed server would hold a batch of n
+/// calls n timeouts long. Here the first failed read ends the batch, and every read
+/// is bounded by `deadline`.
+fn send(
+    con: &mut redis::Connection,
+    loads: &[&str],
+    requests: &[&Request],
+    deadline: Instant,
+    timeout_set: bool,
+) -> redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> {
+    let mut bytes = Vec::new();
+    for code in loads {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(*code)
+            .write_packed_command(&mut bytes);
+    }
+    for r in requests {
+        r.cmd.write_packed_command(&mut bytes);
+    }
+    con.send_packed_command(&bytes)?;
+    let n = loads.len() + requests.len();
+    let mut out = Vec::with_capacity(n);
+    let mut first = timeout_set;
+    while out.len() < n {
+        if !first {
+            // Unless the caller just set it (for the first read), the time left.
+            let time = deadline
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+                })?;
+            con.set_read_timeout(Some(time))?;
+        }
+        first = false;
+        match con.recv_response()? {
+            redis::Value::Push { .. } => {}
+            redis::Value::ServerError(e) => out.push(Err(e.into())),
+            v => out.push(Ok(v)),
+        }
+    }
+    Ok(out.split_off(loads.len()))
+}
+
+/// What is done with a call's outcome, on the worker (it may queue follow-up calls).
+type Done = Box<dyn FnOnce(Result<redis::Value, Failure>, &Queue) + Send>;
+
+/// A call waiting for a worker.
+struct Call {
+    request: Request,
+    deadline: Instant,
+    /// True once nobody waits for the answer and the call need not be sent.
+    abandoned: Option<Box<dyn Fn() -> bool + Send>>,
+    done: Done,
+}
+
+#[derive(Default)]
+struct QueueState {
+    calls: VecDeque<Call>,
+    closed: bool,
+}
+
+/// The calls waiting for a worker, in order of arrival.
+pub(crate) struct Queue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+/// The most calls sent as one pipeline.
+const MAX_BATCH: usize = 256;
+
+impl Queue {
+    fn push(&self, call: Call) -> bool {
+        let mut st = lock(&self.state);
+        if st.closed {
+            return false;
+        }
+        st.calls.push_back(call);
+        drop(st);
+        self.ready.notify_one();
+        true
+    }
+
+    /// Every call queued (up to [`MAX_BATCH`]), waiting for one; None once closed and
+    /// drained.
+    fn take(&self) -> Option<Vec<Call>> {
+        let mut st = lock(&self.state);
+        loop {
+            if !st.calls.is_empty() {
+                let n = st.calls.len().min(MAX_BATCH);
+                let batch: Vec<Call> = st.calls.drain(..n).collect();
+                let more = !st.calls.is_empty();
+                drop(st);
+                if more {
+                    // Another worker takes the rest while this one is busy.
+                    self.ready.notify_one();
+                }
+                return Some(batch);
+            }
+            if st.closed {
+                return None;
+            }
+            st = self.ready.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Sends a batch of calls as one pipeline on `conn` and hands each its outcome.
+///
+/// Calls whose caller went away are dropped and calls whose deadline passed are
+/// failed, both without being sent. The batch is bounded by the earliest deadline of
+/// the calls sent (all calls get the same time, and the batch holds the calls that
+/// waited together, so this cuts the others' time by little).
+fn run_batch(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
+    let io_timeout = conn.link.io_timeout;
+    let mut calls = Vec::with_capacity(batch.len());
+    for call in batch {
+        if call.abandoned.as_ref().is_some_and(|gone| gone()) {
+            continue;
+        }
+        if left(call.deadline, io_timeout).is_none() {
+            (call.done)(Err(Failure::NotSent), queue);
+            continue;
+        }
+        calls.push(call);
+    }
+    let Some(deadline) = calls.iter().map(|c| c.deadline).min() else {
+        return;
+    };
+    let requests: Vec<&Request> = calls.iter().map(|c| &c.request).collect();
+    let replies = conn.run(deadline, |c| pipeline(c, &requests, deadline));
+    match replies {
+        Ok(replies) => {
+            for (call, reply) in calls.into_iter().zip(replies) {
+                (call.done)(reply.map_err(Failure::Redis), queue);
+            }
+        }
+        Err(f) => {
+            for call in calls {
+                (call.done)(Err(f.clone()), queue);
+            }
+        }
+    }
+}
+
+/// A fixed pool of threads, each with its own connection, taking the calls queued in
+/// order of arrival. A free worker takes every call waiting (up to [`MAX_BATCH`]) and
+/// sends them as one pipeline, so calls that arrive together share one round trip,
+/// and a slow reply holds up only the calls of its batch: the calls queued behind it
+/// go to the next free worker. The threads end when the pool is dropped.
+///
+/// Every call has the same time, and a batch ends by its earliest deadline, so a call
+/// waits for a worker at most until its own deadline, and is then failed without
+/// being sent.
+pub(crate) struct Pool {
+    queue: Arc<Queue>,
+    io_timeout: Duration,
 }
 
 /// The answer of a call on the pool (UNAVAILABLE when Redis failed). Dropping it
@@ -237,32 +452,33 @@ impl<T> Drop for Reply<T> {
     }
 }
 
+/// A reply parsed into `T` (a reply of an unexpected shape is a Redis error).
+fn parse<T: redis::FromRedisValue>(r: Result<redis::Value, Failure>) -> Result<T, Failure> {
+    r.and_then(|v| T::from_redis_value(v).map_err(|e| Failure::Redis(e.into())))
+}
+
 impl Pool {
     pub(crate) fn new(link: &Link, threads: usize) -> Self {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(Queue {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+        });
         for i in 0..threads {
-            let rx = rx.clone();
+            let queue = queue.clone();
             let mut conn = Conn::new(link.clone());
             std::thread::Builder::new()
                 .name(format!("oncely-redis-{i}"))
-                .spawn(move || loop {
-                    let job = lock(&rx).recv();
-                    match job {
-                        Ok(job) => job(&mut conn),
-                        Err(_) => return,
+                .spawn(move || {
+                    while let Some(batch) = queue.take() {
+                        run_batch(&mut conn, &queue, batch);
                     }
                 })
                 .expect("spawning an oncely-redis worker thread");
         }
         Pool {
-            tx: Mutex::new(Some(tx)),
+            queue,
             io_timeout: link.io_timeout,
         }
-    }
-
-    fn submit(&self, job: Job) -> bool {
-        lock(&self.tx).as_ref().is_some_and(|s| s.send(job).is_ok())
     }
 
     fn reply<T>(
@@ -278,97 +494,123 @@ impl Pool {
         }
     }
 
-    fn call_with<T: Send + 'static>(
+    /// Sends `request` on a worker; the future resolves with its reply. Redis errors
+    /// become UNAVAILABLE. Not sent when the caller went away before a worker took
+    /// it up.
+    pub(crate) fn call<T: redis::FromRedisValue + Send + 'static>(
         &self,
-        if_abandoned: IfAbandoned,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
-        after: impl FnOnce(&Result<T, Failure>) + Send + 'static,
+        request: Request,
     ) -> Reply<T> {
-        let deadline = Instant::now() + self.io_timeout;
         let (tx, rx) = futures_channel::oneshot::channel();
-        let job: Job = Box::new(move |conn: &mut Conn| {
-            if if_abandoned == IfAbandoned::Skip && tx.is_canceled() {
-                return;
-            }
-            let r = conn.run(deadline, f);
-            after(&r);
-            let _ = tx.send(r);
+        let tx = Arc::new(Mutex::new(Some(tx)));
+        let gone = tx.clone();
+        let sent = self.queue.push(Call {
+            request,
+            deadline: Instant::now() + self.io_timeout,
+            abandoned: Some(Box::new(move || {
+                lock(&gone).as_ref().is_none_or(|tx| tx.is_canceled())
+            })),
+            done: Box::new(move |r, _| {
+                if let Some(tx) = lock(&tx).take() {
+                    let _ = tx.send(parse::<T>(r));
+                }
+            }),
         });
-        let sent = self.submit(job);
         self.reply(sent, rx, None)
     }
 
-    /// Runs `f` on a worker; the future resolves with its result. Redis errors
-    /// become UNAVAILABLE. Not sent when the caller went away before a worker took
-    /// it up.
-    pub(crate) fn call<T: Send + 'static>(
+    /// Like [`call`](Self::call), but sent even when the caller goes away, and runs
+    /// `after` on the worker once the reply came (or the call failed), before
+    /// answering (a completion: once queued, it is never overtaken by a release
+    /// queued after it).
+    pub(crate) fn call_to_end<T: redis::FromRedisValue + Send + 'static>(
         &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        request: Request,
+        after: impl FnOnce() + Send + 'static,
     ) -> Reply<T> {
-        self.call_with(IfAbandoned::Skip, f, |_| {})
-    }
-
-    /// Like [`call`](Self::call), but runs even when the caller goes away, and runs
-    /// `after` on the worker with the result before answering (a completion: once
-    /// sent, it is never overtaken by a release queued after it).
-    pub(crate) fn call_to_end<T: Send + 'static>(
-        &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
-        after: impl FnOnce(&Result<T, Failure>) + Send + 'static,
-    ) -> Reply<T> {
-        self.call_with(IfAbandoned::Run, f, after)
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let sent = self.queue.push(Call {
+            request,
+            deadline: Instant::now() + self.io_timeout,
+            abandoned: None,
+            done: Box::new(move |r, _| {
+                let r = parse::<T>(r);
+                after();
+                let _ = tx.send(r);
+            }),
+        });
+        self.reply(sent, rx, None)
     }
 
     /// Like [`call`](Self::call), but a value nobody will read is undone: when the
-    /// caller stopped waiting (dropped the future) before the answer came, `undo` runs
-    /// on the worker with `f`'s value; when the answer came but was never read,
-    /// `undo_later` gets it when the future is dropped. A claim nobody will use is
-    /// released at once instead of blocking the key for a lease.
+    /// caller stopped waiting (dropped the future) before the answer came, the request
+    /// `undo` makes of the value (if any) is queued with the call's own deadline; when
+    /// the answer came but was never read, `undo_later` gets it when the future is
+    /// dropped. A claim nobody will use is released at once instead of blocking the
+    /// key for a lease.
     ///
-    /// When `f` fails in a way that may come after Redis ran it (its reply timed out,
-    /// or the connection broke), `undo_unknown` runs on the worker: a claim whose
+    /// When the call fails in a way that may come after Redis ran it (its reply timed
+    /// out, or the connection broke), `undo_unknown` runs on the worker: a claim whose
     /// answer was lost is released (best effort) rather than left to its lease.
-    pub(crate) fn call_or_undo<T: Send + 'static>(
+    pub(crate) fn call_or_undo<T: redis::FromRedisValue + Send + 'static>(
         &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
-        undo: impl FnOnce(&mut redis::Connection, T) -> redis::RedisResult<()> + Send + 'static,
+        request: Request,
+        undo: impl FnOnce(&T) -> Option<Request> + Send + 'static,
         undo_later: impl FnOnce(T) + Send + 'static,
         undo_unknown: impl FnOnce() + Send + 'static,
     ) -> Reply<T> {
         let deadline = Instant::now() + self.io_timeout;
         let (tx, rx) = futures_channel::oneshot::channel();
-        let job: Job = Box::new(move |conn: &mut Conn| {
-            if tx.is_canceled() {
-                return;
-            }
-            let r = conn.run(deadline, f);
-            if matches!(&r, Err(Failure::Redis(e)) if e.is_timeout() || e.is_io_error()) {
-                undo_unknown();
-            }
-            if let Err(Ok(v)) = tx.send(r) {
-                // Within the same deadline, so the jobs behind this one keep theirs;
-                // past it the claim lapses with its lease.
-                let mut undo = Some((undo, v));
-                let _ = conn.run(deadline, |c| match undo.take() {
-                    Some((undo, v)) => undo(c, v),
-                    None => Ok(()),
-                });
-            }
+        let tx = Arc::new(Mutex::new(Some(tx)));
+        let gone = tx.clone();
+        let sent = self.queue.push(Call {
+            request,
+            deadline,
+            abandoned: Some(Box::new(move || {
+                lock(&gone).as_ref().is_none_or(|tx| tx.is_canceled())
+            })),
+            done: Box::new(move |r, queue| {
+                let r = parse::<T>(r);
+                if matches!(&r, Err(Failure::Redis(e)) if e.is_timeout() || e.is_io_error()) {
+                    undo_unknown();
+                }
+                let Some(tx) = lock(&tx).take() else {
+                    return;
+                };
+                if let Err(Ok(v)) = tx.send(r) {
+                    // Within the same deadline, so the calls behind this one keep
+                    // theirs; past it the claim lapses with its lease.
+                    if let Some(request) = undo(&v) {
+                        queue.push(Call {
+                            request,
+                            deadline,
+                            abandoned: None,
+                            done: Box::new(|_, _| {}),
+                        });
+                    }
+                }
+            }),
         });
-        let sent = self.submit(job);
         self.reply(sent, rx, Some(Box::new(undo_later)))
     }
 
-    /// Runs `f` on a worker without waiting for it (release after a panic or drop).
-    pub(crate) fn spawn(
-        &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<()> + Send + 'static,
-    ) {
-        let deadline = Instant::now() + self.io_timeout;
-        let job: Job = Box::new(move |conn: &mut Conn| {
-            let _ = conn.run(deadline, f);
+    /// Sends `request` without waiting for it (a release after a panic or drop, a
+    /// wake-up).
+    pub(crate) fn spawn(&self, request: Request) {
+        self.queue.push(Call {
+            request,
+            deadline: Instant::now() + self.io_timeout,
+            abandoned: None,
+            done: Box::new(|_, _| {}),
         });
-        self.submit(job);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // The workers send what is queued, then end.
+        lock(&self.queue.state).closed = true;
+        self.queue.ready.notify_all();
     }
 }
 /// One lease being renewed.
@@ -501,42 +743,38 @@ impl Renewer {
             // One round trip for every due lease: a slow reply delays them all by one
             // I/O timeout at most, never one after the other.
             let deadline = conn.deadline();
-            let r: Result<Vec<i64>, Failure> = conn.run(deadline, |c| {
-                let mut p = redis::pipe();
-                for (_, key, token) in &due {
-                    p.invoke_script(scripts.renew.key(key).arg(token).arg(lease_ms));
-                }
-                match p.query::<Vec<i64>>(c) {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        scripts.renew.prepare_invoke().load(c)?;
-                        p.query(c)
-                    }
-                    r => r,
-                }
-            });
+            let requests: Vec<Request> = due
+                .iter()
+                .map(|(_, key, token)| scripts.renew.on(key).arg(token).arg(lease_ms))
+                .collect();
+            let requests: Vec<&Request> = requests.iter().collect();
+            let r = conn.run(deadline, |c| pipeline(c, &requests, deadline));
             let mut st = lock(&self.state);
-            match r {
-                Ok(renewed) if renewed.len() == due.len() => {
-                    for ((id, _, _), ok) in due.iter().zip(renewed) {
-                        if ok == 1 {
-                            if let Some(l) = st.leases.get_mut(id) {
-                                l.due = Instant::now() + self.period();
-                            }
-                        } else if let Some(l) = st.leases.remove(id) {
+            // Redis unreachable or failing: keep trying; when it returns in time the
+            // lease is kept, otherwise the complete script reports it lost.
+            let retry = Instant::now() + (self.period() / 4).max(Duration::from_millis(5));
+            let replies: Vec<Option<i64>> = match r {
+                Ok(replies) => replies
+                    .into_iter()
+                    .map(|r| r.ok().and_then(|v| redis::from_redis_value(v).ok()))
+                    .collect(),
+                Err(_) => vec![None; due.len()],
+            };
+            for ((id, _, _), renewed) in due.iter().zip(replies) {
+                match renewed {
+                    Some(1) => {
+                        if let Some(l) = st.leases.get_mut(id) {
+                            l.due = Instant::now() + self.period();
+                        }
+                    }
+                    Some(_) => {
+                        if let Some(l) = st.leases.remove(id) {
                             l.lost.store(true, Ordering::Release);
                         }
                     }
-                }
-                // Redis unreachable: keep trying; when it returns in time the lease is
-                // kept, otherwise the complete script reports it lost.
-                _ => {
-                    for (id, _, _) in &due {
+                    None => {
                         if let Some(l) = st.leases.get_mut(id) {
-                            l.due =
-                                Instant::now() + (self.period() / 4).max(Duration::from_millis(5));
+                            l.due = retry;
                         }
                     }
                 }
