@@ -686,9 +686,12 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     where
         F: FnOnce() -> Result<Vec<u8>, E>,
     {
-        block_on(oncely::execute(self, key, fingerprint, options, || {
-            std::future::ready(action())
-        }))
+        // This thread waits anyway: its calls go out from it (no worker hand-off).
+        threads::blocking(|| {
+            block_on(oncely::execute(self, key, fingerprint, options, || {
+                std::future::ready(action())
+            }))
+        })
     }
 }
 

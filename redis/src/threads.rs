@@ -406,6 +406,31 @@ fn run_batch(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
 pub(crate) struct Pool {
     queue: Arc<Queue>,
     io_timeout: Duration,
+    /// Connections for callers that may block their thread (see [`blocking`]), at
+    /// most one per worker; made on first use.
+    direct: Mutex<Vec<Conn>>,
+    /// Direct connections not yet made.
+    direct_left: std::sync::atomic::AtomicUsize,
+    link: Link,
+}
+
+thread_local! {
+    static MAY_BLOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread marked as one that may block on Redis: the calls it makes
+/// while no other call is queued go out from this thread on a direct connection,
+/// with no hand-off to a worker and back (two thread wake-ups saved per call). For
+/// blocking entry points only (`execute_blocking`), never inside an async task.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            MAY_BLOCK.with(|b| b.set(self.0));
+        }
+    }
+    let _reset = Reset(MAY_BLOCK.with(|b| b.replace(true)));
+    f()
 }
 
 /// The answer of a call on the pool (UNAVAILABLE when Redis failed). Dropping it
@@ -478,6 +503,9 @@ impl Pool {
         Pool {
             queue,
             io_timeout: link.io_timeout,
+            direct: Mutex::new(Vec::new()),
+            direct_left: std::sync::atomic::AtomicUsize::new(threads),
+            link: link.clone(),
         }
     }
 
@@ -504,7 +532,7 @@ impl Pool {
         let (tx, rx) = futures_channel::oneshot::channel();
         let tx = Arc::new(Mutex::new(Some(tx)));
         let gone = tx.clone();
-        let sent = self.queue.push(Call {
+        let sent = self.submit(Call {
             request,
             deadline: Instant::now() + self.io_timeout,
             abandoned: Some(Box::new(move || {
@@ -529,7 +557,7 @@ impl Pool {
         after: impl FnOnce() + Send + 'static,
     ) -> Reply<T> {
         let (tx, rx) = futures_channel::oneshot::channel();
-        let sent = self.queue.push(Call {
+        let sent = self.submit(Call {
             request,
             deadline: Instant::now() + self.io_timeout,
             abandoned: None,
@@ -563,7 +591,7 @@ impl Pool {
         let (tx, rx) = futures_channel::oneshot::channel();
         let tx = Arc::new(Mutex::new(Some(tx)));
         let gone = tx.clone();
-        let sent = self.queue.push(Call {
+        let sent = self.submit(Call {
             request,
             deadline,
             abandoned: Some(Box::new(move || {
@@ -597,12 +625,32 @@ impl Pool {
     /// Sends `request` without waiting for it (a release after a panic or drop, a
     /// wake-up).
     pub(crate) fn spawn(&self, request: Request) {
-        self.queue.push(Call {
+        self.submit(Call {
             request,
             deadline: Instant::now() + self.io_timeout,
             abandoned: None,
             done: Box::new(|_, _| {}),
         });
+    }
+
+    /// Queues `call` for the workers, or sends it at once from this thread when the
+    /// thread may block (see [`blocking`]), nothing is queued ahead of it (calls keep
+    /// their order) and a direct connection is free.
+    fn submit(&self, call: Call) -> bool {
+        if MAY_BLOCK.with(std::cell::Cell::get) && lock(&self.queue.state).calls.is_empty() {
+            let conn = lock(&self.direct).pop().or_else(|| {
+                self.direct_left
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                    .ok()
+                    .map(|_| Conn::new(self.link.clone()))
+            });
+            if let Some(mut conn) = conn {
+                run_batch(&mut conn, &self.queue, vec![call]);
+                lock(&self.direct).push(conn);
+                return true;
+            }
+        }
+        self.queue.push(call)
     }
 }
 
