@@ -71,7 +71,7 @@ use oncely::{
 
 use runtime::{PerProcess, Runtime};
 pub use scripts::RECORD_VERSION;
-use scripts::{Claim, Peek, Scripts};
+use scripts::{Claim, Got, Peek, Removal, Scripts};
 use threads::{Link, Request};
 
 /// Default lease: how long a claim lives without renewal (30 s).
@@ -154,6 +154,7 @@ struct Config {
     poll_max: Duration,
     in_progress_retry_after: Duration,
     tls_ca_file: Option<PathBuf>,
+    connect_now: bool,
 }
 
 impl fmt::Debug for Config {
@@ -245,8 +246,18 @@ impl<E> RedisStoreBuilder<E> {
         self
     }
 
-    /// Makes the store. Checks the settings and the URL, but does not connect:
-    /// an unreachable Redis shows as UNAVAILABLE on use.
+    /// Connect when the store is built: [`build`](Self::build) then opens a
+    /// connection and sends `PING` (within the connect and I/O timeouts), so a wrong
+    /// URL, password or TLS setting, or an unreachable Redis, fails at startup with
+    /// [`Error::Unavailable`] instead of at the first request. Off by default.
+    pub fn connect_now(mut self, yes: bool) -> Self {
+        self.config.connect_now = yes;
+        self
+    }
+
+    /// Makes the store. Checks the settings and the URL; does not connect unless
+    /// [`connect_now`](Self::connect_now) is set (otherwise an unreachable Redis shows
+    /// as UNAVAILABLE on use).
     pub fn build(self) -> Result<RedisStore<E>, Error> {
         let config = self.config;
         let positive = |field: &'static str, d: Duration| {
@@ -332,6 +343,9 @@ impl<E> RedisStoreBuilder<E> {
             connect_timeout: config.connect_timeout,
             io_timeout,
         };
+        if config.connect_now {
+            link.check()?;
+        }
         let runtime = {
             let (link, c) = (link.clone(), config.clone());
             PerProcess::new(move || {
@@ -398,6 +412,37 @@ pub struct RedisCounters {
     pub remote_waits: u64,
     /// Leaders that found their lease taken over when completing.
     pub leases_lost: u64,
+    /// Calls of this store that failed with [`Error::Unavailable`] (Redis unreachable,
+    /// slow or failing: claims, completions, [`get`](RedisStore::get),
+    /// [`remove`](RedisStore::remove), [`ping`](RedisStore::ping)).
+    pub unavailable: u64,
+}
+
+/// A record as stored in Redis, read by [`RedisStore::get`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisRecord {
+    /// The request fingerprint the record was claimed with.
+    pub fingerprint: String,
+    /// 1 for the first claim, +1 for each takeover.
+    pub generation: u64,
+    /// Running or done.
+    pub state: RecordState,
+}
+
+/// The state of a [`RedisRecord`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordState {
+    /// A leader holds (or held) the claim. `lease_left` is zero when its lease ran
+    /// out: the leader is gone and the next claim takes over.
+    Running {
+        /// Time left on the leader's lease (by Redis' clock).
+        lease_left: Duration,
+    },
+    /// Completed: the stored result, replayed to every later call.
+    Done {
+        /// The result bytes (see the README's result encoding).
+        value: Vec<u8>,
+    },
 }
 
 #[derive(Default)]
@@ -408,6 +453,7 @@ struct AtomicCounters {
     replays: AtomicU64,
     remote_waits: AtomicU64,
     leases_lost: AtomicU64,
+    unavailable: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -487,6 +533,7 @@ impl<E> RedisStore<E> {
                 poll_max: DEFAULT_POLL_MAX,
                 in_progress_retry_after: oncely::DEFAULT_IN_PROGRESS_RETRY_AFTER,
                 tls_ca_file: None,
+                connect_now: false,
             },
         }
     }
@@ -528,7 +575,86 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             replays: c.replays.load(Ordering::Relaxed),
             remote_waits: c.remote_waits.load(Ordering::Relaxed),
             leases_lost: c.leases_lost.load(Ordering::Relaxed),
+            unavailable: c.unavailable.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts an UNAVAILABLE answer in [`RedisCounters::unavailable`].
+    fn counted<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
+        if let Err(Error::Unavailable(_)) = &r {
+            bump(&self.inner.counters.unavailable);
+        }
+        r
+    }
+
+    /// Reads `key`'s record from Redis, for an operator (None when there is none).
+    /// Records of another format version are [`Error::Unavailable`], as in a claim.
+    pub async fn get(&self, key: &ScopedKey) -> Result<Option<RedisRecord>, Error> {
+        let rt = self.inner.runtime.get()?;
+        let record = self.inner.record_key(key);
+        let got = rt
+            .pool
+            .call::<Got>(self.inner.scripts.get.on(&record))
+            .await;
+        Ok(match self.counted(got)? {
+            Got::Absent => None,
+            Got::Version(v) => return Err(Inner::<E>::version_error(&v)),
+            Got::Record {
+                done,
+                fingerprint,
+                generation,
+                result,
+                left_ms,
+            } => Some(RedisRecord {
+                fingerprint,
+                generation,
+                state: if done {
+                    RecordState::Done { value: result }
+                } else {
+                    RecordState::Running {
+                        lease_left: Duration::from_millis(left_ms),
+                    }
+                },
+            }),
+        })
+    }
+
+    /// Deletes `key`'s record, for an operator (a bad stored result, a record in the
+    /// way): the next call runs the action again. Returns whether one was deleted.
+    ///
+    /// A running record whose lease is live is left alone (false): its leader may
+    /// still be running the action, and deleting its claim would let a second
+    /// leader run it at the same time. Once that lease runs out (the leader is gone)
+    /// the record can be removed; a leader that is only slow then finds its claim
+    /// gone when completing and stores nothing ([`Error::LeaseLost`]). Waiters on
+    /// other instances are woken and claim again. Records of another format version
+    /// are [`Error::Unavailable`] and left alone.
+    pub async fn remove(&self, key: &ScopedKey) -> Result<bool, Error> {
+        let rt = self.inner.runtime.get()?;
+        let record = self.inner.record_key(key);
+        let removed = rt
+            .pool
+            .call::<Removal>(
+                self.inner
+                    .scripts
+                    .remove
+                    .on(&record)
+                    .arg(Inner::<E>::channel(&record)),
+            )
+            .await;
+        match self.counted(removed)? {
+            Removal::Deleted => Ok(true),
+            Removal::Absent | Removal::Running => Ok(false),
+            Removal::Version(v) => Err(Inner::<E>::version_error(&v)),
+        }
+    }
+
+    /// Checks that Redis answers (a `PING` through the store's workers, within the I/O
+    /// timeout): a health check. [`Error::Unavailable`] when it does not.
+    pub async fn ping(&self) -> Result<(), Error> {
+        let rt = self.inner.runtime.get()?;
+        let pong = rt.pool.call::<String>(Request::command("PING")).await;
+        self.counted(pong).map(drop)
     }
 
     /// Looks `key` up, first in this process, then in Redis, and leads, joins or
@@ -594,7 +720,8 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 move || release_in_background(&lost_rt, &lost_scripts, lost_record, lost_token),
             )
         }
-        .await?;
+        .await;
+        let claim = self.counted(claim)?;
         bump(&inner.counters.claims);
         match claim {
             Claim::Lead { generation } => {
@@ -910,9 +1037,12 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
                     bump(&inner.counters.leases_lost);
                     Err(Error::LeaseLost)
                 }
-                Err(Error::Unavailable(m)) => Err(Error::Unavailable(format!(
-                    "{m}; the result was not stored (the claim lapses with its lease)"
-                ))),
+                Err(Error::Unavailable(m)) => {
+                    bump(&inner.counters.unavailable);
+                    Err(Error::Unavailable(format!(
+                        "{m}; the result was not stored (the claim lapses with its lease)"
+                    )))
+                }
                 Err(e) => Err(e),
             }
         }

@@ -81,6 +81,16 @@ impl Link {
     pub(crate) fn deadline(&self) -> Instant {
         Instant::now() + self.io_timeout
     }
+
+    /// Opens a connection and sends `PING`, on this thread: UNAVAILABLE when Redis
+    /// cannot be reached, refuses the credentials or does not answer in time.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        let mut conn = Conn::new(self.clone());
+        let deadline = self.deadline() + self.connect_timeout;
+        conn.run(deadline, |c| redis::cmd("PING").query::<String>(c))
+            .map(drop)
+            .map_err(|f| f.into_error(self.io_timeout))
+    }
 }
 
 /// Time left before `deadline`, if it is enough to start a command: a tenth of the
