@@ -155,7 +155,7 @@ pub(crate) struct Lua {
 }
 
 impl Lua {
-    fn new(code: &'static str) -> Self {
+    pub(crate) fn new(code: &'static str) -> Self {
         Lua {
             code,
             hash: redis::Script::new(code).get_hash().to_owned(),

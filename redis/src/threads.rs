@@ -1042,3 +1042,74 @@ enum Session {
     /// The connection or a subscription failed: back off, then reconnect.
     Failed,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scripts::Lua;
+
+    fn url() -> String {
+        match std::env::var("ONCELY_REDIS_URL") {
+            Ok(u) if !u.is_empty() => u,
+            _ => panic!("ONCELY_REDIS_URL is not set: run scripts/test-redis"),
+        }
+    }
+
+    /// One pipeline of scripts Redis does not know, plain commands and a failing
+    /// command: each request gets its own reply or error, the unknown scripts are
+    /// loaded and sent again (once), and nothing else is sent twice.
+    #[test]
+    #[ignore = "needs a Redis: run scripts/test-redis"]
+    fn a_pipeline_answers_each_request_and_resends_only_unknown_scripts() {
+        let mut con = redis::Client::open(url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let p = oncely::IdempotencyKey::random().as_str().to_owned();
+        let (a, b, s) = (format!("{p}:a"), format!("{p}:b"), format!("{p}:s"));
+        let _: () = redis::cmd("SET")
+            .arg(&s)
+            .arg("text")
+            .query(&mut con)
+            .unwrap();
+        // A fresh script text each run, so Redis cannot know it yet.
+        let code: &'static str =
+            Box::leak(format!("-- {p}\nreturn redis.call('INCR', KEYS[1])").into_boxed_str());
+        let incr = Lua::new(code);
+        let requests = [
+            incr.on(&a),
+            Request::command("INCR").arg(&b),
+            Request::command("HSET").arg(&s).arg("f").arg("v"),
+            incr.on(&a),
+            Request::command("PING"),
+        ];
+        let refs: Vec<&Request> = requests.iter().collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        con.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let out = pipeline(&mut con, &refs, deadline).unwrap();
+        assert_eq!(out.len(), 5);
+        let int = |r: &redis::RedisResult<redis::Value>| match r {
+            Ok(v) => redis::from_redis_value_ref::<i64>(v).unwrap(),
+            Err(e) => panic!("{e}"),
+        };
+        // Both script calls ran once each, after the load (1 then 2, in order).
+        assert_eq!((int(&out[0]), int(&out[3])), (1, 2));
+        assert_eq!(int(&out[1]), 1, "a plain command was sent again");
+        match &out[2] {
+            Err(e) => assert_eq!(e.code(), Some("WRONGTYPE"), "{e}"),
+            Ok(v) => panic!("expected WRONGTYPE, got {v:?}"),
+        }
+        assert!(matches!(&out[4], Ok(redis::Value::SimpleString(s)) if s == "PONG"));
+        let counts: (i64, i64) = redis::pipe()
+            .cmd("GET")
+            .arg(&a)
+            .cmd("GET")
+            .arg(&b)
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(counts, (2, 1));
+        // Known now: one pipeline, no load.
+        let out = pipeline(&mut con, &[&requests[0]], deadline).unwrap();
+        assert_eq!(int(&out[0]), 3);
+    }
+}
