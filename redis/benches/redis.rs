@@ -331,6 +331,44 @@ fn report() {
         }
     }
 
+    if part("latency") || part("throughput") {
+        // Redis' own time per command over the run so far (no network or client side):
+        // what a Lua script costs the server against a plain SET or GET.
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut raw)
+            .unwrap();
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| Redis `INFO commandstats` | calls | µs per call in Redis |"
+        );
+        let _ = writeln!(out, "|---|---|---|");
+        for line in info.lines() {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            if !["evalsha", "set", "get"].contains(&name) {
+                continue;
+            }
+            let field = |f: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f))
+                    .unwrap_or("?")
+                    .to_owned()
+            };
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {} |",
+                field("calls="),
+                field("usec_per_call=")
+            );
+        }
+    }
+
     if part("throughput") {
         // 64 threads calling at once, a new key per call; three rounds each,
         // alternating, the median round reported.
