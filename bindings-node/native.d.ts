@@ -99,6 +99,18 @@ export declare class NativeRedisStore {
    */
   cancel(id: number): void
   /**
+   * Reads `key`'s record: a Promise of `[state, fingerprint, generation, leaseLeftMs,
+   * data?]` (`data` the result record when done) or null.
+   */
+  get(key: string): Promise<[string, string, number, number, Buffer?] | null>
+  /**
+   * Deletes `key`'s record unless it is running under a live lease: a Promise of
+   * whether one was deleted.
+   */
+  remove(key: string): Promise<boolean>
+  /** Sends PING: a Promise that resolves, or rejects with UNAVAILABLE. */
+  ping(): Promise<void>
+  /**
    * Stores `data` (the result record) for every instance and gives it to this
    * process's waiters (for a "not storable" record, `value` itself). Rejects with
    * ABORTED (`lease_lost`) when the lease was taken over, UNAVAILABLE when Redis
@@ -627,6 +639,8 @@ export interface RedisStoreCounters {
    * acknowledged in time (the action ran).
    */
   completionsUnreplicated: number
+  /** Calls that failed with UNAVAILABLE (claims, completions, get, remove, ping). */
+  unavailable: number
 }
 
 /**

@@ -72,9 +72,9 @@ use oncely::{
 
 use runtime::{PerProcess, Runtime};
 pub use scripts::RECORD_VERSION;
-use scripts::{Claim, Peek, Scripts};
-use threads::Link;
-use topology::{Con, Topology};
+use scripts::{Claim, Got, Peek, Removal, Scripts};
+use threads::{Acked, Failure, Link, Request};
+use topology::Topology;
 
 /// Locks a mutex, going on after a panic elsewhere: every critical section leaves its
 /// state whole, so a poisoned lock holds nothing half-done.
@@ -352,6 +352,7 @@ struct Config {
     min_replicas: usize,
     /// `None`: half the I/O timeout.
     min_replicas_timeout: Option<Duration>,
+    connect_now: bool,
 }
 
 impl fmt::Debug for Config {
@@ -511,8 +512,18 @@ impl<E> RedisStoreBuilder<E> {
         self
     }
 
-    /// Makes the store. Checks the settings and the URL, but does not connect:
-    /// an unreachable Redis shows as UNAVAILABLE on use.
+    /// Connect when the store is built: [`build`](Self::build) then opens a
+    /// connection and sends `PING` (within the connect and I/O timeouts), so a wrong
+    /// URL, password or TLS setting, or an unreachable Redis, fails at startup with
+    /// [`Error::Unavailable`] instead of at the first request. Off by default.
+    pub fn connect_now(mut self, yes: bool) -> Self {
+        self.config.connect_now = yes;
+        self
+    }
+
+    /// Makes the store. Checks the settings and the URL; does not connect unless
+    /// [`connect_now`](Self::connect_now) is set (otherwise an unreachable Redis shows
+    /// as UNAVAILABLE on use).
     pub fn build(self) -> Result<RedisStore<E>, Error> {
         let config = self.config;
         let n = &config.naming;
@@ -613,7 +624,12 @@ impl<E> RedisStoreBuilder<E> {
             topology,
             connect_timeout: config.connect_timeout,
             io_timeout,
+            min_replicas: config.min_replicas,
+            min_replicas_timeout: config.min_replicas_timeout(),
         };
+        if config.connect_now {
+            link.check()?;
+        }
         let runtime = {
             let (link, c) = (link.clone(), config.clone());
             PerProcess::new(move || {
@@ -687,6 +703,37 @@ pub struct RedisCounters {
     /// [`min_replicas`](RedisStoreBuilder::min_replicas) acknowledged in time (the
     /// action ran; a failover now could lose the result).
     pub completions_unreplicated: u64,
+    /// Calls of this store that failed with [`Error::Unavailable`] (Redis unreachable,
+    /// slow or failing: claims, completions, [`get`](RedisStore::get),
+    /// [`remove`](RedisStore::remove), [`ping`](RedisStore::ping)).
+    pub unavailable: u64,
+}
+
+/// A record as stored in Redis, read by [`RedisStore::get`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisRecord {
+    /// The request fingerprint the record was claimed with.
+    pub fingerprint: String,
+    /// 1 for the first claim, +1 for each takeover.
+    pub generation: u64,
+    /// Running or done.
+    pub state: RecordState,
+}
+
+/// The state of a [`RedisRecord`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordState {
+    /// A leader holds (or held) the claim. `lease_left` is zero when its lease ran
+    /// out: the leader is gone and the next claim takes over.
+    Running {
+        /// Time left on the leader's lease (by Redis' clock).
+        lease_left: Duration,
+    },
+    /// Completed: the stored result, replayed to every later call.
+    Done {
+        /// The result bytes (see the README's result encoding).
+        value: Vec<u8>,
+    },
 }
 
 #[derive(Default)]
@@ -699,6 +746,7 @@ struct AtomicCounters {
     leases_lost: AtomicU64,
     claims_unreplicated: AtomicU64,
     completions_unreplicated: AtomicU64,
+    unavailable: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -736,14 +784,9 @@ impl From<i64> for Completed {
     }
 }
 
-/// Runs the release script: 1 deleted, 0 not ours (left alone).
-fn release(scripts: &Scripts, c: &mut Con, record: &str, token: &str) -> redis::RedisResult<i64> {
-    scripts
-        .release
-        .key(record)
-        .arg(token)
-        .arg(channel(record))
-        .invoke(c)
+/// The release script's call: 1 deleted, 0 not ours (left alone).
+fn release(scripts: &Scripts, record: &str, token: &str) -> Request {
+    scripts.release.on(record).arg(token).arg(channel(record))
 }
 
 /// The notification channel of a record.
@@ -761,9 +804,7 @@ fn release_in_background<E>(
     if !rt.is_current() {
         return; // a copy left by fork(): the claim stays the parent's
     }
-    let scripts = scripts.clone();
-    rt.pool
-        .spawn(move |c| release(&scripts, c, &record, &token).map(drop));
+    rt.pool.spawn(release(scripts, &record, &token));
 }
 
 fn millis(d: Duration) -> u64 {
@@ -811,6 +852,7 @@ impl<E> RedisStore<E> {
                 sentinel_master: None,
                 min_replicas: 0,
                 min_replicas_timeout: None,
+                connect_now: false,
             },
         }
     }
@@ -854,7 +896,86 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             leases_lost: c.leases_lost.load(Ordering::Relaxed),
             claims_unreplicated: c.claims_unreplicated.load(Ordering::Relaxed),
             completions_unreplicated: c.completions_unreplicated.load(Ordering::Relaxed),
+            unavailable: c.unavailable.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts an UNAVAILABLE answer in [`RedisCounters::unavailable`].
+    fn counted<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
+        if let Err(Error::Unavailable(_)) = &r {
+            bump(&self.inner.counters.unavailable);
+        }
+        r
+    }
+
+    /// Reads `key`'s record from Redis, for an operator (None when there is none).
+    /// Records of another format version are [`Error::Unavailable`], as in a claim.
+    pub async fn get(&self, key: &ScopedKey) -> Result<Option<RedisRecord>, Error> {
+        let rt = self.inner.runtime.get()?;
+        let record = self.inner.record_key(key);
+        let got = rt
+            .pool
+            .call::<Got>(self.inner.scripts.get.on(&record))
+            .await;
+        Ok(match self.counted(got)? {
+            Got::Absent => None,
+            Got::Version(v) => return Err(Inner::<E>::version_error(&v)),
+            Got::Record {
+                done,
+                fingerprint,
+                generation,
+                result,
+                left_ms,
+            } => Some(RedisRecord {
+                fingerprint,
+                generation,
+                state: if done {
+                    RecordState::Done { value: result }
+                } else {
+                    RecordState::Running {
+                        lease_left: Duration::from_millis(left_ms),
+                    }
+                },
+            }),
+        })
+    }
+
+    /// Deletes `key`'s record, for an operator (a bad stored result, a record in the
+    /// way): the next call runs the action again. Returns whether one was deleted.
+    ///
+    /// A running record whose lease is live is left alone (false): its leader may
+    /// still be running the action, and deleting its claim would let a second
+    /// leader run it at the same time. Once that lease runs out (the leader is gone)
+    /// the record can be removed; a leader that is only slow then finds its claim
+    /// gone when completing and stores nothing ([`Error::LeaseLost`]). Waiters on
+    /// other instances are woken and claim again. Records of another format version
+    /// are [`Error::Unavailable`] and left alone.
+    pub async fn remove(&self, key: &ScopedKey) -> Result<bool, Error> {
+        let rt = self.inner.runtime.get()?;
+        let record = self.inner.record_key(key);
+        let removed = rt
+            .pool
+            .call::<Removal>(
+                self.inner
+                    .scripts
+                    .remove
+                    .on(&record)
+                    .arg(Inner::<E>::channel(&record)),
+            )
+            .await;
+        match self.counted(removed)? {
+            Removal::Deleted => Ok(true),
+            Removal::Absent | Removal::Running => Ok(false),
+            Removal::Version(v) => Err(Inner::<E>::version_error(&v)),
+        }
+    }
+
+    /// Checks that Redis answers (a `PING` through the store's workers, within the I/O
+    /// timeout): a health check. [`Error::Unavailable`] when it does not.
+    pub async fn ping(&self) -> Result<(), Error> {
+        let rt = self.inner.runtime.get()?;
+        let pong = rt.pool.call::<String>(Request::command("PING")).await;
+        self.counted(pong).map(drop)
     }
 
     /// Looks `key` up, first in this process, then in Redis, and leads, joins or
@@ -878,12 +999,19 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
         let token = oncely::IdempotencyKey::random().as_str().to_owned();
         let sent = Instant::now();
         let claim = {
-            let scripts = inner.scripts.clone();
-            let (record, fp, token) = (record.clone(), fingerprint.to_owned(), token.clone());
             let lease_ms = millis(inner.config.lease);
             let ttl_ms = millis(inner.config.ttl).max(lease_ms.saturating_mul(2));
+            let request = inner
+                .scripts
+                .claim
+                .on(&record)
+                .arg(fingerprint)
+                .arg(&token)
+                .arg(lease_ms)
+                .arg(ttl_ms)
+                .replicated(scripts::claim_led);
             let (undo_scripts, undo_record, undo_token) =
-                (scripts.clone(), record.clone(), token.clone());
+                (inner.scripts.clone(), record.clone(), token.clone());
             let (later_rt, later_scripts, later_record, later_token) = (
                 rt.clone(),
                 inner.scripts.clone(),
@@ -896,41 +1024,32 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 record.clone(),
                 token.clone(),
             );
-            let (min_replicas, replicas_timeout) = (
-                inner.config.min_replicas,
-                inner.config.min_replicas_timeout(),
-            );
+            let min_replicas = inner.config.min_replicas;
+            let (wait_scripts, wait_record, wait_token) =
+                (inner.scripts.clone(), record.clone(), token.clone());
             rt.pool.call_or_undo(
-                move |c| {
-                    let claim = scripts
-                        .claim
-                        .key(&record)
-                        .arg(&fp)
-                        .arg(&token)
-                        .arg(lease_ms)
-                        .arg(ttl_ms)
-                        .invoke::<Claim>(c)?;
-                    if min_replicas == 0 || !matches!(claim, Claim::Lead { .. }) {
-                        return Ok(claim);
-                    }
-                    let acked = c.wait_replicas(&record, min_replicas, replicas_timeout)?;
-                    if acked >= min_replicas {
-                        return Ok(claim);
-                    }
-                    // Not on enough replicas: a failover now could lose it and let
-                    // another caller run the action too. Given back before anything ran.
-                    release(&scripts, c, &record, &token)?;
-                    Ok(Claim::Unreplicated {
-                        acked,
-                        wanted: min_replicas,
-                    })
+                request,
+                // A claim that led but that fewer replicas than wanted acknowledged (a
+                // failover now could lose it and let another caller run the action
+                // too) is given back before anything ran.
+                move |claim: Claim, acked: Acked| match (claim, acked) {
+                    (Claim::Lead { .. }, Some(Ok(n))) if n < min_replicas => (
+                        Ok(Claim::Unreplicated {
+                            acked: n,
+                            wanted: min_replicas,
+                        }),
+                        Some(release(&wait_scripts, &wait_record, &wait_token)),
+                    ),
+                    (Claim::Lead { .. }, Some(Err(e))) => (
+                        Err(Failure::Redis(e)),
+                        Some(release(&wait_scripts, &wait_record, &wait_token)),
+                    ),
+                    (claim, _) => (Ok(claim), None),
                 },
                 // The caller went away while claiming: release what it won.
-                move |c, claim| match claim {
-                    Claim::Lead { .. } => {
-                        release(&undo_scripts, c, &undo_record, &undo_token).map(drop)
-                    }
-                    _ => Ok(()),
+                move |claim: &Claim| match claim {
+                    Claim::Lead { .. } => Some(release(&undo_scripts, &undo_record, &undo_token)),
+                    _ => None,
                 },
                 // The caller went away after the answer came, before reading it.
                 move |claim| {
@@ -944,7 +1063,8 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 move || release_in_background(&lost_rt, &lost_scripts, lost_record, lost_token),
             )
         }
-        .await?;
+        .await;
+        let claim = self.counted(claim)?;
         bump(&inner.counters.claims);
         match claim {
             // Read after the call's deadline (this process was stopped, or the caller's
@@ -1058,9 +1178,12 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     where
         F: FnOnce() -> Result<Vec<u8>, E>,
     {
-        pollster::block_on(oncely::execute(self, key, fingerprint, options, || {
-            std::future::ready(action())
-        }))
+        // This thread waits anyway: its calls go out from it (no worker hand-off).
+        threads::blocking(|| {
+            pollster::block_on(oncely::execute(self, key, fingerprint, options, || {
+                std::future::ready(action())
+            }))
+        })
     }
 }
 
@@ -1088,13 +1211,8 @@ async fn wait_remote<E: Send + Sync + 'static>(
         .subscribe(&inner.link, Inner::<E>::channel(&record));
     if sub.needs_poke {
         let wake = rt.notifier.wake_channel().to_owned();
-        rt.pool.spawn(move |c| {
-            redis::cmd("PUBLISH")
-                .arg(&wake)
-                .arg("subscribe")
-                .query::<i64>(c)
-                .map(drop)
-        });
+        rt.pool
+            .spawn(Request::command("PUBLISH").arg(wake).arg("subscribe"));
     }
     let mut delay = inner.config.poll_min;
     loop {
@@ -1116,13 +1234,10 @@ async fn wait_remote<E: Send + Sync + 'static>(
             // A copy left by fork(): look again with this process's own runtime.
             return Joined::Abandoned;
         }
-        let peek = {
-            let scripts = inner.scripts.clone();
-            let (record, fp) = (record.clone(), fingerprint.clone());
-            rt.pool
-                .call(move |c| scripts.peek.key(&record).arg(&fp).invoke::<Peek>(c))
-        }
-        .await;
+        let peek = rt
+            .pool
+            .call::<Peek>(inner.scripts.peek.on(&record).arg(&fingerprint))
+            .await;
         match peek {
             Ok(Peek::Done(value)) => {
                 settle_local(&rt, local, &key, value.clone());
@@ -1229,39 +1344,33 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
         let local = self.local.take();
         // A copy left by fork() sends nothing: the claim stays the parent's.
         let stored = rt.is_current().then(|| {
-            let scripts = inner.scripts.clone();
-            let (record, token, v) = (self.record.clone(), self.token.clone(), value.clone());
-            let ttl_ms = millis(inner.config.ttl);
+            let request = inner
+                .scripts
+                .complete
+                .on(&self.record)
+                .arg(&self.token)
+                .arg(&value)
+                .arg(millis(inner.config.ttl))
+                .arg(Inner::<E>::channel(&self.record))
+                .replicated(scripts::completion_stored);
             let (renewer, renewal) = (rt.renewer.clone(), self.renewal);
-            let (min_replicas, replicas_timeout) = (
-                inner.config.min_replicas,
-                inner.config.min_replicas_timeout(),
-            );
+            let min_replicas = inner.config.min_replicas;
             rt.pool.call_to_end(
-                move |c| {
-                    let channel = Inner::<E>::channel(&record);
-                    let stored = scripts
-                        .complete
-                        .key(&record)
-                        .arg(&token)
-                        .arg(&v)
-                        .arg(ttl_ms)
-                        .arg(&channel)
-                        .invoke::<i64>(c)?;
-                    if stored != 1 || min_replicas == 0 {
-                        return Ok(Completed::from(stored));
-                    }
-                    // The effect happened: a WAIT that fails or falls short is reported,
-                    // the result is still the caller's.
-                    match c.wait_replicas(&record, min_replicas, replicas_timeout) {
-                        Ok(n) if n >= min_replicas => Ok(Completed::Stored),
-                        Ok(n) => Ok(Completed::Unreplicated(format!(
+                request,
+                // The effect happened: a WAIT that fails or falls short is reported,
+                // the result is still the caller's.
+                move |stored: i64, acked: Acked| match (Completed::from(stored), acked) {
+                    (Completed::Stored, Some(Ok(n))) if n < min_replicas => {
+                        Completed::Unreplicated(format!(
                             "{n} of {min_replicas} replicas acknowledged it"
-                        ))),
-                        Err(e) => Ok(Completed::Unreplicated(format!("WAIT failed: {e}"))),
+                        ))
                     }
+                    (Completed::Stored, Some(Err(e))) => {
+                        Completed::Unreplicated(format!("WAIT failed: {e}"))
+                    }
+                    (done, _) => done,
                 },
-                move |_| renewer.unregister(renewal),
+                move || renewer.unregister(renewal),
             )
         });
         let scoped = self.scoped.clone();
@@ -1296,9 +1405,12 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
                     bump(&inner.counters.leases_lost);
                     Err(Error::LeaseLost)
                 }
-                Err(Error::Unavailable(m)) => Err(Error::Unavailable(format!(
-                    "{m}; the result was not stored (the claim lapses with its lease)"
-                ))),
+                Err(Error::Unavailable(m)) => {
+                    bump(&inner.counters.unavailable);
+                    Err(Error::Unavailable(format!(
+                        "{m}; the result was not stored (the claim lapses with its lease)"
+                    )))
+                }
                 Err(e) => Err(e),
             }
         }
@@ -1315,12 +1427,10 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
         let rt = self.rt.clone();
         rt.renewer.unregister(self.renewal);
         // Released in Redis before the local waiters are woken.
-        let released = {
-            let scripts = inner.scripts.clone();
-            let (record, token) = (self.record.clone(), self.token.clone());
-            rt.pool.call(move |c| release(&scripts, c, &record, &token))
-        }
-        .await;
+        let released = rt
+            .pool
+            .call::<i64>(release(&inner.scripts, &self.record, &self.token))
+            .await;
         let _ = released; // unreachable Redis: the claim lapses with its lease
         match self.local.take() {
             Some(local) => local.fail_now(error),

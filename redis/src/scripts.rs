@@ -1,7 +1,9 @@
 //! The record transitions: one Lua script each, every one checked against the lease
 //! token. The record format is documented in the crate's README (format version 1).
 
-use redis::{ParsingError, Script, Value};
+use redis::{ParsingError, Value};
+
+use crate::threads::Request;
 
 /// The record format version this crate reads and writes.
 pub const RECORD_VERSION: &str = "1";
@@ -108,23 +110,87 @@ return 1
 "#
 );
 
-/// The compiled scripts (`EVALSHA`, loaded on first use).
+/// KEYS[1] record. → {'absent'} | {'version', v}
+///   | {state ('running' | 'done'), fingerprint, generation, result, ms of lease left}
+const GET: &str = lua!(
+    r#"
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'gen', 'result', 'deadline')
+if not r[2] then
+  if redis.call('EXISTS', KEYS[1]) == 1 then return {'version', tostring(r[1])} end
+  return {'absent'}
+end
+if r[1] ~= '1' then return {'version', tostring(r[1])} end
+local left = 0
+if r[2] == 'running' then left = math.max(tonumber(r[6]) - now, 0) end
+return {r[2], r[3] or '', tonumber(r[4]) or 0, r[5] or '', left}
+"#
+);
+
+/// KEYS[1] record; ARGV channel. → 1 removed | 0 absent | {'running', ms left} (a
+/// live lease: left alone, its leader may still be running) | {'version', v}
+/// Waiters are told, as after a release, so that one claims again at once.
+const REMOVE: &str = lua!(
+    r#"
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'deadline')
+if not r[2] then
+  if redis.call('EXISTS', KEYS[1]) == 1 then return {'version', tostring(r[1])} end
+  return 0
+end
+if r[1] ~= '1' then return {'version', tostring(r[1])} end
+if r[2] == 'running' then
+  local left = tonumber(r[3]) - now
+  if left > 0 then return {'running', left} end
+end
+redis.call('DEL', KEYS[1])
+redis.pcall('PUBLISH', ARGV[1], 'released')
+return 1
+"#
+);
+
+/// A script of one key, sent as `EVALSHA` (loaded and sent again when Redis does not
+/// know it, see [`crate::threads::pipeline`]).
+pub(crate) struct Lua {
+    code: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    pub(crate) fn new(code: &'static str) -> Self {
+        Lua {
+            code,
+            hash: redis::Script::new(code).get_hash().to_owned(),
+        }
+    }
+
+    /// A call of this script on `key`; its arguments follow with [`Request::arg`].
+    pub(crate) fn on(&self, key: &str) -> Request {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.hash).arg(1).arg(key);
+        Request::script(cmd, self.code, key)
+    }
+}
+
+/// The scripts of the record transitions.
 pub(crate) struct Scripts {
-    pub claim: Script,
-    pub peek: Script,
-    pub renew: Script,
-    pub complete: Script,
-    pub release: Script,
+    pub claim: Lua,
+    pub peek: Lua,
+    pub renew: Lua,
+    pub complete: Lua,
+    pub release: Lua,
+    pub get: Lua,
+    pub remove: Lua,
 }
 
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            claim: Script::new(CLAIM),
-            peek: Script::new(PEEK),
-            renew: Script::new(RENEW),
-            complete: Script::new(COMPLETE),
-            release: Script::new(RELEASE),
+            claim: Lua::new(CLAIM),
+            peek: Lua::new(PEEK),
+            renew: Lua::new(RENEW),
+            complete: Lua::new(COMPLETE),
+            release: Lua::new(RELEASE),
+            get: Lua::new(GET),
+            remove: Lua::new(REMOVE),
         }
     }
 }
@@ -194,6 +260,22 @@ fn text(v: Option<Value>) -> String {
         .unwrap_or_default()
 }
 
+/// Whether a claim script's reply is a lead (a write that `min_replicas` must cover).
+pub(crate) fn claim_led(v: &Value) -> bool {
+    let Value::Array(parts) = v else {
+        return false;
+    };
+    parts
+        .first()
+        .and_then(|tag| redis::from_redis_value_ref::<String>(tag).ok())
+        .is_some_and(|tag| tag == "lead")
+}
+
+/// Whether a complete script's reply says the result was stored.
+pub(crate) fn completion_stored(v: &Value) -> bool {
+    matches!(v, Value::Int(1))
+}
+
 impl redis::FromRedisValue for Claim {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let orig = format!("{v:?}");
@@ -225,5 +307,76 @@ impl redis::FromRedisValue for Peek {
             "expired" | "absent" | "mismatch" | "version" => Peek::Gone,
             _ => return Err(format!("unexpected reply from the peek script: {orig}").into()),
         })
+    }
+}
+
+/// What the get script found.
+#[derive(Debug)]
+pub(crate) enum Got {
+    Absent,
+    Version(String),
+    Record {
+        done: bool,
+        fingerprint: String,
+        generation: u64,
+        result: Vec<u8>,
+        left_ms: u64,
+    },
+}
+
+impl redis::FromRedisValue for Got {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let orig = format!("{v:?}");
+        let bad =
+            || -> ParsingError { format!("unexpected reply from the get script: {orig}").into() };
+        let Value::Array(items) = v else {
+            return Err(bad());
+        };
+        let mut items = items.into_iter();
+        let tag: String = redis::from_redis_value(items.next().unwrap_or(Value::Nil))?;
+        Ok(match (tag.as_str(), items.len()) {
+            ("absent", 0) => Got::Absent,
+            ("version", 1) => Got::Version(text(items.next())),
+            ("running" | "done", 4) => Got::Record {
+                done: tag == "done",
+                fingerprint: text(items.next()),
+                generation: int(items.next())?,
+                result: bytes(items.next())?,
+                left_ms: int(items.next())?,
+            },
+            _ => return Err(bad()),
+        })
+    }
+}
+
+/// What the remove script did.
+#[derive(Debug)]
+pub(crate) enum Removal {
+    Deleted,
+    Absent,
+    /// A live lease: left alone.
+    Running,
+    Version(String),
+}
+
+impl redis::FromRedisValue for Removal {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(1) => Ok(Removal::Deleted),
+            Value::Int(0) => Ok(Removal::Absent),
+            v => {
+                let orig = format!("{v:?}");
+                let (tag, second) = parts(v)?;
+                Ok(match tag.as_str() {
+                    "running" => Removal::Running,
+                    "version" => Removal::Version(text(second)),
+                    _ => {
+                        return Err(
+                            format!("unexpected reply from the remove script: {orig}").into()
+                        )
+                    }
+                })
+            }
+        }
     }
 }

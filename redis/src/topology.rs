@@ -5,9 +5,8 @@
 //! - A command or a script runs through [`redis::ConnectionLike`] (`Con` implements
 //!   it): on a Cluster the redis crate routes it by its key to the slot's primary and
 //!   follows MOVED / ASK (resharding, failover).
-//! - [`Con::pipeline`] runs several commands whose keys may live in different slots:
-//!   one round trip on a node; on a Cluster the redis crate's cluster pipeline, which
-//!   sends each node its share.
+//! - `threads::pipeline` runs a batch of requests on a `Con`: one round trip on a
+//!   node; one by one on a Cluster (each routed by its key).
 //! - [`Con::wait_replicas`] sends `WAIT` to the primary that holds a key (on a Cluster
 //!   `WAIT` without routing would go to every primary).
 //! - [`is_not_primary`] tells a reply from a node that is no longer the primary
@@ -178,25 +177,6 @@ impl Con {
             Con::Cluster(c) => {
                 c.set_read_timeout(Some(d))?;
                 c.set_write_timeout(Some(d))
-            }
-        }
-    }
-
-    /// Runs the commands of `pipe` and returns their replies in order. On a node,
-    /// one round trip; on a Cluster, the commands may hash to different slots, so the
-    /// cluster pipeline sends each node its share.
-    pub(crate) fn pipeline<T: redis::FromRedisValue>(
-        &mut self,
-        pipe: &redis::Pipeline,
-    ) -> RedisResult<T> {
-        match self {
-            Con::Node(c) => pipe.query(c),
-            Con::Cluster(c) => {
-                let mut cp = redis::cluster::cluster_pipe();
-                for cmd in pipe.cmd_iter() {
-                    cp.add_command(cmd.clone());
-                }
-                cp.query(c)
             }
         }
     }
