@@ -286,7 +286,10 @@ pub struct PyRedisStore {
 #[pymethods]
 impl PyRedisStore {
     #[new]
-    #[pyo3(signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=None, sentinel=None, min_replicas=None, min_replicas_timeout=None, connect=None))]
+    #[pyo3(
+        signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=None, sentinel=None, min_replicas=None, min_replicas_timeout=None, connect=None),
+        text_signature = "(url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=False, sentinel=None, min_replicas=None, min_replicas_timeout=None, connect=False)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
