@@ -18,7 +18,17 @@ use oncely_redis::RedisStore;
 
 type Store = RedisStore<std::io::Error>;
 
+/// The masters of the Redis Cluster that scripts/with-redis-cluster started, when the
+/// bench runs on one (`scripts/bench-redis` runs the throughput part there too).
+fn cluster_urls() -> Option<Vec<String>> {
+    let urls = std::env::var("ONCELY_REDIS_CLUSTER_URLS").ok()?;
+    Some(urls.split_whitespace().take(3).map(str::to_owned).collect())
+}
+
 fn url() -> String {
+    if let Some(urls) = cluster_urls() {
+        return urls[0].clone();
+    }
     std::env::var("ONCELY_REDIS_URL").unwrap_or_else(|_| {
         eprintln!("ONCELY_REDIS_URL is not set: run scripts/bench-redis");
         std::process::exit(2)
@@ -30,7 +40,15 @@ fn prefix() -> String {
 }
 
 fn store(prefix: &str) -> Store {
-    RedisStore::builder(url()).prefix(prefix).build().unwrap()
+    match cluster_urls() {
+        Some(urls) => RedisStore::builder(urls[0].clone())
+            .seeds(urls[1..].to_vec())
+            .cluster(true)
+            .prefix(prefix)
+            .build()
+            .unwrap(),
+        None => RedisStore::builder(url()).prefix(prefix).build().unwrap(),
+    }
 }
 
 fn key() -> ScopedKey {
@@ -69,7 +87,12 @@ fn oncely_blocking(s: &Store, k: &ScopedKey) {
 
 /// The naive pattern: `SET k running NX PX lease`; the winner runs and `SET`s the
 /// result; the others `GET` every `poll` until it is not `running`.
-fn naive_call(c: &mut redis::Connection, k: &str, work: Duration, poll: Duration) -> Vec<u8> {
+fn naive_call(
+    c: &mut dyn redis::ConnectionLike,
+    k: &str,
+    work: Duration,
+    poll: Duration,
+) -> Vec<u8> {
     let won: Option<String> = redis::cmd("SET")
         .arg(k)
         .arg("running")
@@ -100,11 +123,23 @@ fn naive_call(c: &mut redis::Connection, k: &str, work: Duration, poll: Duration
     }
 }
 
-fn conn() -> redis::Connection {
-    redis::Client::open(url())
-        .unwrap()
-        .get_connection()
-        .unwrap()
+/// A connection for the naive peer: to the node, or a Cluster connection (routed by
+/// key) when the bench runs on a Cluster.
+fn conn() -> Box<dyn redis::ConnectionLike + Send> {
+    match cluster_urls() {
+        Some(urls) => Box::new(
+            redis::cluster::ClusterClient::new(urls)
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        ),
+        None => Box::new(
+            redis::Client::open(url())
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        ),
+    }
 }
 
 const CALLERS: usize = 16;
@@ -112,20 +147,23 @@ const WORK: Duration = Duration::from_millis(5);
 const POLL: Duration = Duration::from_millis(5);
 
 /// One round of `CALLERS` concurrent same-key callers; returns the wall time.
-fn coalesce_round(stores: &[Store], naive: Option<&mut Vec<redis::Connection>>) -> Duration {
+fn coalesce_round(
+    stores: &[Store],
+    naive: Option<&mut Vec<Box<dyn redis::ConnectionLike + Send>>>,
+) -> Duration {
     let barrier = Arc::new(Barrier::new(CALLERS + 1));
     let k = key();
     let t;
     if let Some(conns) = naive {
         let name = format!("naive:{}", k.as_str());
-        let taken: Vec<redis::Connection> = std::mem::take(conns);
+        let taken: Vec<Box<dyn redis::ConnectionLike + Send>> = std::mem::take(conns);
         let hs: Vec<_> = taken
             .into_iter()
             .map(|mut c| {
                 let (barrier, name) = (barrier.clone(), name.clone());
                 std::thread::spawn(move || {
                     barrier.wait();
-                    naive_call(&mut c, &name, WORK, POLL);
+                    naive_call(&mut *c, &name, WORK, POLL);
                     c
                 })
             })
@@ -167,7 +205,7 @@ fn groups(c: &mut Criterion) {
     g.bench_function("naive SET NX + SET", |b| {
         b.iter(|| {
             naive_call(
-                &mut raw,
+                &mut *raw,
                 &format!("naive:{}", key().as_str()),
                 Duration::ZERO,
                 POLL,
@@ -179,13 +217,13 @@ fn groups(c: &mut Criterion) {
     let k = key();
     oncely_call(&s, &k, Duration::ZERO);
     let naive_k = format!("naive:{}", key().as_str());
-    naive_call(&mut raw, &naive_k, Duration::ZERO, POLL);
+    naive_call(&mut *raw, &naive_k, Duration::ZERO, POLL);
     let mut g = c.benchmark_group("replay");
     g.bench_function("oncely execute (claim script)", |b| {
         b.iter(|| oncely_call(&s, &k, Duration::ZERO))
     });
     g.bench_function("naive SET NX + GET", |b| {
-        b.iter(|| naive_call(&mut raw, &naive_k, Duration::ZERO, POLL))
+        b.iter(|| naive_call(&mut *raw, &naive_k, Duration::ZERO, POLL))
     });
     g.finish();
 
@@ -265,7 +303,7 @@ fn report() {
         let k = key();
         oncely_call(&s, &k, Duration::ZERO);
         let nk = format!("naive:{}", key().as_str());
-        naive_call(&mut raw, &nk, Duration::ZERO, POLL);
+        naive_call(&mut *raw, &nk, Duration::ZERO, POLL);
         let names = [
             "oncely lead, `execute_blocking`",
             "oncely lead, async `execute` (`block_on`)",
@@ -283,12 +321,12 @@ fn report() {
                     0 => oncely_blocking(&s, &new_key),
                     1 => oncely_call(&s, &new_key, Duration::ZERO),
                     2 => {
-                        naive_call(&mut raw, &naive_key, Duration::ZERO, POLL);
+                        naive_call(&mut *raw, &naive_key, Duration::ZERO, POLL);
                     }
                     3 => oncely_blocking(&s, &k),
                     4 => oncely_call(&s, &k, Duration::ZERO),
                     _ => {
-                        naive_call(&mut raw, &nk, Duration::ZERO, POLL);
+                        naive_call(&mut *raw, &nk, Duration::ZERO, POLL);
                     }
                 }
                 if i >= 200 {
@@ -336,7 +374,7 @@ fn report() {
         // what a Lua script costs the server against a plain SET or GET.
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
-            .query(&mut raw)
+            .query(&mut *raw)
             .unwrap();
         let _ = writeln!(out);
         let _ = writeln!(
@@ -374,17 +412,9 @@ fn report() {
         // alternating, the median round reported.
         const THREADS: usize = 64;
         const PER: usize = 200;
-        let url = url();
-        let conns: Arc<Vec<std::sync::Mutex<redis::Connection>>> = Arc::new(
+        let conns: Arc<Vec<std::sync::Mutex<Box<dyn redis::ConnectionLike + Send>>>> = Arc::new(
             (0..THREADS)
-                .map(|_| {
-                    std::sync::Mutex::new(
-                        redis::Client::open(url.as_str())
-                            .unwrap()
-                            .get_connection()
-                            .unwrap(),
-                    )
-                })
+                .map(|_| std::sync::Mutex::new(conn()))
                 .collect(),
         );
         let (mut ours, mut ours_blocking, mut naive) = (vec![], vec![], vec![]);
@@ -399,7 +429,7 @@ fn report() {
             naive.push(throughput(THREADS, PER, move |t| {
                 let mut c = conns[t].lock().unwrap();
                 naive_call(
-                    &mut c,
+                    &mut **c,
                     &format!("naive:{}", key().as_str()),
                     Duration::ZERO,
                     POLL,
@@ -414,7 +444,12 @@ fn report() {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| {THREADS} threads at once, new key each call (median of 3 rounds) | leads/s |"
+            "| {THREADS} threads at once, new key each call (median of 3 rounds){} | leads/s |",
+            if cluster_urls().is_some() {
+                ", Redis Cluster of 3 masters"
+            } else {
+                ", one Redis"
+            }
         );
         let _ = writeln!(out, "|---|---|");
         let _ = writeln!(
@@ -497,7 +532,10 @@ fn main() {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .configure_from_args();
-    groups(&mut c);
+    // On a Cluster only the report's throughput runs (see scripts/bench-redis).
+    if cluster_urls().is_none() {
+        groups(&mut c);
+    }
     c.final_summary();
     if std::env::var_os("ONCELY_BENCH_SKIP_REPORT").is_none() {
         report();
