@@ -771,7 +771,7 @@ impl Pool {
         undo_later: impl FnOnce(T) + Send + 'static,
         undo_unknown: impl FnOnce() + Send + 'static,
     ) -> Reply<T> {
-        let deadline = Instant::now() + self.io_timeout;
+        let (io_timeout, deadline) = (self.io_timeout, Instant::now() + self.io_timeout);
         let (tx, rx) = futures_channel::oneshot::channel();
         let tx = Arc::new(Mutex::new(Some(tx)));
         let gone = tx.clone();
@@ -786,9 +786,11 @@ impl Pool {
                     Ok(v) => {
                         let (r, first) = replicas(v, acked);
                         if let Some(request) = first {
+                            // Its own deadline: the claim's may be spent by the WAIT,
+                            // and a release left unsent would hold the key a lease.
                             queue.push(Call {
                                 request,
-                                deadline,
+                                deadline: Instant::now() + io_timeout,
                                 abandoned: None,
                                 done: Box::new(|_, _, _| {}),
                             });
