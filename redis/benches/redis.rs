@@ -369,7 +369,8 @@ fn report() {
         }
     }
 
-    if part("latency") || part("throughput") {
+    // (On a Cluster, INFO answers per node: not shown.)
+    if (part("latency") || part("throughput")) && cluster_urls().is_none() {
         // Redis' own time per command over the run so far (no network or client side):
         // what a Lua script costs the server against a plain SET or GET.
         let info: String = redis::cmd("INFO")
