@@ -382,9 +382,41 @@ export declare class IdempotencyStore {
   remove(scoped: ScopedKey): boolean
 }
 
-export interface RedisStoreOptions {
-  /** `redis://[user:password@]host:port/db`. */
-  url: string
+/** Where the Redis is: one URL, or several (`urls`). */
+export type RedisStoreAddress =
+  | {
+      /**
+       * `redis://[user:password@]host:port/db` (`rediss://` for TLS); with `cluster: true`
+       * a seed node of a Redis Cluster; with `sentinel`, a Sentinel; or
+       * `redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]`.
+       */
+      url: string
+      urls?: undefined
+    }
+  | {
+      /** Several addresses: a Cluster's seed nodes (`cluster: true`), or the Sentinels (`sentinel`). */
+      urls: string[]
+      url?: undefined
+    }
+
+export type RedisStoreOptions = RedisStoreAddress & RedisStoreSettings
+
+export interface RedisStoreSettings {
+  /**
+   * A Redis Cluster (default false): slots are learned from the seeds and followed as they
+   * move (resharding, failover).
+   */
+  cluster?: boolean
+  /** The master name the Sentinels at `url`/`urls` monitor: the store follows its failovers. */
+  sentinel?: string
+  /**
+   * Replicas that must acknowledge every claim and completion (`WAIT`; default 0). A claim
+   * they did not acknowledge is released and the call fails UNAVAILABLE before `fn` runs;
+   * a completion they did not acknowledge is counted (`completionsUnreplicated`).
+   */
+  minReplicas?: number
+  /** How long `WAIT` waits for them (default ioTimeoutMs / 2; below ioTimeoutMs). */
+  minReplicasTimeoutMs?: number
   /** How long a claim lasts without renewal (default 30_000; renewed every lease/3 while `fn` runs). */
   leaseMs?: number
   /** How long a completed result is kept (default 86_400_000, 24 h). */
@@ -412,6 +444,27 @@ export interface RedisStoreOptions {
   encode?: (value: any) => Buffer | Uint8Array | string
   /** Reads what `encode` wrote. */
   decode?: (data: any) => unknown
+  /**
+   * Connect in the constructor (default false): it opens a connection and sends PING
+   * (blocking up to the connect and I/O timeouts, once, at startup), so a wrong URL,
+   * password or TLS setting throws UNAVAILABLE there instead of at the first request.
+   * `await store.ping()` checks the same without blocking.
+   */
+  connect?: boolean
+}
+
+/** A record as stored in Redis, read by `RedisStore.get`. */
+export interface RedisRecord {
+  /** `'running'`: a leader holds (or held) the claim; `'done'`: the result is stored. */
+  state: 'running' | 'done'
+  /** The request fingerprint the record was claimed with. */
+  fingerprint: string
+  /** 1 for the first claim, +1 for each takeover. */
+  generation: number
+  /** Ms left on the leader's lease (running); 0 once it ran out (the next claim takes over). */
+  leaseLeftMs: number
+  /** The stored result record (done): `decodeResult(data, decode)` gives the value. */
+  data?: Buffer
 }
 
 /**
@@ -436,8 +489,23 @@ export declare class RedisStore {
    * FAILED_PRECONDITION (`kind: 'reentrant'`) at once.
    */
   execute<T>(scoped: ScopedKey, fingerprint: string, fn: (info: ActionInfo) => T | PromiseLike<T>, options?: ExecuteOptions): Promise<Executed<T>>
-  /** Counts since the store was made (this process's instance). */
+  /**
+   * Counts since the store was made (this process's instance): claims, leads,
+   * takeovers, replays, remoteWaits, leasesLost, unavailable (calls that failed with
+   * UNAVAILABLE).
+   */
   counters(): RedisStoreCounters
+  /** The record of `scoped` in Redis (for an operator), or null. */
+  get(scoped: ScopedKey): Promise<RedisRecord | null>
+  /**
+   * Deletes the record of `scoped` (a bad stored result, say) so that the next call runs
+   * again; resolves to whether one was deleted. A running record whose lease is live is
+   * left alone (false): its leader may still be running, and a second leader must not
+   * start meanwhile. Once its lease ran out it can be removed.
+   */
+  remove(scoped: ScopedKey): Promise<boolean>
+  /** Health check: PING within the I/O timeout; rejects with UNAVAILABLE. */
+  ping(): Promise<void>
   /** The lease of this store's claims, ms. */
   readonly leaseMs: number
   /** How long completed results are kept, ms. */

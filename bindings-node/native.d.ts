@@ -79,7 +79,8 @@ export declare class ManualClock {
 /** The shared dedup store on Redis (oncely-redis). Internal: used through `RedisStore`. */
 export declare class NativeRedisStore {
   /**
-   * `options`: `{ url, prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
+   * `options`: `{ url | urls, cluster, sentinel, minReplicas, minReplicasTimeoutMs,
+   * prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
    * inProgressRetryAfterMs }`.
    */
   constructor(options: unknown)
@@ -97,6 +98,18 @@ export declare class NativeRedisStore {
    * given back with `abandon`.
    */
   cancel(id: number): void
+  /**
+   * Reads `key`'s record: a Promise of `[state, fingerprint, generation, leaseLeftMs,
+   * data?]` (`data` the result record when done) or null.
+   */
+  get(key: string): Promise<[string, string, number, number, Buffer?] | null>
+  /**
+   * Deletes `key`'s record unless it is running under a live lease: a Promise of
+   * whether one was deleted.
+   */
+  remove(key: string): Promise<boolean>
+  /** Sends PING: a Promise that resolves, or rejects with UNAVAILABLE. */
+  ping(): Promise<void>
   /**
    * Stores `data` (the result record) for every instance and gives it to this
    * process's waiters (for a "not storable" record, `value` itself). Rejects with
@@ -616,6 +629,18 @@ export interface RedisStoreCounters {
   remoteWaits: number
   /** Leaders that found their lease taken over when completing. */
   leasesLost: number
+  /**
+   * Claims released (UNAVAILABLE) because fewer replicas than `minReplicas`
+   * acknowledged them.
+   */
+  claimsUnreplicated: number
+  /**
+   * Completions stored on the primary that fewer replicas than `minReplicas`
+   * acknowledged in time (the action ran).
+   */
+  completionsUnreplicated: number
+  /** Calls that failed with UNAVAILABLE (claims, completions, get, remove, ping). */
+  unavailable: number
 }
 
 /**

@@ -189,8 +189,10 @@ class RedisStore {
   #callers = new Map()
 
   /**
-   * `{ url, leaseMs = 30_000, ttlMs = 86_400_000, prefix = 'oncely', connectTimeoutMs = 1000,
-   * ioTimeoutMs = min(1000, leaseMs / 3), workers = 4, inProgressRetryAfterMs = 1000, encode, decode }`
+   * `{ url | urls, cluster = false, sentinel, minReplicas = 0, minReplicasTimeoutMs = ioTimeoutMs / 2,
+   * leaseMs = 30_000, ttlMs = 86_400_000, prefix = 'oncely', connectTimeoutMs = 1000,
+   * ioTimeoutMs = min(1000, leaseMs / 3), workers = 4, inProgressRetryAfterMs = 1000, encode, decode,
+   * connect = false }`
    */
   constructor(options) {
     if (options === null || typeof options !== 'object') throw mustBe('an object with a url', 'options', options)
@@ -205,7 +207,7 @@ class RedisStore {
     this.#decode = decode
     // Instances on one Redis and prefix share their records: for the re-entrancy check
     // they are one store.
-    this.#identity = `redis\n${options.url}\n${this.#native.prefix}`
+    this.#identity = `redis\n${options.url ?? options.urls.join(' ')}\n${this.#native.prefix}`
   }
 
   /**
@@ -287,9 +289,33 @@ class RedisStore {
     return signal === undefined ? done : abortable(done, signal)
   }
 
-  /** Counts since the store was made: claims, leads, takeovers, replays, remoteWaits, leasesLost. */
+  /**
+   * Counts since the store was made: claims, leads, takeovers, replays, remoteWaits,
+   * leasesLost, unavailable, claimsUnreplicated, completionsUnreplicated.
+   */
   counters() {
     return this.#native.counters()
+  }
+
+  /** The record of `scoped` in Redis: `{ state, fingerprint, generation, leaseLeftMs, data }` or null. */
+  async get(scoped) {
+    if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
+    const r = await this.#native.get(scoped)
+    if (r === null) return null
+    const record = { state: r[0], fingerprint: r[1], generation: r[2], leaseLeftMs: r[3] }
+    if (r[4] !== undefined) record.data = r[4]
+    return record
+  }
+
+  /** Deletes the record of `scoped` unless it runs under a live lease; resolves to whether one was deleted. */
+  async remove(scoped) {
+    if (typeof scoped !== 'string') throw mustBe('a scoped key (a string from scope())', 'scoped', scoped)
+    return this.#native.remove(scoped)
+  }
+
+  /** Health check: PING within the I/O timeout; rejects with UNAVAILABLE. */
+  async ping() {
+    return this.#native.ping()
   }
 
   /** The lease of this store's claims, ms. */

@@ -111,6 +111,52 @@ pub(crate) fn boolean(env: sys::napi_env, v: sys::napi_value, field: &str) -> na
     Ok(b)
 }
 
+/// A non-empty array of strings (each at most `max` bytes).
+pub(crate) fn string_array(
+    env: sys::napi_env,
+    v: sys::napi_value,
+    field: &str,
+    max: usize,
+) -> napi::Result<Vec<String>> {
+    let mut is_array = false;
+    // SAFETY: `v` is a live value of the current call.
+    unsafe { sys::napi_is_array(env, v, &mut is_array) };
+    let mut len = 0u32;
+    if is_array {
+        // SAFETY: `v` is an array.
+        unsafe { sys::napi_get_array_length(env, v, &mut len) };
+    }
+    if !is_array || len == 0 {
+        return Err(type_error(
+            env,
+            field,
+            &format!(
+                "{field} must be a non-empty array of strings, got {}",
+                if is_array {
+                    "an empty array"
+                } else {
+                    type_name(env, v)
+                }
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    for i in 0..len {
+        let mut item = ptr::null_mut();
+        // SAFETY: `i` is in bounds.
+        let status = unsafe { sys::napi_get_element(env, v, i, &mut item) };
+        if status != sys::Status::napi_ok {
+            // A getter threw: its exception is pending and propagates.
+            return Err(napi::Error::new(
+                napi::Status::PendingException,
+                "reading an array failed",
+            ));
+        }
+        out.push(string(env, item, field, max)?);
+    }
+    Ok(out)
+}
+
 /// A string argument of at most `max` UTF-8 bytes (longer ones are rejected before
 /// being copied).
 pub(crate) fn string(

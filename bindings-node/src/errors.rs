@@ -110,6 +110,8 @@ pub(crate) fn js_field(core: &str) -> &str {
         "connect_timeout" => "connectTimeoutMs",
         "io_timeout" => "ioTimeoutMs",
         "poll_interval" => "pollIntervalMs",
+        "min_replicas" => "minReplicas",
+        "min_replicas_timeout" => "minReplicasTimeoutMs",
         "idempotency_key" => "idempotencyKey",
         "business_id" => "businessId",
         "retry_after" => "retryAfter",

@@ -187,6 +187,10 @@ enum Out {
     Panicked(String),
     Error(oncely::Error),
     Done,
+    /// `get`: a record, or none.
+    Record(Option<oncely_redis::RedisRecord>),
+    /// `remove`: whether a record was deleted.
+    Bool(bool),
 }
 
 type Task = Pin<Box<dyn Future<Output = Out>>>;
@@ -376,6 +380,38 @@ impl Inner {
                     sys::napi_get_undefined(env, &mut u);
                     (true, u)
                 }
+                Out::Bool(b) => {
+                    let mut v = ptr::null_mut();
+                    sys::napi_get_boolean(env, b, &mut v);
+                    (true, v)
+                }
+                Out::Record(None) => {
+                    let mut v = ptr::null_mut();
+                    sys::napi_get_null(env, &mut v);
+                    (true, v)
+                }
+                Out::Record(Some(r)) => {
+                    // [state, fingerprint, generation, leaseLeftMs, data?]
+                    let (state, left, data) = match r.state {
+                        oncely_redis::RecordState::Running { lease_left } => {
+                            ("running", lease_left.as_secs_f64() * 1000.0, None)
+                        }
+                        oncely_redis::RecordState::Done { value } => ("done", 0.0, Some(value)),
+                    };
+                    let mut arr = ptr::null_mut();
+                    sys::napi_create_array_with_length(env, 5, &mut arr);
+                    sys::napi_set_element(env, arr, 0, string(env, state));
+                    sys::napi_set_element(env, arr, 1, string(env, &r.fingerprint));
+                    let (mut generation, mut ms) = (ptr::null_mut(), ptr::null_mut());
+                    sys::napi_create_double(env, r.generation as f64, &mut generation);
+                    sys::napi_set_element(env, arr, 2, generation);
+                    sys::napi_create_double(env, left, &mut ms);
+                    sys::napi_set_element(env, arr, 3, ms);
+                    if let Some(d) = data {
+                        sys::napi_set_element(env, arr, 4, buffer(env, &d));
+                    }
+                    (true, arr)
+                }
             };
             if ok {
                 sys::napi_resolve_deferred(env, deferred, v);
@@ -543,6 +579,14 @@ pub struct RedisStoreCounters {
     pub remote_waits: f64,
     /// Leaders that found their lease taken over when completing.
     pub leases_lost: f64,
+    /// Claims released (UNAVAILABLE) because fewer replicas than `minReplicas`
+    /// acknowledged them.
+    pub claims_unreplicated: f64,
+    /// Completions stored on the primary that fewer replicas than `minReplicas`
+    /// acknowledged in time (the action ran).
+    pub completions_unreplicated: f64,
+    /// Calls that failed with UNAVAILABLE (claims, completions, get, remove, ping).
+    pub unavailable: f64,
 }
 
 /// The shared dedup store on Redis (oncely-redis). Internal: used through `RedisStore`.
@@ -553,7 +597,8 @@ pub struct NativeRedisStore {
 
 #[napi]
 impl NativeRedisStore {
-    /// `options`: `{ url, prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
+    /// `options`: `{ url | urls, cluster, sentinel, minReplicas, minReplicasTimeoutMs,
+    /// prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
     /// inProgressRetryAfterMs }`.
     #[napi(constructor, ts_args_type = "options: unknown")]
     pub fn new(env: &Env, options: Unknown<'_>) -> Result<Self> {
@@ -571,6 +616,11 @@ impl NativeRedisStore {
             "RedisStore",
             &[
                 "url",
+                "urls",
+                "cluster",
+                "sentinel",
+                "minReplicas",
+                "minReplicasTimeoutMs",
                 "prefix",
                 "leaseMs",
                 "ttlMs",
@@ -578,14 +628,24 @@ impl NativeRedisStore {
                 "ioTimeoutMs",
                 "workers",
                 "inProgressRetryAfterMs",
+                "connect",
                 // The user codec: used by index.js.
                 "encode",
                 "decode",
             ],
         )?;
-        let url = match o.get(c"url")? {
-            Some(v) => convert::string(raw, v, "url", 4096)?,
-            None => {
+        // One URL, or several (`urls`: a Cluster's seeds, or Sentinels).
+        let urls = match (o.get(c"url")?, o.get(c"urls")?) {
+            (Some(v), None) => vec![convert::string(raw, v, "url", 4096)?],
+            (None, Some(v)) => convert::string_array(raw, v, "urls", 4096)?,
+            (Some(_), Some(_)) => {
+                return Err(errors::type_error(
+                    raw,
+                    "urls",
+                    "give url or urls, not both",
+                ))
+            }
+            (None, None) => {
                 return Err(errors::type_error(
                     raw,
                     "url",
@@ -593,7 +653,21 @@ impl NativeRedisStore {
                 ))
             }
         };
-        let mut b = Store::builder(url).naming(errors::NAMING);
+        let mut b = Store::builder(urls[0].clone())
+            .seeds(urls[1..].to_vec())
+            .naming(errors::NAMING);
+        if let Some(on) = o.boolean(c"cluster")? {
+            b = b.cluster(on);
+        }
+        if let Some(v) = o.get(c"sentinel")? {
+            b = b.sentinel(convert::string(raw, v, "sentinel", SHORT_STRING_MAX)?);
+        }
+        if let Some(n) = o.integer(c"minReplicas", 0.0, 1024.0)? {
+            b = b.min_replicas(n as usize);
+        }
+        if let Some(d) = o.millis(c"minReplicasTimeoutMs", "min_replicas_timeout")? {
+            b = b.min_replicas_timeout(d);
+        }
         if let Some(v) = o.get(c"prefix")? {
             b = b.prefix(convert::string(raw, v, "prefix", SHORT_STRING_MAX)?);
         }
@@ -614,6 +688,9 @@ impl NativeRedisStore {
         }
         if let Some(d) = o.millis(c"inProgressRetryAfterMs", "in_progress_retry_after")? {
             b = b.in_progress_retry_after(d);
+        }
+        if let Some(yes) = o.boolean(c"connect")? {
+            b = b.connect_now(yes);
         }
         let store = b.build().or_throw(raw)?;
         let hub = Hub::new();
@@ -725,6 +802,75 @@ impl NativeRedisStore {
         }
     }
 
+    /// Reads `key`'s record: a Promise of `[state, fingerprint, generation, leaseLeftMs,
+    /// data?]` (`data` the result record when done) or null.
+    #[napi(
+        ts_args_type = "key: string",
+        ts_return_type = "Promise<[string, string, number, number, Buffer?] | null>"
+    )]
+    pub fn get<'env>(&self, env: &'env Env, key: Unknown<'_>) -> Result<Unknown<'env>> {
+        let raw = env.raw();
+        let key = convert::with_str(
+            raw,
+            key.raw(),
+            "scoped",
+            SHORT_STRING_MAX,
+            oncely::ScopedKey::parse,
+        )?
+        .or_throw(raw)?;
+        let store = self.inner.store.clone();
+        let fut: Task = Box::pin(async move {
+            match store.get(&key).await {
+                Ok(r) => Out::Record(r),
+                Err(e) => Out::Error(e),
+            }
+        });
+        let (promise, _) = self.inner.spawn(raw, fut)?;
+        // SAFETY: a value of `raw`, on the JS thread.
+        Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
+    }
+
+    /// Deletes `key`'s record unless it is running under a live lease: a Promise of
+    /// whether one was deleted.
+    #[napi(ts_args_type = "key: string", ts_return_type = "Promise<boolean>")]
+    pub fn remove<'env>(&self, env: &'env Env, key: Unknown<'_>) -> Result<Unknown<'env>> {
+        let raw = env.raw();
+        let key = convert::with_str(
+            raw,
+            key.raw(),
+            "scoped",
+            SHORT_STRING_MAX,
+            oncely::ScopedKey::parse,
+        )?
+        .or_throw(raw)?;
+        let store = self.inner.store.clone();
+        let fut: Task = Box::pin(async move {
+            match store.remove(&key).await {
+                Ok(b) => Out::Bool(b),
+                Err(e) => Out::Error(e),
+            }
+        });
+        let (promise, _) = self.inner.spawn(raw, fut)?;
+        // SAFETY: a value of `raw`, on the JS thread.
+        Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
+    }
+
+    /// Sends PING: a Promise that resolves, or rejects with UNAVAILABLE.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn ping<'env>(&self, env: &'env Env) -> Result<Unknown<'env>> {
+        let raw = env.raw();
+        let store = self.inner.store.clone();
+        let fut: Task = Box::pin(async move {
+            match store.ping().await {
+                Ok(()) => Out::Done,
+                Err(e) => Out::Error(e),
+            }
+        });
+        let (promise, _) = self.inner.spawn(raw, fut)?;
+        // SAFETY: a value of `raw`, on the JS thread.
+        Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
+    }
+
     /// Stores `data` (the result record) for every instance and gives it to this
     /// process's waiters (for a "not storable" record, `value` itself). Rejects with
     /// ABORTED (`lease_lost`) when the lease was taken over, UNAVAILABLE when Redis
@@ -819,6 +965,9 @@ impl NativeRedisStore {
             replays: c.replays as f64,
             remote_waits: c.remote_waits as f64,
             leases_lost: c.leases_lost as f64,
+            claims_unreplicated: c.claims_unreplicated as f64,
+            completions_unreplicated: c.completions_unreplicated as f64,
+            unavailable: c.unavailable as f64,
         }
     }
 

@@ -773,3 +773,73 @@ test('cross-language: a Python (ASGI, uvicorn) server and a Node (Express) serve
     fs.rmSync(effects, { force: true })
   }
 })
+
+// Operability: get / remove by scoped key, ping, connect at construction, counters
+
+function closedPortUrl() {
+  return new Promise((resolve) => {
+    const srv = net.createServer()
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address()
+      srv.close(() => resolve(`redis://127.0.0.1:${port}`))
+    })
+  })
+}
+
+test('connect: true fails a closed port in the constructor; ping and get report UNAVAILABLE', async () => {
+  const bad = await closedPortUrl()
+  assert.throws(
+    () => new RedisStore({ url: bad, connect: true, connectTimeoutMs: 500, ioTimeoutMs: 500 }),
+    (e) => e.code === 'UNAVAILABLE',
+  )
+  const lazy = new RedisStore({ url: bad, connectTimeoutMs: 500, ioTimeoutMs: 500 })
+  await assert.rejects(lazy.ping(), (e) => e.code === 'UNAVAILABLE')
+  await assert.rejects(lazy.get(key()), (e) => e.code === 'UNAVAILABLE')
+  assert.equal(lazy.counters().unavailable, 2)
+})
+
+test('get, remove and ping on a record by its scoped key', needsRedis, async () => {
+  new RedisStore({ url: URL, connect: true })
+  const s = store()
+  await s.ping()
+  const k = key()
+  assert.equal(await s.get(k), null)
+  assert.equal(await s.remove(k), false)
+  await s.execute(k, fp, () => ({ bad: true }))
+  const rec = await s.get(k)
+  assert.equal(rec.state, 'done')
+  assert.equal(rec.fingerprint, fp)
+  assert.equal(rec.generation, 1)
+  assert.equal(rec.leaseLeftMs, 0)
+  assert.deepEqual(decodeResult(rec.data), { bad: true })
+  assert.equal(await s.remove(k), true)
+  assert.equal(await s.get(k), null)
+  const again = await s.execute(k, fp, () => ({ good: true }))
+  assert.deepEqual([again.value, again.source], [{ good: true }, 'led'])
+  const c = s.counters()
+  assert.deepEqual([c.claims, c.leads, c.unavailable], [2, 2, 0])
+})
+
+test('a running record with a live lease is not removed', needsRedis, async () => {
+  const pfx = prefix()
+  const a = new RedisStore({ url: URL, prefix: pfx })
+  const b = new RedisStore({ url: URL, prefix: pfx })
+  const k = key()
+  const started = deferred()
+  const release = deferred()
+  const first = a.execute(k, fp, async () => {
+    started.resolve()
+    await release.promise
+    return 'first'
+  })
+  await started.promise
+  const rec = await b.get(k)
+  assert.equal(rec.state, 'running')
+  assert.equal(rec.data, undefined)
+  assert.ok(rec.leaseLeftMs > 0 && rec.leaseLeftMs <= a.leaseMs, String(rec.leaseLeftMs))
+  assert.equal(await b.remove(k), false)
+  await assert.rejects(b.execute(k, fp, () => 'second', { wait: false }), (e) => e.code === 'ABORTED')
+  release.resolve()
+  assert.equal((await first).value, 'first')
+  assert.equal((await b.execute(k, fp, () => 'third')).value, 'first')
+})

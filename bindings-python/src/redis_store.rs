@@ -27,7 +27,7 @@ use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 
 use oncely::{Begin, Error, ExecuteOptions, Joined, LeaderLease, ScopedKey};
 use oncely_redis::codec::{self, StoredResult};
-use oncely_redis::{RedisJoin, RedisStore};
+use oncely_redis::{RecordState, RedisJoin, RedisStore};
 
 use crate::convert::{int_in, opt_seconds};
 use crate::errors::{to_py, to_py_value, IntoPyResult};
@@ -286,7 +286,10 @@ pub struct PyRedisStore {
 #[pymethods]
 impl PyRedisStore {
     #[new]
-    #[pyo3(signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None))]
+    #[pyo3(
+        signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=None, sentinel=None, min_replicas=None, min_replicas_timeout=None, connect=None),
+        text_signature = "(url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=False, sentinel=None, min_replicas=None, min_replicas_timeout=None, connect=False)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -300,6 +303,11 @@ impl PyRedisStore {
         in_progress_retry_after: Option<&Bound<'_, PyAny>>,
         dumps: Option<Bound<'_, PyAny>>,
         loads: Option<Bound<'_, PyAny>>,
+        cluster: Option<&Bound<'_, PyAny>>,
+        sentinel: Option<&Bound<'_, PyAny>>,
+        min_replicas: Option<&Bound<'_, PyAny>>,
+        min_replicas_timeout: Option<&Bound<'_, PyAny>>,
+        connect: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let callable = |field: &'static str, f: Option<Bound<'_, PyAny>>| -> PyResult<_> {
             match f.filter(|f| !f.is_none()) {
@@ -317,8 +325,33 @@ impl PyRedisStore {
                 "dumps and loads go together: give both or neither",
             ));
         }
-        let mut b =
-            Store::builder(crate::errors::text(url, "url")?).naming(oncely::Naming::SECONDS);
+        // One URL, or several (a Cluster's seeds, or Sentinels): the first is the URL.
+        let urls: Vec<String> = match url.extract::<String>() {
+            Ok(u) => vec![u],
+            Err(_) => match url.extract::<Vec<String>>() {
+                Ok(us) if !us.is_empty() => us,
+                _ => {
+                    return Err(crate::errors::wrong_type(
+                        "url",
+                        "a str or a non-empty list of str",
+                        url,
+                    ))
+                }
+            },
+        };
+        let mut b = Store::builder(urls[0].clone())
+            .seeds(urls[1..].to_vec())
+            .naming(oncely::Naming::SECONDS)
+            .cluster(crate::errors::flag(cluster, "cluster", false)?);
+        if let Some(master) = sentinel.filter(|s| !s.is_none()) {
+            b = b.sentinel(crate::errors::text(master, "sentinel")?);
+        }
+        if let Some(n) = min_replicas.filter(|n| !n.is_none()) {
+            b = b.min_replicas(int_in(py, "min_replicas", n, 0, 1024)? as usize);
+        }
+        if let Some(d) = opt_seconds(py, "min_replicas_timeout", min_replicas_timeout)? {
+            b = b.min_replicas_timeout(d);
+        }
         if let Some(d) = opt_seconds(py, "lease", lease)? {
             b = b.lease(d);
         }
@@ -340,8 +373,11 @@ impl PyRedisStore {
         if let Some(d) = opt_seconds(py, "in_progress_retry_after", in_progress_retry_after)? {
             b = b.in_progress_retry_after(d);
         }
+        let b = b.connect_now(crate::errors::flag(connect, "connect", false)?);
+        // Connecting (connect=True) waits up to the connect and I/O timeouts.
+        let built = py.detach(move || b.build());
         Ok(PyRedisStore {
-            inner: b.build().py(py)?,
+            inner: built.py(py)?,
             dumps,
             loads: loads.map(Arc::new),
             parked: Parked::default(),
@@ -457,7 +493,78 @@ impl PyRedisStore {
         d.set_item("replays", c.replays)?;
         d.set_item("remote_waits", c.remote_waits)?;
         d.set_item("leases_lost", c.leases_lost)?;
+        d.set_item("claims_unreplicated", c.claims_unreplicated)?;
+        d.set_item("completions_unreplicated", c.completions_unreplicated)?;
+        d.set_item("unavailable", c.unavailable)?;
         Ok(d)
+    }
+
+    /// Reads `scoped`'s record: the pending's outcome is None (no record), a tuple
+    /// `(state, fingerprint, generation, lease_left_seconds, data)` (`state` is
+    /// "running" or "done"; `data` the result record's bytes when done, else None) or
+    /// an exception object (store error).
+    #[pyo3(name = "_get")]
+    fn get(&self, scoped: &Bound<'_, PyAny>) -> PyResult<RedisPending> {
+        let key = scoped_key(scoped)?.inner.clone();
+        let store = self.inner.clone();
+        let future = async move {
+            let deliver: Deliver = match store.get(&key).await {
+                Err(e) => error_value(e),
+                Ok(None) => Box::new(|py| py.None()),
+                Ok(Some(r)) => Box::new(move |py| {
+                    let (state, left, data) = match r.state {
+                        RecordState::Running { lease_left } => {
+                            ("running", lease_left.as_secs_f64(), None)
+                        }
+                        RecordState::Done { value } => ("done", 0.0, Some(value)),
+                    };
+                    let data = data.map(|d| PyBytes::new(py, &d).into_any().unbind());
+                    match (state, r.fingerprint, r.generation, left, data).into_pyobject(py) {
+                        Ok(t) => t.into_any().unbind(),
+                        Err(e) => e.into_value(py).into_any(),
+                    }
+                }),
+            };
+            deliver
+        };
+        Ok(RedisPending::new(Box::pin(future)))
+    }
+
+    /// Deletes `scoped`'s record (not a running one whose lease is live): the
+    /// pending's outcome is True (deleted), False (none, or running) or an exception
+    /// object (store error).
+    #[pyo3(name = "_remove")]
+    fn remove(&self, scoped: &Bound<'_, PyAny>) -> PyResult<RedisPending> {
+        let key = scoped_key(scoped)?.inner.clone();
+        let store = self.inner.clone();
+        let future = async move {
+            let deliver: Deliver = match store.remove(&key).await {
+                Err(e) => error_value(e),
+                Ok(removed) => Box::new(move |py| {
+                    pyo3::types::PyBool::new(py, removed)
+                        .to_owned()
+                        .into_any()
+                        .unbind()
+                }),
+            };
+            deliver
+        };
+        Ok(RedisPending::new(Box::pin(future)))
+    }
+
+    /// Sends `PING`: the pending's outcome is None, or an exception object
+    /// (`StoreUnavailableError`).
+    #[pyo3(name = "_ping")]
+    fn ping(&self) -> RedisPending {
+        let store = self.inner.clone();
+        let future = async move {
+            let deliver: Deliver = match store.ping().await {
+                Err(e) => error_value(e),
+                Ok(()) => Box::new(|py| py.None()),
+            };
+            deliver
+        };
+        RedisPending::new(Box::pin(future))
     }
 }
 

@@ -880,3 +880,72 @@ def test_event_loops_in_several_threads_and_instances_share_one_run() -> None:
     for n, k in seen:
         by_key.setdefault(k, set()).add(n)
     assert all(len(ns) == 1 for ns in by_key.values())  # every caller got the one result
+
+
+# ---------------------------------------------------------------------------------------
+# Operability: get / remove by scoped key, ping, connect at construction, counters
+# ---------------------------------------------------------------------------------------
+
+
+def test_connect_fails_a_closed_port_at_construction() -> None:
+    bad = closed_port_url()
+    with pytest.raises(StoreUnavailableError):
+        RedisStore(bad, connect=True, connect_timeout=0.5, io_timeout=0.5)
+    lazy = RedisStore(bad, connect_timeout=0.5, io_timeout=0.5)
+    with pytest.raises(StoreUnavailableError):
+        lazy.ping_sync()
+    with pytest.raises(StoreUnavailableError):
+        lazy.get_sync(key())
+    assert lazy.counters()["unavailable"] == 2
+
+
+@needs_redis
+async def test_get_remove_ping_and_counters() -> None:
+    assert URL
+    RedisStore(URL, connect=True)
+    pfx = prefix()
+    s = store(pfx)
+    await s.ping()
+    s.ping_sync()
+    k = key()
+    assert await s.get(k) is None
+    assert await s.remove(k) is False
+    await s.execute(k, FP, lambda: {"bad": True})
+    rec = await s.get(k)
+    assert rec is not None
+    assert (rec.state, rec.fingerprint, rec.generation, rec.lease_left) == ("done", FP, 1, 0.0)
+    assert rec.data is not None and decode_result(rec.data) == {"bad": True}
+    assert s.get_sync(k) == rec
+    assert await s.remove(k) is True
+    assert await s.get(k) is None
+    done = await s.execute(k, FP, lambda: {"good": True})
+    assert (done.value, done.source) == ({"good": True}, "led")
+    assert s.remove_sync(k) is True
+    counters = s.counters()
+    assert counters["claims"] == 2 and counters["leads"] == 2
+    assert counters["unavailable"] == 0
+
+
+@needs_redis
+async def test_a_running_record_with_a_live_lease_is_not_removed() -> None:
+    pfx = prefix()
+    s, other = store(pfx), store(pfx)
+    k = key()
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await release.wait()
+        return "first"
+
+    task = asyncio.create_task(s.execute(k, FP, slow))
+    await asyncio.wait_for(started.wait(), 10)
+    rec = await other.get(k)
+    assert rec is not None and rec.state == "running" and rec.data is None
+    assert 0 < rec.lease_left <= s.lease
+    assert await other.remove(k) is False
+    with pytest.raises(InProgressError):
+        await other.execute(k, FP, lambda: "second", wait=False)
+    release.set()
+    assert (await task).value == "first"
+    assert (await other.execute(k, FP, lambda: "third")).value == "first"

@@ -13,12 +13,22 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use futures::executor::block_on;
-use oncely::{IdempotencyKey, ScopedKey};
+use oncely::{ExecuteOptions, IdempotencyKey, ScopedKey};
 use oncely_redis::RedisStore;
 
 type Store = RedisStore<std::io::Error>;
 
+/// The masters of the Redis Cluster that scripts/with-redis-cluster started, when the
+/// bench runs on one (`scripts/bench-redis` runs the throughput part there too).
+fn cluster_urls() -> Option<Vec<String>> {
+    let urls = std::env::var("ONCELY_REDIS_CLUSTER_URLS").ok()?;
+    Some(urls.split_whitespace().take(3).map(str::to_owned).collect())
+}
+
 fn url() -> String {
+    if let Some(urls) = cluster_urls() {
+        return urls[0].clone();
+    }
     std::env::var("ONCELY_REDIS_URL").unwrap_or_else(|_| {
         eprintln!("ONCELY_REDIS_URL is not set: run scripts/bench-redis");
         std::process::exit(2)
@@ -30,7 +40,15 @@ fn prefix() -> String {
 }
 
 fn store(prefix: &str) -> Store {
-    RedisStore::builder(url()).prefix(prefix).build().unwrap()
+    match cluster_urls() {
+        Some(urls) => RedisStore::builder(urls[0].clone())
+            .seeds(urls[1..].to_vec())
+            .cluster(true)
+            .prefix(prefix)
+            .build()
+            .unwrap(),
+        None => RedisStore::builder(url()).prefix(prefix).build().unwrap(),
+    }
 }
 
 fn key() -> ScopedKey {
@@ -58,9 +76,23 @@ fn oncely_call(s: &Store, k: &ScopedKey, work: Duration) {
     );
 }
 
+/// `execute_blocking`: the caller's thread sends its own calls (what a
+/// thread-per-request server, or the naive pattern, does).
+fn oncely_blocking(s: &Store, k: &ScopedKey) {
+    black_box(
+        s.execute_blocking(k, FP, ExecuteOptions::default(), || Ok(RESULT.to_vec()))
+            .unwrap(),
+    );
+}
+
 /// The naive pattern: `SET k running NX PX lease`; the winner runs and `SET`s the
 /// result; the others `GET` every `poll` until it is not `running`.
-fn naive_call(c: &mut redis::Connection, k: &str, work: Duration, poll: Duration) -> Vec<u8> {
+fn naive_call(
+    c: &mut dyn redis::ConnectionLike,
+    k: &str,
+    work: Duration,
+    poll: Duration,
+) -> Vec<u8> {
     let won: Option<String> = redis::cmd("SET")
         .arg(k)
         .arg("running")
@@ -91,11 +123,23 @@ fn naive_call(c: &mut redis::Connection, k: &str, work: Duration, poll: Duration
     }
 }
 
-fn conn() -> redis::Connection {
-    redis::Client::open(url())
-        .unwrap()
-        .get_connection()
-        .unwrap()
+/// A connection for the naive peer: to the node, or a Cluster connection (routed by
+/// key) when the bench runs on a Cluster.
+fn conn() -> Box<dyn redis::ConnectionLike + Send> {
+    match cluster_urls() {
+        Some(urls) => Box::new(
+            redis::cluster::ClusterClient::new(urls)
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        ),
+        None => Box::new(
+            redis::Client::open(url())
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        ),
+    }
 }
 
 const CALLERS: usize = 16;
@@ -103,20 +147,23 @@ const WORK: Duration = Duration::from_millis(5);
 const POLL: Duration = Duration::from_millis(5);
 
 /// One round of `CALLERS` concurrent same-key callers; returns the wall time.
-fn coalesce_round(stores: &[Store], naive: Option<&mut Vec<redis::Connection>>) -> Duration {
+fn coalesce_round(
+    stores: &[Store],
+    naive: Option<&mut Vec<Box<dyn redis::ConnectionLike + Send>>>,
+) -> Duration {
     let barrier = Arc::new(Barrier::new(CALLERS + 1));
     let k = key();
     let t;
     if let Some(conns) = naive {
         let name = format!("naive:{}", k.as_str());
-        let taken: Vec<redis::Connection> = std::mem::take(conns);
+        let taken: Vec<Box<dyn redis::ConnectionLike + Send>> = std::mem::take(conns);
         let hs: Vec<_> = taken
             .into_iter()
             .map(|mut c| {
                 let (barrier, name) = (barrier.clone(), name.clone());
                 std::thread::spawn(move || {
                     barrier.wait();
-                    naive_call(&mut c, &name, WORK, POLL);
+                    naive_call(&mut *c, &name, WORK, POLL);
                     c
                 })
             })
@@ -158,7 +205,7 @@ fn groups(c: &mut Criterion) {
     g.bench_function("naive SET NX + SET", |b| {
         b.iter(|| {
             naive_call(
-                &mut raw,
+                &mut *raw,
                 &format!("naive:{}", key().as_str()),
                 Duration::ZERO,
                 POLL,
@@ -170,13 +217,13 @@ fn groups(c: &mut Criterion) {
     let k = key();
     oncely_call(&s, &k, Duration::ZERO);
     let naive_k = format!("naive:{}", key().as_str());
-    naive_call(&mut raw, &naive_k, Duration::ZERO, POLL);
+    naive_call(&mut *raw, &naive_k, Duration::ZERO, POLL);
     let mut g = c.benchmark_group("replay");
     g.bench_function("oncely execute (claim script)", |b| {
         b.iter(|| oncely_call(&s, &k, Duration::ZERO))
     });
     g.bench_function("naive SET NX + GET", |b| {
-        b.iter(|| naive_call(&mut raw, &naive_k, Duration::ZERO, POLL))
+        b.iter(|| naive_call(&mut *raw, &naive_k, Duration::ZERO, POLL))
     });
     g.finish();
 
@@ -230,95 +277,209 @@ fn throughput(threads: usize, per: usize, f: impl Fn(usize) + Send + Sync + 'sta
     (threads * per) as f64 / t.elapsed().as_secs_f64()
 }
 
+/// Whether the report part `name` runs: `ONCELY_BENCH_PARTS` is a comma list of
+/// `latency`, `throughput`, `bursts` (default: all).
+fn part(name: &str) -> bool {
+    std::env::var("ONCELY_BENCH_PARTS").map_or(true, |v| v.split(',').any(|p| p.trim() == name))
+}
+
+/// Latency targets of the report: oncely ≤ 1.5× the naive peer at p50, ≤ 2× at p99.
+fn verdict(ratio: f64, target: f64) -> String {
+    format!(
+        "{ratio:.2}× (≤ {target}×: {})",
+        if ratio <= target { "met" } else { "MISSED" }
+    )
+}
+
 fn report() {
-    const N: usize = 2000;
     let p = prefix();
     let s = store(&p);
     let mut raw = conn();
-    let mut rows: Vec<(String, [Duration; 4])> = Vec::new();
-    let mut time = |name: &str, f: &mut dyn FnMut()| {
-        for _ in 0..100 {
-            f();
-        }
-        let v = (0..N)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed()
-            })
-            .collect();
-        rows.push((name.to_owned(), percentiles(v)));
-    };
-    time("oncely lead (claim + complete)", &mut || oncely_lead(&s));
-    time("naive lead (SET NX + SET)", &mut || {
-        naive_call(
-            &mut raw,
-            &format!("naive:{}", key().as_str()),
-            Duration::ZERO,
-            POLL,
-        );
-    });
-    let k = key();
-    oncely_call(&s, &k, Duration::ZERO);
-    time("oncely replay (claim script)", &mut || {
-        oncely_call(&s, &k, Duration::ZERO)
-    });
-    let nk = format!("naive:{}", key().as_str());
-    naive_call(&mut raw, &nk, Duration::ZERO, POLL);
-    time("naive replay (SET NX + GET)", &mut || {
-        naive_call(&mut raw, &nk, Duration::ZERO, POLL);
-    });
-
     let mut out = String::new();
-    let _ = writeln!(out, "| single caller, loopback | p50 | p90 | p99 | max |");
-    let _ = writeln!(out, "|---|---|---|---|---|");
-    for (name, [a, b, c, d]) in &rows {
+
+    if part("latency") {
+        // oncely and the naive peer alternate call by call, so both see the same load.
+        const N: usize = 3000;
+        let k = key();
+        oncely_call(&s, &k, Duration::ZERO);
+        let nk = format!("naive:{}", key().as_str());
+        naive_call(&mut *raw, &nk, Duration::ZERO, POLL);
+        let names = [
+            "oncely lead, `execute_blocking`",
+            "oncely lead, async `execute` (`block_on`)",
+            "naive lead (SET NX + SET)",
+            "oncely replay, `execute_blocking`",
+            "oncely replay, async `execute` (`block_on`)",
+            "naive replay (SET NX + GET)",
+        ];
+        let mut t: [Vec<Duration>; 6] = Default::default();
+        for i in 0..N + 200 {
+            for (j, times) in t.iter_mut().enumerate() {
+                let (new_key, naive_key) = (key(), format!("naive:{}", key().as_str()));
+                let t0 = Instant::now();
+                match j {
+                    0 => oncely_blocking(&s, &new_key),
+                    1 => oncely_call(&s, &new_key, Duration::ZERO),
+                    2 => {
+                        naive_call(&mut *raw, &naive_key, Duration::ZERO, POLL);
+                    }
+                    3 => oncely_blocking(&s, &k),
+                    4 => oncely_call(&s, &k, Duration::ZERO),
+                    _ => {
+                        naive_call(&mut *raw, &nk, Duration::ZERO, POLL);
+                    }
+                }
+                if i >= 200 {
+                    times.push(t0.elapsed());
+                }
+            }
+        }
+        let [bl, al, nl, br, ar, nr] = t.map(percentiles);
         let _ = writeln!(
             out,
-            "| {name} | {} | {} | {} | {} |",
-            us(*a),
-            us(*b),
-            us(*c),
-            us(*d)
+            "| one caller, loopback, {N} calls each (interleaved) | p50 | p90 | p99 | max |"
         );
+        let _ = writeln!(out, "|---|---|---|---|---|");
+        for (name, [a, b, c, d]) in names.iter().zip([bl, al, nl, br, ar, nr]) {
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {} | {} | {} |",
+                us(a),
+                us(b),
+                us(c),
+                us(d)
+            );
+        }
+        let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+        let _ = writeln!(out);
+        let _ = writeln!(out, "| oncely ÷ naive | p50 | p99 |");
+        let _ = writeln!(out, "|---|---|---|");
+        for (name, o, n) in [
+            ("lead, `execute_blocking`", bl, nl),
+            ("lead, async `execute`", al, nl),
+            ("replay, `execute_blocking`", br, nr),
+            ("replay, async `execute`", ar, nr),
+        ] {
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {} |",
+                verdict(r(o[0], n[0]), 1.5),
+                verdict(r(o[2], n[2]), 2.0)
+            );
+        }
     }
 
-    let threads = 8;
-    let per = 500;
-    let ts = s.clone();
-    let lead_tp = throughput(threads, per, move |_| oncely_lead(&ts));
-    let url = url();
-    let naive_tp = {
-        let conns: Vec<_> = (0..threads)
-            .map(|_| {
-                std::sync::Mutex::new(
-                    redis::Client::open(url.as_str())
-                        .unwrap()
-                        .get_connection()
-                        .unwrap(),
-                )
-            })
-            .collect();
-        let conns = Arc::new(conns);
-        throughput(threads, per, move |t| {
-            let mut c = conns[t].lock().unwrap();
-            naive_call(
-                &mut c,
-                &format!("naive:{}", key().as_str()),
-                Duration::ZERO,
-                POLL,
+    // (On a Cluster, INFO answers per node: not shown.)
+    if (part("latency") || part("throughput")) && cluster_urls().is_none() {
+        // Redis' own time per command over the run so far (no network or client side):
+        // what a Lua script costs the server against a plain SET or GET.
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut *raw)
+            .unwrap();
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| Redis `INFO commandstats` | calls | µs per call in Redis |"
+        );
+        let _ = writeln!(out, "|---|---|---|");
+        for line in info.lines() {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            if !["evalsha", "set", "get"].contains(&name) {
+                continue;
+            }
+            let field = |f: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f))
+                    .unwrap_or("?")
+                    .to_owned()
+            };
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {} |",
+                field("calls="),
+                field("usec_per_call=")
             );
-        })
-    };
-    let _ = writeln!(out);
-    let _ = writeln!(out, "| {threads} threads, new key each call | calls/s |");
-    let _ = writeln!(out, "|---|---|");
-    let _ = writeln!(out, "| oncely lead (one store, 4 workers) | {lead_tp:.0} |");
-    let _ = writeln!(
-        out,
-        "| naive lead (one connection per thread) | {naive_tp:.0} |"
-    );
+        }
+    }
 
+    if part("throughput") {
+        // 64 threads calling at once, a new key per call; three rounds each,
+        // alternating, the median round reported.
+        const THREADS: usize = 64;
+        const PER: usize = 200;
+        let conns: Arc<Vec<std::sync::Mutex<Box<dyn redis::ConnectionLike + Send>>>> = Arc::new(
+            (0..THREADS)
+                .map(|_| std::sync::Mutex::new(conn()))
+                .collect(),
+        );
+        let (mut ours, mut ours_blocking, mut naive) = (vec![], vec![], vec![]);
+        for _ in 0..3 {
+            let ts = s.clone();
+            ours.push(throughput(THREADS, PER, move |_| oncely_lead(&ts)));
+            let ts = s.clone();
+            ours_blocking.push(throughput(THREADS, PER, move |_| {
+                oncely_blocking(&ts, &key())
+            }));
+            let conns = conns.clone();
+            naive.push(throughput(THREADS, PER, move |t| {
+                let mut c = conns[t].lock().unwrap();
+                naive_call(
+                    &mut **c,
+                    &format!("naive:{}", key().as_str()),
+                    Duration::ZERO,
+                    POLL,
+                );
+            }));
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (ours, ours_blocking, naive) = (median(ours), median(ours_blocking), median(naive));
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| {THREADS} threads at once, new key each call (median of 3 rounds){} | leads/s |",
+            if cluster_urls().is_some() {
+                ", Redis Cluster of 3 masters"
+            } else {
+                ", one Redis"
+            }
+        );
+        let _ = writeln!(out, "|---|---|");
+        let _ = writeln!(
+            out,
+            "| oncely lead, async `execute` (one store, {} workers) | {ours:.0} |",
+            oncely_redis::DEFAULT_WORKERS
+        );
+        let _ = writeln!(
+            out,
+            "| oncely lead, `execute_blocking` (one store) | {ours_blocking:.0} |"
+        );
+        let _ = writeln!(
+            out,
+            "| naive lead (one connection per thread) | {naive:.0} |"
+        );
+        for (name, x) in [("async", ours), ("blocking", ours_blocking)] {
+            let _ = writeln!(
+                out,
+                "| oncely ({name}) ÷ naive | {:.2}× (≥ 1×: {}) |",
+                x / naive,
+                if x >= naive { "met" } else { "MISSED" }
+            );
+        }
+    }
+
+    if !part("bursts") {
+        finish(out);
+        return;
+    }
     // Same-key bursts: Redis round trips per burst, counted on the store.
     let one = store(&p);
     let fleet: Vec<Store> = (0..CALLERS).map(|_| store(&p)).collect();
@@ -356,6 +517,11 @@ fn report() {
         us(wall_naive / runs as u32)
     );
 
+    finish(out);
+}
+
+/// Prints the report and writes it to `target/criterion/oncely-redis-report.md`.
+fn finish(out: String) {
     println!("\n{out}");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/criterion");
     let _ = std::fs::create_dir_all(&path);
@@ -367,7 +533,10 @@ fn main() {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .configure_from_args();
-    groups(&mut c);
+    // On a Cluster only the report's throughput runs (see scripts/bench-redis).
+    if cluster_urls().is_none() {
+        groups(&mut c);
+    }
     c.final_summary();
     if std::env::var_os("ONCELY_BENCH_SKIP_REPORT").is_none() {
         report();

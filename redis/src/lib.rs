@@ -49,6 +49,7 @@ pub mod codec;
 mod runtime;
 mod scripts;
 mod threads;
+mod topology;
 
 /// The README's example, compiled as a doctest.
 #[cfg(doctest)]
@@ -71,8 +72,9 @@ use oncely::{
 
 use runtime::{PerProcess, Runtime};
 pub use scripts::RECORD_VERSION;
-use scripts::{Claim, Peek, Scripts};
-use threads::Link;
+use scripts::{Claim, Got, Peek, Removal, Scripts};
+use threads::{Acked, Failure, Link, Request};
+use topology::Topology;
 
 /// Locks a mutex, going on after a panic elsewhere: every critical section leaves its
 /// state whole, so a poisoned lock holds nothing half-done.
@@ -94,6 +96,21 @@ pub const DEFAULT_WORKERS: usize = 4;
 pub const DEFAULT_POLL_MIN: Duration = Duration::from_millis(10);
 /// Default cap of a waiter's poll interval (500 ms).
 pub const DEFAULT_POLL_MAX: Duration = Duration::from_millis(500);
+
+/// Parses the URL into the client's settings. No `CLIENT SETINFO` handshake: opening a
+/// connection then takes no extra round trip, so it stays within one timeout (each
+/// handshake reply may wait a whole timeout).
+fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
+    use redis::IntoConnectionInfo;
+    let info = url
+        .into_connection_info()
+        .map_err(|e| Error::InvalidArgument {
+            field: "url",
+            reason: format!("{e}; {URL_FORM}"),
+        })?;
+    let settings = info.redis_settings().clone().set_skip_set_lib_name();
+    Ok(info.set_redis_settings(settings))
+}
 
 /// Whether `url` asks for TLS (`rediss://`).
 fn is_tls_url(url: &str) -> bool {
@@ -121,6 +138,172 @@ fn url_scheme(url: &str) -> String {
         Some((scheme, _)) => format!("a {scheme}:// URL"),
         None => "no scheme".to_owned(),
     }
+}
+
+/// The scheme of a Sentinel URL.
+const SENTINEL_SCHEME: &str = "redis+sentinel://";
+
+/// Splits `redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]` into
+/// the Sentinels' URLs, the master name and the primary's settings URL.
+fn parse_sentinel_url(url: &str) -> Result<(Vec<String>, String, String), Error> {
+    let invalid = |reason: &str| {
+        Error::InvalidArgument {
+        field: "url",
+        reason: format!(
+            "{reason}: expected {SENTINEL_SCHEME}[user:password@]host:port[,host:port...]/master[/db]"
+        ),
+    }
+    };
+    let rest = &url[SENTINEL_SCHEME.len()..];
+    let (authority, path) = rest
+        .split_once('/')
+        .ok_or_else(|| invalid("no master name"))?;
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (master, db) = match path.split_once('/') {
+        Some((m, d)) => (m, Some(d)),
+        None => (path, None),
+    };
+    if master.is_empty() {
+        return Err(invalid("no master name"));
+    }
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{h}"))
+        .collect();
+    if sentinels.is_empty() {
+        return Err(invalid("no Sentinel address"));
+    }
+    // The primary's user, password and database (its address comes from the Sentinels).
+    let node = format!(
+        "redis://{}127.0.0.1/{}",
+        userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
+        db.unwrap_or("0")
+    );
+    Ok((sentinels, master.to_owned(), node))
+}
+
+/// How the configured store reaches Redis (checks the URLs and the CA file).
+fn topology_of(config: &Config) -> Result<Topology, Error> {
+    let n = &config.naming;
+    let url_error = |e: redis::RedisError| Error::InvalidArgument {
+        field: n.field("url"),
+        reason: format!("{e}; {URL_FORM}"),
+    };
+    let sentinel_url = config
+        .url
+        .get(..SENTINEL_SCHEME.len())
+        .is_some_and(|s| s.eq_ignore_ascii_case(SENTINEL_SCHEME));
+    let sentinel = sentinel_url || config.sentinel_master.is_some();
+    if config.cluster && sentinel {
+        return Err(Error::InvalidArgument {
+            field: n.field("cluster"),
+            reason: "a Cluster has no Sentinels: use one or the other".into(),
+        });
+    }
+    if !config.seeds.is_empty() && !config.cluster && config.sentinel_master.is_none() {
+        return Err(Error::InvalidArgument {
+            field: n.field("seeds"),
+            reason: "more addresses are for a Cluster (cluster) or Sentinels (sentinel)".into(),
+        });
+    }
+    let urls: Vec<&str> = std::iter::once(config.url.as_str())
+        .chain(config.seeds.iter().map(String::as_str))
+        .collect();
+    let tls = urls.iter().any(|u| is_tls_url(u));
+    let ca = match &config.tls_ca_file {
+        None => None,
+        Some(path) => {
+            let invalid = |reason: String| Error::InvalidArgument {
+                field: "tls_ca_file",
+                reason,
+            };
+            if let Some(plain) = urls.iter().find(|u| !is_tls_url(u)) {
+                return Err(invalid(format!(
+                    "needs a rediss:// URL, e.g. rediss://host:6380/0, got {}",
+                    url_scheme(plain)
+                )));
+            }
+            Some(
+                std::fs::read(path)
+                    .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?,
+            )
+        }
+    };
+    if tls {
+        install_crypto_provider();
+    }
+    if sentinel {
+        if tls {
+            return Err(Error::InvalidArgument {
+                field: n.field("url"),
+                reason: "TLS to Sentinels and their primary is not supported".into(),
+            });
+        }
+        let (sentinels, master, node) = if sentinel_url {
+            if config.sentinel_master.is_some() || !config.seeds.is_empty() {
+                return Err(Error::InvalidArgument {
+                    field: n.field("sentinel"),
+                    reason: "a redis+sentinel:// URL already names the Sentinels and the master"
+                        .into(),
+                });
+            }
+            parse_sentinel_url(&config.url)?
+        } else {
+            let master = config.sentinel_master.clone().unwrap_or_default();
+            // The URLs' user, password and database are the primary's.
+            (
+                urls.iter()
+                    .map(|u| {
+                        let info = connection_info(u)?;
+                        Ok(format!("redis://{}", info.addr()))
+                    })
+                    .collect::<Result<Vec<_>, Error>>()?,
+                master,
+                config.url.clone(),
+            )
+        };
+        let sentinels = sentinels
+            .iter()
+            .map(|u| connection_info(u))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Topology::sentinel(sentinels, &master, &connection_info(&node)?).map_err(url_error);
+    }
+    if config.cluster {
+        let seeds = urls
+            .iter()
+            .map(|u| connection_info(u))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Topology::cluster(seeds, ca, config.connect_timeout).map_err(|e| {
+            match &config.tls_ca_file {
+                Some(path) if ca_error(&e) => Error::InvalidArgument {
+                    field: "tls_ca_file",
+                    reason: format!("{}: {e}", path.display()),
+                },
+                _ => url_error(e),
+            }
+        });
+    }
+    let info = connection_info(&config.url)?;
+    match (&config.tls_ca_file, ca) {
+        (Some(path), Some(pem)) => topology::open_client(info, Some(pem))
+            .map(Topology::Single)
+            .map_err(|e| Error::InvalidArgument {
+                field: "tls_ca_file",
+                reason: format!("{}: {e}", path.display()),
+            }),
+        _ => redis::Client::open(info)
+            .map(Topology::Single)
+            .map_err(url_error),
+    }
+}
+
+/// Whether building a client failed on its TLS certificates.
+fn ca_error(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::InvalidClientConfig
 }
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`].
@@ -159,6 +342,17 @@ struct Config {
     in_progress_retry_after: Duration,
     tls_ca_file: Option<PathBuf>,
     naming: oncely::Naming,
+    /// More seed nodes of a Cluster, or more Sentinels (`url` is the first).
+    seeds: Vec<String>,
+    cluster: bool,
+    /// The master name the Sentinels at `url` and `seeds` monitor.
+    sentinel_master: Option<String>,
+    /// Replicas that must acknowledge a claim and a completion (`WAIT`), and how long
+    /// to wait for them.
+    min_replicas: usize,
+    /// `None`: half the I/O timeout.
+    min_replicas_timeout: Option<Duration>,
+    connect_now: bool,
 }
 
 impl fmt::Debug for Config {
@@ -172,6 +366,10 @@ impl fmt::Debug for Config {
             .field("io_timeout", &self.io_timeout())
             .field("workers", &self.workers)
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("cluster", &self.cluster)
+            .field("sentinel_master", &self.sentinel_master)
+            .field("min_replicas", &self.min_replicas)
+            .field("min_replicas_timeout", &self.min_replicas_timeout())
             .finish_non_exhaustive()
     }
 }
@@ -180,6 +378,10 @@ impl Config {
     fn io_timeout(&self) -> Duration {
         self.io_timeout
             .unwrap_or_else(|| DEFAULT_IO_TIMEOUT.min(self.lease / 3))
+    }
+    fn min_replicas_timeout(&self) -> Duration {
+        self.min_replicas_timeout
+            .unwrap_or_else(|| self.io_timeout() / 2)
     }
 }
 
@@ -258,8 +460,70 @@ impl<E> RedisStoreBuilder<E> {
         self
     }
 
-    /// Makes the store. Checks the settings and the URL, but does not connect:
-    /// an unreachable Redis shows as UNAVAILABLE on use.
+    /// Connects to a Redis Cluster (default: one node). The URL given to
+    /// [`RedisStore::builder`] is a seed node, and [`seeds`](Self::seeds) adds more; the
+    /// store learns the slots from them and follows them as they move (MOVED / ASK:
+    /// resharding, a primary that failed over). A record's key and its notification
+    /// channel hash to one slot (the hash tag `{<prefix>:<scoped key>}`), so every
+    /// script runs on one node.
+    pub fn cluster(mut self, on: bool) -> Self {
+        self.config.cluster = on;
+        self
+    }
+
+    /// More addresses (URLs) besides the first: seed nodes of a Cluster, or Sentinels
+    /// (with [`sentinel`](Self::sentinel)). With neither, [`build`](Self::build)
+    /// refuses them (field `"seeds"`).
+    pub fn seeds<S: Into<String>>(mut self, urls: impl IntoIterator<Item = S>) -> Self {
+        self.config.seeds = urls.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Connects to the primary that the Sentinels at the URL (and the
+    /// [`seeds`](Self::seeds)) monitor under the name `master`. The URL's user,
+    /// password and database are the primary's; the Sentinels are reached without
+    /// them. The same as a `redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]`
+    /// URL. Every new connection asks the Sentinels again, and a connection whose node
+    /// answers as a replica (`READONLY`) is dropped, so the store follows a failover on
+    /// its own; during one, calls get UNAVAILABLE and no action runs without a claim.
+    pub fn sentinel(mut self, master: impl Into<String>) -> Self {
+        self.config.sentinel_master = Some(master.into());
+        self
+    }
+
+    /// Durability chosen per store: every claim and every completion is followed by
+    /// `WAIT n timeout` on the primary that holds the record, so that it is on `n`
+    /// replicas before the caller goes on (default 0: no WAIT). A claim that fewer
+    /// replicas acknowledged is released and the caller gets UNAVAILABLE (the action
+    /// has not run); a completion that fewer acknowledged is still returned as stored
+    /// (the action ran), counted in [`RedisCounters::completions_unreplicated`] and
+    /// logged (`log` crate, warn). The timeout is
+    /// [`min_replicas_timeout`](Self::min_replicas_timeout).
+    pub fn min_replicas(mut self, n: usize) -> Self {
+        self.config.min_replicas = n;
+        self
+    }
+
+    /// How long `WAIT` waits for the replicas of [`min_replicas`](Self::min_replicas)
+    /// (default half the I/O timeout; it must be below the I/O timeout, as WAIT runs
+    /// within the call's deadline).
+    pub fn min_replicas_timeout(mut self, d: Duration) -> Self {
+        self.config.min_replicas_timeout = Some(d);
+        self
+    }
+
+    /// Connect when the store is built: [`build`](Self::build) then opens a
+    /// connection and sends `PING` (within the connect and I/O timeouts), so a wrong
+    /// URL, password or TLS setting, or an unreachable Redis, fails at startup with
+    /// [`Error::Unavailable`] instead of at the first request. Off by default.
+    pub fn connect_now(mut self, yes: bool) -> Self {
+        self.config.connect_now = yes;
+        self
+    }
+
+    /// Makes the store. Checks the settings and the URL; does not connect unless
+    /// [`connect_now`](Self::connect_now) is set (otherwise an unreachable Redis shows
+    /// as UNAVAILABLE on use).
     pub fn build(self) -> Result<RedisStore<E>, Error> {
         let config = self.config;
         let n = &config.naming;
@@ -338,42 +602,34 @@ impl<E> RedisStoreBuilder<E> {
                 ),
             });
         }
-        let client = match &config.tls_ca_file {
-            None => {
-                redis::Client::open(config.url.as_str()).map_err(|e| Error::InvalidArgument {
-                    field: n.field("url"),
-                    reason: format!("{e}; {URL_FORM}"),
-                })?
-            }
-            Some(path) => {
-                let invalid = |reason: String| Error::InvalidArgument {
-                    field: "tls_ca_file",
-                    reason,
-                };
-                if !is_tls_url(&config.url) {
-                    return Err(invalid(format!(
-                        "needs a rediss:// URL, e.g. rediss://host:6380/0, got {}",
-                        url_scheme(&config.url)
-                    )));
-                }
-                let pem = std::fs::read(path)
-                    .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
-                let certs = redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem),
-                };
-                redis::Client::build_with_tls(config.url.as_str(), certs)
-                    .map_err(|e| invalid(format!("{}: {e}", path.display())))?
-            }
-        };
-        if is_tls_url(&config.url) {
-            install_crypto_provider();
+        positive(
+            "min_replicas_timeout",
+            config.min_replicas_timeout(),
+            io_timeout / 2,
+        )?;
+        if config.min_replicas > 0 && config.min_replicas_timeout() >= io_timeout {
+            return Err(Error::InvalidArgument {
+                field: n.field("min_replicas"),
+                reason: format!(
+                    "{} ({}) must be below {} ({}): WAIT runs within the call's deadline",
+                    n.field("min_replicas_timeout"),
+                    n.duration(config.min_replicas_timeout()),
+                    n.field("io_timeout"),
+                    n.duration(io_timeout),
+                ),
+            });
         }
+        let topology = topology_of(&config)?;
         let link = Link {
-            client,
+            topology,
             connect_timeout: config.connect_timeout,
             io_timeout,
+            min_replicas: config.min_replicas,
+            min_replicas_timeout: config.min_replicas_timeout(),
         };
+        if config.connect_now {
+            link.check()?;
+        }
         let runtime = {
             let (link, c) = (link.clone(), config.clone());
             PerProcess::new(move || {
@@ -390,7 +646,7 @@ impl<E> RedisStoreBuilder<E> {
         let identity = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (config.url.as_str(), config.prefix.as_str()).hash(&mut h);
+            (config.url.as_str(), &config.seeds, config.prefix.as_str()).hash(&mut h);
             h.finish() as usize
         };
         Ok(RedisStore {
@@ -440,6 +696,44 @@ pub struct RedisCounters {
     pub remote_waits: u64,
     /// Leaders that found their lease taken over when completing.
     pub leases_lost: u64,
+    /// Claims released and answered UNAVAILABLE because fewer replicas than
+    /// [`min_replicas`](RedisStoreBuilder::min_replicas) acknowledged them.
+    pub claims_unreplicated: u64,
+    /// Completions stored on the primary that fewer replicas than
+    /// [`min_replicas`](RedisStoreBuilder::min_replicas) acknowledged in time (the
+    /// action ran; a failover now could lose the result).
+    pub completions_unreplicated: u64,
+    /// Calls of this store that failed with [`Error::Unavailable`] (Redis unreachable,
+    /// slow or failing: claims, completions, [`get`](RedisStore::get),
+    /// [`remove`](RedisStore::remove), [`ping`](RedisStore::ping)).
+    pub unavailable: u64,
+}
+
+/// A record as stored in Redis, read by [`RedisStore::get`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisRecord {
+    /// The request fingerprint the record was claimed with.
+    pub fingerprint: String,
+    /// 1 for the first claim, +1 for each takeover.
+    pub generation: u64,
+    /// Running or done.
+    pub state: RecordState,
+}
+
+/// The state of a [`RedisRecord`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordState {
+    /// A leader holds (or held) the claim. `lease_left` is zero when its lease ran
+    /// out: the leader is gone and the next claim takes over.
+    Running {
+        /// Time left on the leader's lease (by Redis' clock).
+        lease_left: Duration,
+    },
+    /// Completed: the stored result, replayed to every later call.
+    Done {
+        /// The result bytes (see the README's result encoding).
+        value: Vec<u8>,
+    },
 }
 
 #[derive(Default)]
@@ -450,6 +744,9 @@ struct AtomicCounters {
     replays: AtomicU64,
     remote_waits: AtomicU64,
     leases_lost: AtomicU64,
+    claims_unreplicated: AtomicU64,
+    completions_unreplicated: AtomicU64,
+    unavailable: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -467,19 +764,29 @@ struct Inner<E> {
     scripts: Arc<Scripts>,
 }
 
-/// Runs the release script: 1 deleted, 0 not ours (left alone).
-fn release(
-    scripts: &Scripts,
-    c: &mut redis::Connection,
-    record: &str,
-    token: &str,
-) -> redis::RedisResult<i64> {
-    scripts
-        .release
-        .key(record)
-        .arg(token)
-        .arg(channel(record))
-        .invoke(c)
+/// What a completion did.
+enum Completed {
+    /// Stored (and acknowledged by the replicas wanted, if any).
+    Stored,
+    /// Stored on the primary, but fewer replicas than wanted acknowledged it.
+    Unreplicated(String),
+    /// The lease was taken over: nothing written.
+    Lost,
+}
+
+impl From<i64> for Completed {
+    fn from(script_reply: i64) -> Self {
+        if script_reply == 1 {
+            Completed::Stored
+        } else {
+            Completed::Lost
+        }
+    }
+}
+
+/// The release script's call: 1 deleted, 0 not ours (left alone).
+fn release(scripts: &Scripts, record: &str, token: &str) -> Request {
+    scripts.release.on(record).arg(token).arg(channel(record))
 }
 
 /// The notification channel of a record.
@@ -497,9 +804,7 @@ fn release_in_background<E>(
     if !rt.is_current() {
         return; // a copy left by fork(): the claim stays the parent's
     }
-    let scripts = scripts.clone();
-    rt.pool
-        .spawn(move |c| release(&scripts, c, &record, &token).map(drop));
+    rt.pool.spawn(release(scripts, &record, &token));
 }
 
 fn millis(d: Duration) -> u64 {
@@ -542,6 +847,12 @@ impl<E> RedisStore<E> {
                 in_progress_retry_after: oncely::DEFAULT_IN_PROGRESS_RETRY_AFTER,
                 tls_ca_file: None,
                 naming: oncely::Naming::RUST,
+                seeds: Vec::new(),
+                cluster: false,
+                sentinel_master: None,
+                min_replicas: 0,
+                min_replicas_timeout: None,
+                connect_now: false,
             },
         }
     }
@@ -583,7 +894,88 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             replays: c.replays.load(Ordering::Relaxed),
             remote_waits: c.remote_waits.load(Ordering::Relaxed),
             leases_lost: c.leases_lost.load(Ordering::Relaxed),
+            claims_unreplicated: c.claims_unreplicated.load(Ordering::Relaxed),
+            completions_unreplicated: c.completions_unreplicated.load(Ordering::Relaxed),
+            unavailable: c.unavailable.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts an UNAVAILABLE answer in [`RedisCounters::unavailable`].
+    fn counted<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
+        if let Err(Error::Unavailable(_)) = &r {
+            bump(&self.inner.counters.unavailable);
+        }
+        r
+    }
+
+    /// Reads `key`'s record from Redis, for an operator (None when there is none).
+    /// Records of another format version are [`Error::Unavailable`], as in a claim.
+    pub async fn get(&self, key: &ScopedKey) -> Result<Option<RedisRecord>, Error> {
+        let rt = self.inner.runtime.get()?;
+        let record = self.inner.record_key(key);
+        let got = rt
+            .pool
+            .call::<Got>(self.inner.scripts.get.on(&record))
+            .await;
+        Ok(match self.counted(got)? {
+            Got::Absent => None,
+            Got::Version(v) => return Err(Inner::<E>::version_error(&v)),
+            Got::Record {
+                done,
+                fingerprint,
+                generation,
+                result,
+                left_ms,
+            } => Some(RedisRecord {
+                fingerprint,
+                generation,
+                state: if done {
+                    RecordState::Done { value: result }
+                } else {
+                    RecordState::Running {
+                        lease_left: Duration::from_millis(left_ms),
+                    }
+                },
+            }),
+        })
+    }
+
+    /// Deletes `key`'s record, for an operator (a bad stored result, a record in the
+    /// way): the next call runs the action again. Returns whether one was deleted.
+    ///
+    /// A running record whose lease is live is left alone (false): its leader may
+    /// still be running the action, and deleting its claim would let a second
+    /// leader run it at the same time. Once that lease runs out (the leader is gone)
+    /// the record can be removed; a leader that is only slow then finds its claim
+    /// gone when completing and stores nothing ([`Error::LeaseLost`]). Waiters on
+    /// other instances are woken and claim again. Records of another format version
+    /// are [`Error::Unavailable`] and left alone.
+    pub async fn remove(&self, key: &ScopedKey) -> Result<bool, Error> {
+        let rt = self.inner.runtime.get()?;
+        let record = self.inner.record_key(key);
+        let removed = rt
+            .pool
+            .call::<Removal>(
+                self.inner
+                    .scripts
+                    .remove
+                    .on(&record)
+                    .arg(Inner::<E>::channel(&record)),
+            )
+            .await;
+        match self.counted(removed)? {
+            Removal::Deleted => Ok(true),
+            Removal::Absent | Removal::Running => Ok(false),
+            Removal::Version(v) => Err(Inner::<E>::version_error(&v)),
+        }
+    }
+
+    /// Checks that Redis answers (a `PING` through the store's workers, within the I/O
+    /// timeout): a health check. [`Error::Unavailable`] when it does not.
+    pub async fn ping(&self) -> Result<(), Error> {
+        let rt = self.inner.runtime.get()?;
+        let pong = rt.pool.call::<String>(Request::command("PING")).await;
+        self.counted(pong).map(drop)
     }
 
     /// Looks `key` up, first in this process, then in Redis, and leads, joins or
@@ -607,12 +999,19 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
         let token = oncely::IdempotencyKey::random().as_str().to_owned();
         let sent = Instant::now();
         let claim = {
-            let scripts = inner.scripts.clone();
-            let (record, fp, token) = (record.clone(), fingerprint.to_owned(), token.clone());
             let lease_ms = millis(inner.config.lease);
             let ttl_ms = millis(inner.config.ttl).max(lease_ms.saturating_mul(2));
+            let request = inner
+                .scripts
+                .claim
+                .on(&record)
+                .arg(fingerprint)
+                .arg(&token)
+                .arg(lease_ms)
+                .arg(ttl_ms)
+                .replicated(scripts::claim_led);
             let (undo_scripts, undo_record, undo_token) =
-                (scripts.clone(), record.clone(), token.clone());
+                (inner.scripts.clone(), record.clone(), token.clone());
             let (later_rt, later_scripts, later_record, later_token) = (
                 rt.clone(),
                 inner.scripts.clone(),
@@ -625,23 +1024,32 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 record.clone(),
                 token.clone(),
             );
+            let min_replicas = inner.config.min_replicas;
+            let (wait_scripts, wait_record, wait_token) =
+                (inner.scripts.clone(), record.clone(), token.clone());
             rt.pool.call_or_undo(
-                move |c| {
-                    scripts
-                        .claim
-                        .key(&record)
-                        .arg(&fp)
-                        .arg(&token)
-                        .arg(lease_ms)
-                        .arg(ttl_ms)
-                        .invoke::<Claim>(c)
+                request,
+                // A claim that led but that fewer replicas than wanted acknowledged (a
+                // failover now could lose it and let another caller run the action
+                // too) is given back before anything ran.
+                move |claim: Claim, acked: Acked| match (claim, acked) {
+                    (Claim::Lead { .. }, Some(Ok(n))) if n < min_replicas => (
+                        Ok(Claim::Unreplicated {
+                            acked: n,
+                            wanted: min_replicas,
+                        }),
+                        Some(release(&wait_scripts, &wait_record, &wait_token)),
+                    ),
+                    (Claim::Lead { .. }, Some(Err(e))) => (
+                        Err(Failure::Redis(e)),
+                        Some(release(&wait_scripts, &wait_record, &wait_token)),
+                    ),
+                    (claim, _) => (Ok(claim), None),
                 },
                 // The caller went away while claiming: release what it won.
-                move |c, claim| match claim {
-                    Claim::Lead { .. } => {
-                        release(&undo_scripts, c, &undo_record, &undo_token).map(drop)
-                    }
-                    _ => Ok(()),
+                move |claim: &Claim| match claim {
+                    Claim::Lead { .. } => Some(release(&undo_scripts, &undo_record, &undo_token)),
+                    _ => None,
                 },
                 // The caller went away after the answer came, before reading it.
                 move |claim| {
@@ -655,7 +1063,8 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 move || release_in_background(&lost_rt, &lost_scripts, lost_record, lost_token),
             )
         }
-        .await?;
+        .await;
+        let claim = self.counted(claim)?;
         bump(&inner.counters.claims);
         match claim {
             // Read after the call's deadline (this process was stopped, or the caller's
@@ -697,6 +1106,15 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 Ok(Begin::Replay(Ok(value)))
             }
             // Dropping `local` lets local waiters look again themselves.
+            Claim::Unreplicated { acked, wanted } => {
+                bump(&inner.counters.claims_unreplicated);
+                drop(local);
+                Err(Error::Unavailable(format!(
+                    "Redis replication: {acked} of the {wanted} replicas wanted acknowledged the \
+                     claim within {:?}; it was released and the action has not run",
+                    inner.config.min_replicas_timeout()
+                )))
+            }
             Claim::Mismatch => Err(Error::FingerprintMismatch),
             Claim::Version(v) => Err(Inner::<E>::version_error(&v)),
             Claim::Running { .. } if !options.wait => Err(Error::InProgress {
@@ -760,9 +1178,12 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     where
         F: FnOnce() -> Result<Vec<u8>, E>,
     {
-        pollster::block_on(oncely::execute(self, key, fingerprint, options, || {
-            std::future::ready(action())
-        }))
+        // This thread waits anyway: its calls go out from it (no worker hand-off).
+        threads::blocking(|| {
+            pollster::block_on(oncely::execute(self, key, fingerprint, options, || {
+                std::future::ready(action())
+            }))
+        })
     }
 }
 
@@ -790,13 +1211,8 @@ async fn wait_remote<E: Send + Sync + 'static>(
         .subscribe(&inner.link, Inner::<E>::channel(&record));
     if sub.needs_poke {
         let wake = rt.notifier.wake_channel().to_owned();
-        rt.pool.spawn(move |c| {
-            redis::cmd("PUBLISH")
-                .arg(&wake)
-                .arg("subscribe")
-                .query::<i64>(c)
-                .map(drop)
-        });
+        rt.pool
+            .spawn(Request::command("PUBLISH").arg(wake).arg("subscribe"));
     }
     let mut delay = inner.config.poll_min;
     loop {
@@ -818,13 +1234,10 @@ async fn wait_remote<E: Send + Sync + 'static>(
             // A copy left by fork(): look again with this process's own runtime.
             return Joined::Abandoned;
         }
-        let peek = {
-            let scripts = inner.scripts.clone();
-            let (record, fp) = (record.clone(), fingerprint.clone());
-            rt.pool
-                .call(move |c| scripts.peek.key(&record).arg(&fp).invoke::<Peek>(c))
-        }
-        .await;
+        let peek = rt
+            .pool
+            .call::<Peek>(inner.scripts.peek.on(&record).arg(&fingerprint))
+            .await;
         match peek {
             Ok(Peek::Done(value)) => {
                 settle_local(&rt, local, &key, value.clone());
@@ -931,23 +1344,33 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
         let local = self.local.take();
         // A copy left by fork() sends nothing: the claim stays the parent's.
         let stored = rt.is_current().then(|| {
-            let scripts = inner.scripts.clone();
-            let (record, token, v) = (self.record.clone(), self.token.clone(), value.clone());
-            let ttl_ms = millis(inner.config.ttl);
+            let request = inner
+                .scripts
+                .complete
+                .on(&self.record)
+                .arg(&self.token)
+                .arg(&value)
+                .arg(millis(inner.config.ttl))
+                .arg(Inner::<E>::channel(&self.record))
+                .replicated(scripts::completion_stored);
             let (renewer, renewal) = (rt.renewer.clone(), self.renewal);
+            let min_replicas = inner.config.min_replicas;
             rt.pool.call_to_end(
-                move |c| {
-                    let channel = Inner::<E>::channel(&record);
-                    scripts
-                        .complete
-                        .key(&record)
-                        .arg(&token)
-                        .arg(&v)
-                        .arg(ttl_ms)
-                        .arg(&channel)
-                        .invoke::<i64>(c)
+                request,
+                // The effect happened: a WAIT that fails or falls short is reported,
+                // the result is still the caller's.
+                move |stored: i64, acked: Acked| match (Completed::from(stored), acked) {
+                    (Completed::Stored, Some(Ok(n))) if n < min_replicas => {
+                        Completed::Unreplicated(format!(
+                            "{n} of {min_replicas} replicas acknowledged it"
+                        ))
+                    }
+                    (Completed::Stored, Some(Err(e))) => {
+                        Completed::Unreplicated(format!("WAIT failed: {e}"))
+                    }
+                    (done, _) => done,
                 },
-                move |_| renewer.unregister(renewal),
+                move || renewer.unregister(renewal),
             )
         });
         let scoped = self.scoped.clone();
@@ -962,7 +1385,15 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
             let stored = stored.await;
             rt.renewer.unregister(renewal);
             match stored {
-                Ok(1) => {
+                Ok(done @ (Completed::Stored | Completed::Unreplicated(_))) => {
+                    if let Completed::Unreplicated(why) = done {
+                        bump(&inner.counters.completions_unreplicated);
+                        log::warn!(
+                            "oncely-redis: the result of {} was stored on the primary but not \
+                             on enough replicas ({why}); a failover now could lose it",
+                            scoped.as_str()
+                        );
+                    }
                     if let Some(local) = local {
                         settle_local(&rt, local, &scoped, value);
                     }
@@ -970,13 +1401,16 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
                 }
                 // Taken over: the new leader's record is left alone; local waiters look
                 // again (and join the new leader).
-                Ok(_) => {
+                Ok(Completed::Lost) => {
                     bump(&inner.counters.leases_lost);
                     Err(Error::LeaseLost)
                 }
-                Err(Error::Unavailable(m)) => Err(Error::Unavailable(format!(
-                    "{m}; the result was not stored (the claim lapses with its lease)"
-                ))),
+                Err(Error::Unavailable(m)) => {
+                    bump(&inner.counters.unavailable);
+                    Err(Error::Unavailable(format!(
+                        "{m}; the result was not stored (the claim lapses with its lease)"
+                    )))
+                }
                 Err(e) => Err(e),
             }
         }
@@ -993,12 +1427,10 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
         let rt = self.rt.clone();
         rt.renewer.unregister(self.renewal);
         // Released in Redis before the local waiters are woken.
-        let released = {
-            let scripts = inner.scripts.clone();
-            let (record, token) = (self.record.clone(), self.token.clone());
-            rt.pool.call(move |c| release(&scripts, c, &record, &token))
-        }
-        .await;
+        let released = rt
+            .pool
+            .call::<i64>(release(&inner.scripts, &self.record, &self.token))
+            .await;
         let _ = released; // unreachable Redis: the claim lapses with its lease
         match self.local.take() {
             Some(local) => local.fail_now(error),

@@ -1,7 +1,9 @@
 //! The record transitions: one Lua script each, every one checked against the lease
 //! token. The record format is documented in the crate's README (format version 1).
 
-use redis::{Script, Value};
+use redis::{ParsingError, Value};
+
+use crate::threads::Request;
 
 /// The record format version this crate reads and writes.
 pub const RECORD_VERSION: &str = "1";
@@ -108,23 +110,87 @@ return 1
 "#
 );
 
-/// The compiled scripts (`EVALSHA`, loaded on first use).
+/// KEYS[1] record. → {'absent'} | {'version', v}
+///   | {state ('running' | 'done'), fingerprint, generation, result, ms of lease left}
+const GET: &str = lua!(
+    r#"
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'gen', 'result', 'deadline')
+if not r[2] then
+  if redis.call('EXISTS', KEYS[1]) == 1 then return {'version', tostring(r[1])} end
+  return {'absent'}
+end
+if r[1] ~= '1' then return {'version', tostring(r[1])} end
+local left = 0
+if r[2] == 'running' then left = math.max(tonumber(r[6]) - now, 0) end
+return {r[2], r[3] or '', tonumber(r[4]) or 0, r[5] or '', left}
+"#
+);
+
+/// KEYS[1] record; ARGV channel. → 1 removed | 0 absent | {'running', ms left} (a
+/// live lease: left alone, its leader may still be running) | {'version', v}
+/// Waiters are told, as after a release, so that one claims again at once.
+const REMOVE: &str = lua!(
+    r#"
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'deadline')
+if not r[2] then
+  if redis.call('EXISTS', KEYS[1]) == 1 then return {'version', tostring(r[1])} end
+  return 0
+end
+if r[1] ~= '1' then return {'version', tostring(r[1])} end
+if r[2] == 'running' then
+  local left = tonumber(r[3]) - now
+  if left > 0 then return {'running', left} end
+end
+redis.call('DEL', KEYS[1])
+redis.pcall('PUBLISH', ARGV[1], 'released')
+return 1
+"#
+);
+
+/// A script of one key, sent as `EVALSHA` (loaded and sent again when Redis does not
+/// know it, see [`crate::threads::pipeline`]).
+pub(crate) struct Lua {
+    code: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    pub(crate) fn new(code: &'static str) -> Self {
+        Lua {
+            code,
+            hash: redis::Script::new(code).get_hash().to_owned(),
+        }
+    }
+
+    /// A call of this script on `key`; its arguments follow with [`Request::arg`].
+    pub(crate) fn on(&self, key: &str) -> Request {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.hash).arg(1).arg(key);
+        Request::script(cmd, self.code, key)
+    }
+}
+
+/// The scripts of the record transitions.
 pub(crate) struct Scripts {
-    pub claim: Script,
-    pub peek: Script,
-    pub renew: Script,
-    pub complete: Script,
-    pub release: Script,
+    pub claim: Lua,
+    pub peek: Lua,
+    pub renew: Lua,
+    pub complete: Lua,
+    pub release: Lua,
+    pub get: Lua,
+    pub remove: Lua,
 }
 
 impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
-            claim: Script::new(CLAIM),
-            peek: Script::new(PEEK),
-            renew: Script::new(RENEW),
-            complete: Script::new(COMPLETE),
-            release: Script::new(RELEASE),
+            claim: Lua::new(CLAIM),
+            peek: Lua::new(PEEK),
+            renew: Lua::new(RENEW),
+            complete: Lua::new(COMPLETE),
+            release: Lua::new(RELEASE),
+            get: Lua::new(GET),
+            remove: Lua::new(REMOVE),
         }
     }
 }
@@ -132,11 +198,20 @@ impl Scripts {
 /// What the claim script found.
 #[derive(Debug)]
 pub(crate) enum Claim {
-    Lead { generation: u64 },
+    Lead {
+        generation: u64,
+    },
     Replay(Vec<u8>),
     Mismatch,
-    Running { left_ms: u64 },
+    Running {
+        left_ms: u64,
+    },
     Version(String),
+    /// Led, but fewer replicas than wanted acknowledged the claim: released.
+    Unreplicated {
+        acked: usize,
+        wanted: usize,
+    },
 }
 
 /// What a waiter's look at the record found.
@@ -151,15 +226,11 @@ pub(crate) enum Peek {
     Gone,
 }
 
-fn bad_reply(v: &Value) -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::TypeError,
-        "unexpected reply from an oncely script",
-        format!("{v:?}"),
-    ))
+fn bad_reply(v: &Value) -> ParsingError {
+    format!("unexpected reply from an oncely script: {v:?}").into()
 }
 
-fn parts(v: Value) -> redis::RedisResult<(String, Option<Value>)> {
+fn parts(v: Value) -> Result<(String, Option<Value>), ParsingError> {
     let Value::Array(mut items) = v else {
         return Err(bad_reply(&v));
     };
@@ -167,33 +238,46 @@ fn parts(v: Value) -> redis::RedisResult<(String, Option<Value>)> {
         return Err(bad_reply(&Value::Array(items)));
     }
     let second = (items.len() == 2).then(|| items.pop()).flatten();
-    let tag: String = redis::from_owned_redis_value(items.pop().unwrap_or(Value::Nil))?;
+    let tag: String = redis::from_redis_value(items.pop().unwrap_or(Value::Nil))?;
     Ok((tag, second))
 }
 
-fn int(v: Option<Value>) -> redis::RedisResult<u64> {
+fn int(v: Option<Value>) -> Result<u64, ParsingError> {
     let v = v.unwrap_or(Value::Nil);
-    let n: i64 = redis::from_redis_value(&v)?;
+    let n: i64 = redis::from_redis_value_ref(&v)?;
     u64::try_from(n).map_err(|_| bad_reply(&v))
 }
 
-fn bytes(v: Option<Value>) -> redis::RedisResult<Vec<u8>> {
+fn bytes(v: Option<Value>) -> Result<Vec<u8>, ParsingError> {
     match v {
         None | Some(Value::Nil) => Ok(Vec::new()),
-        Some(v) => redis::from_owned_redis_value(v),
+        Some(v) => redis::from_redis_value(v),
     }
 }
 
 fn text(v: Option<Value>) -> String {
-    v.and_then(|v| redis::from_owned_redis_value::<String>(v).ok())
+    v.and_then(|v| redis::from_redis_value::<String>(v).ok())
         .unwrap_or_default()
 }
 
+/// Whether a claim script's reply is a lead (a write that `min_replicas` must cover).
+pub(crate) fn claim_led(v: &Value) -> bool {
+    let Value::Array(parts) = v else {
+        return false;
+    };
+    parts
+        .first()
+        .and_then(|tag| redis::from_redis_value_ref::<String>(tag).ok())
+        .is_some_and(|tag| tag == "lead")
+}
+
+/// Whether a complete script's reply says the result was stored.
+pub(crate) fn completion_stored(v: &Value) -> bool {
+    matches!(v, Value::Int(1))
+}
+
 impl redis::FromRedisValue for Claim {
-    fn from_redis_value(v: &Value) -> redis::RedisResult<Self> {
-        Self::from_owned_redis_value(v.clone())
-    }
-    fn from_owned_redis_value(v: Value) -> redis::RedisResult<Self> {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let orig = format!("{v:?}");
         let (tag, second) = parts(v)?;
         Ok(match tag.as_str() {
@@ -206,22 +290,13 @@ impl redis::FromRedisValue for Claim {
                 left_ms: int(second)?,
             },
             "version" => Claim::Version(text(second)),
-            _ => {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::TypeError,
-                    "unexpected reply from the claim script",
-                    orig,
-                )))
-            }
+            _ => return Err(format!("unexpected reply from the claim script: {orig}").into()),
         })
     }
 }
 
 impl redis::FromRedisValue for Peek {
-    fn from_redis_value(v: &Value) -> redis::RedisResult<Self> {
-        Self::from_owned_redis_value(v.clone())
-    }
-    fn from_owned_redis_value(v: Value) -> redis::RedisResult<Self> {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let orig = format!("{v:?}");
         let (tag, second) = parts(v)?;
         Ok(match tag.as_str() {
@@ -230,13 +305,78 @@ impl redis::FromRedisValue for Peek {
                 left_ms: int(second)?,
             },
             "expired" | "absent" | "mismatch" | "version" => Peek::Gone,
-            _ => {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::TypeError,
-                    "unexpected reply from the peek script",
-                    orig,
-                )))
-            }
+            _ => return Err(format!("unexpected reply from the peek script: {orig}").into()),
         })
+    }
+}
+
+/// What the get script found.
+#[derive(Debug)]
+pub(crate) enum Got {
+    Absent,
+    Version(String),
+    Record {
+        done: bool,
+        fingerprint: String,
+        generation: u64,
+        result: Vec<u8>,
+        left_ms: u64,
+    },
+}
+
+impl redis::FromRedisValue for Got {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let orig = format!("{v:?}");
+        let bad =
+            || -> ParsingError { format!("unexpected reply from the get script: {orig}").into() };
+        let Value::Array(items) = v else {
+            return Err(bad());
+        };
+        let mut items = items.into_iter();
+        let tag: String = redis::from_redis_value(items.next().unwrap_or(Value::Nil))?;
+        Ok(match (tag.as_str(), items.len()) {
+            ("absent", 0) => Got::Absent,
+            ("version", 1) => Got::Version(text(items.next())),
+            ("running" | "done", 4) => Got::Record {
+                done: tag == "done",
+                fingerprint: text(items.next()),
+                generation: int(items.next())?,
+                result: bytes(items.next())?,
+                left_ms: int(items.next())?,
+            },
+            _ => return Err(bad()),
+        })
+    }
+}
+
+/// What the remove script did.
+#[derive(Debug)]
+pub(crate) enum Removal {
+    Deleted,
+    Absent,
+    /// A live lease: left alone.
+    Running,
+    Version(String),
+}
+
+impl redis::FromRedisValue for Removal {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(1) => Ok(Removal::Deleted),
+            Value::Int(0) => Ok(Removal::Absent),
+            v => {
+                let orig = format!("{v:?}");
+                let (tag, second) = parts(v)?;
+                Ok(match tag.as_str() {
+                    "running" => Removal::Running,
+                    "version" => Removal::Version(text(second)),
+                    _ => {
+                        return Err(
+                            format!("unexpected reply from the remove script: {orig}").into()
+                        )
+                    }
+                })
+            }
+        }
     }
 }

@@ -7,11 +7,10 @@
 //! each caller within about one I/O timeout, whatever its place in the queue. A call
 //! whose deadline passed before a worker took it up is never sent.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -21,6 +20,7 @@ use oncely::Error;
 
 use crate::lock;
 use crate::scripts::Scripts;
+use crate::topology::{is_not_primary, Con, Topology};
 
 /// Redis could not be reached or answered with an error: UNAVAILABLE, fail closed.
 pub(crate) fn unavailable(e: &redis::RedisError) -> Error {
@@ -37,7 +37,7 @@ pub(crate) fn unavailable(e: &redis::RedisError) -> Error {
 }
 
 /// Why a call gave no value.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Failure {
     /// Its deadline passed before it could be sent: Redis never saw it.
     NotSent,
@@ -69,15 +69,29 @@ impl Failure {
 /// Connection settings shared by every thread.
 #[derive(Clone)]
 pub(crate) struct Link {
-    pub client: redis::Client,
+    pub topology: Topology,
     pub connect_timeout: Duration,
     pub io_timeout: Duration,
+    /// Replicas that must acknowledge a replicated request (`WAIT`); 0: no WAIT.
+    pub min_replicas: usize,
+    /// How long `WAIT` waits for them (below the I/O timeout).
+    pub min_replicas_timeout: Duration,
 }
 
 impl Link {
     /// The deadline of a call made now.
     pub(crate) fn deadline(&self) -> Instant {
         Instant::now() + self.io_timeout
+    }
+
+    /// Opens a connection and sends `PING`, on this thread: UNAVAILABLE when Redis
+    /// cannot be reached, refuses the credentials or does not answer in time.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        let mut conn = Conn::new(self.clone());
+        let deadline = self.deadline() + self.connect_timeout;
+        conn.run(deadline, |c| redis::cmd("PING").query::<String>(c))
+            .map(drop)
+            .map_err(|f| f.into_error(self.io_timeout))
     }
 }
 
@@ -93,7 +107,7 @@ fn left(deadline: Instant, io_timeout: Duration) -> Option<Duration> {
 /// One lazily (re)opened connection. Any I/O error drops it; the next use reconnects.
 pub(crate) struct Conn {
     link: Link,
-    con: Option<redis::Connection>,
+    con: Option<Con>,
 }
 
 impl Conn {
@@ -119,7 +133,7 @@ impl Conn {
     pub(crate) fn run<T>(
         &mut self,
         deadline: Instant,
-        mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Failure> {
         let reused = self.con.is_some();
         match self.run_once(deadline, &mut f) {
@@ -138,14 +152,14 @@ impl Conn {
     fn run_once<T>(
         &mut self,
         deadline: Instant,
-        f: &mut impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        f: &mut impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Failure> {
         if self.con.is_none() {
             let time = left(deadline, self.link.io_timeout).ok_or(Failure::NotSent)?;
             let con = self
                 .link
-                .client
-                .get_connection_with_timeout(self.link.connect_timeout.min(time))
+                .topology
+                .connect(self.link.connect_timeout.min(time))
                 .map_err(Failure::NotConnected)?;
             self.con = Some(con);
         }
@@ -154,13 +168,13 @@ impl Conn {
         };
         let r = match left(deadline, self.link.io_timeout) {
             None => return Err(Failure::NotSent),
-            Some(time) => con
-                .set_read_timeout(Some(time))
-                .and_then(|()| con.set_write_timeout(Some(time)))
-                .and_then(|()| f(con)),
+            Some(time) => con.set_timeouts(time).and_then(|()| f(con)),
         };
         if let Err(e) = &r {
-            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
+            // A node that is no longer the primary: the next connection goes to the
+            // current one (a Sentinel is asked again).
+            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() || is_not_primary(e)
+            {
                 self.con = None;
             }
         }
@@ -168,26 +182,429 @@ impl Conn {
     }
 }
 
-type Job = Box<dyn FnOnce(&mut Conn) + Send>;
-
-/// A fixed pool of threads, each with its own connection, running jobs in order of
-/// arrival. The threads end when the pool is dropped.
-///
-/// Every job ends by its deadline and all jobs get the same time, so the jobs ahead of
-/// a call end before the call's own deadline: a call waits for a worker at most until
-/// its deadline, and is then failed without being sent.
-pub(crate) struct Pool {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
-    io_timeout: Duration,
+/// One command of a pipeline: a plain command, or a script call sent as `EVALSHA`
+/// (see [`crate::scripts::Lua::on`]).
+#[derive(Clone)]
+pub(crate) struct Request {
+    cmd: redis::Cmd,
+    /// The script's source, for a script call: loaded when Redis answers NOSCRIPT.
+    script: Option<&'static str>,
+    /// The key a script call is on: a Cluster loads an unknown script on its node,
+    /// and a `WAIT` after it goes to that node.
+    key: Option<String>,
+    /// A write that must be on [`Link::min_replicas`] replicas when its reply passes
+    /// this test: a `WAIT` follows it on the same connection (see [`run_batch`]).
+    replicated: Option<fn(&redis::Value) -> bool>,
 }
 
-/// What a job does when its caller went away before it started.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum IfAbandoned {
-    /// Skip it: nobody will read the answer (a claim, a look).
-    Skip,
-    /// Run it anyway: a completion, whose order against a later release matters.
-    Run,
+impl Request {
+    /// A plain command, e.g. `Request::command("PUBLISH").arg(channel).arg("x")`.
+    pub(crate) fn command(name: &str) -> Self {
+        Request {
+            cmd: redis::cmd(name),
+            script: None,
+            key: None,
+            replicated: None,
+        }
+    }
+
+    /// A call of the script `code` (an `EVALSHA` of its hash) on `key`.
+    pub(crate) fn script(cmd: redis::Cmd, code: &'static str, key: &str) -> Self {
+        Request {
+            cmd,
+            script: Some(code),
+            key: Some(key.to_owned()),
+            replicated: None,
+        }
+    }
+
+    /// Marks this write as one that must reach the store's `min_replicas` replicas
+    /// when `wrote(reply)` holds (a claim that led, a completion that stored).
+    pub(crate) fn replicated(mut self, wrote: fn(&redis::Value) -> bool) -> Self {
+        self.replicated = Some(wrote);
+        self
+    }
+
+    /// Appends an argument.
+    pub(crate) fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+}
+
+/// Runs `requests` on `con` as one pipeline (one write, then the replies in order) and
+/// gives one result per request, in order: a reply, or that request's own error.
+/// The outer error is the connection's (a timeout or a broken connection: nothing can
+/// be said of any request then). The replies are all read by `deadline`.
+///
+/// A script call that Redis does not know (NOSCRIPT: first use, a restarted or
+/// flushed server) is loaded and sent again, with the other unknown ones, in a
+/// second pipeline; the other requests keep their first reply.
+///
+/// This is the only way the store's threads talk to Redis, so a connection of
+/// another kind (e.g. one that routes each request to a cluster node) only needs to
+/// provide it, even by running the requests one by one.
+pub(crate) fn pipeline(
+    con: &mut Con,
+    requests: &[&Request],
+    deadline: Instant,
+) -> redis::RedisResult<Vec<Result<redis::Value, Failure>>> {
+    match con {
+        Con::Node(c) => Ok(node_pipeline(c, requests, deadline)?
+            .into_iter()
+            .map(|r| r.map_err(Failure::Redis))
+            .collect()),
+        Con::Cluster(c) => Ok(requests
+            .iter()
+            .map(|r| cluster_request(c, r, deadline))
+            .collect()),
+    }
+}
+
+/// One request on a Cluster. The redis crate's cluster pipeline fails every command
+/// when one fails (and a NOSCRIPT is one), so the requests of a batch go one by one:
+/// each is routed by its key (MOVED / ASK followed by the crate), each read bounded by
+/// `deadline`, and a request whose time ran out before it was sent is not sent.
+fn cluster_request(
+    c: &mut redis::cluster::ClusterConnection,
+    r: &Request,
+    deadline: Instant,
+) -> Result<redis::Value, Failure> {
+    use redis::ConnectionLike;
+    let timed = |c: &mut redis::cluster::ClusterConnection| -> Result<(), Failure> {
+        let time = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or(Failure::NotSent)?;
+        c.set_read_timeout(Some(time)).map_err(Failure::Redis)?;
+        c.set_write_timeout(Some(time)).map_err(Failure::Redis)
+    };
+    timed(c)?;
+    match c.req_command(&r.cmd) {
+        Err(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                && r.script.is_some() =>
+        {
+            let (Some(code), Some(key)) = (r.script, r.key.as_deref()) else {
+                return Err(Failure::Redis(e));
+            };
+            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+            let route = Route::with_key(key, SlotAddr::Master);
+            timed(c)?;
+            c.route_command(
+                redis::cmd("SCRIPT").arg("LOAD").arg(code),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+            )
+            .map_err(Failure::Redis)?;
+            timed(c)?;
+            c.req_command(&r.cmd).map_err(Failure::Redis)
+        }
+        r => r.map_err(Failure::Redis),
+    }
+}
+
+/// [`pipeline`] on one node: one write, then the replies in order.
+fn node_pipeline(
+    con: &mut redis::Connection,
+    requests: &[&Request],
+    deadline: Instant,
+) -> redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> {
+    let mut out = send(con, &[], requests, deadline, true)?;
+    let unknown: Vec<usize> = (0..requests.len())
+        .filter(|&i| {
+            requests[i].script.is_some()
+                && matches!(&out[i], Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+        })
+        .collect();
+    if !unknown.is_empty() {
+        let mut loads: Vec<&str> = unknown.iter().filter_map(|&i| requests[i].script).collect();
+        loads.sort_unstable();
+        loads.dedup();
+        let again: Vec<&Request> = unknown.iter().map(|&i| requests[i]).collect();
+        for (i, r) in unknown
+            .into_iter()
+            .zip(send(con, &loads, &again, deadline, false)?)
+        {
+            out[i] = r;
+        }
+    }
+    Ok(out)
+}
+
+/// One write of `SCRIPT LOAD`s for `loads` then `requests`; the replies of `requests`.
+/// `timeout_set`: the read timeout already fits `deadline` (set just before).
+///
+/// Hand-written over `send_packed_command` / `recv_response` rather than the crate's
+/// `Pipeline::query`: that one keeps reading after a timed-out reply, each read
+/// waiting a whole timeout again, so a black-holed server would hold a batch of n
+/// calls n timeouts long. Here the first failed read ends the batch, and every read
+/// is bounded by `deadline`.
+fn send(
+    con: &mut redis::Connection,
+    loads: &[&str],
+    requests: &[&Request],
+    deadline: Instant,
+    timeout_set: bool,
+) -> redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> {
+    let mut bytes = Vec::new();
+    for code in loads {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(*code)
+            .write_packed_command(&mut bytes);
+    }
+    for r in requests {
+        r.cmd.write_packed_command(&mut bytes);
+    }
+    con.send_packed_command(&bytes)?;
+    let n = loads.len() + requests.len();
+    let mut out = Vec::with_capacity(n);
+    let mut first = timeout_set;
+    while out.len() < n {
+        if !first {
+            // Unless the caller just set it (for the first read), the time left.
+            let time = deadline
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+                })?;
+            con.set_read_timeout(Some(time))?;
+        }
+        first = false;
+        match con.recv_response()? {
+            redis::Value::Push { .. } => {}
+            redis::Value::ServerError(e) => out.push(Err(e.into())),
+            v => out.push(Ok(v)),
+        }
+    }
+    Ok(out.split_off(loads.len()))
+}
+
+/// What the replicas said of a replicated write (see [`Request::replicated`]): `None`
+/// when no `WAIT` was asked for (no `min_replicas`, or the reply wrote nothing), else
+/// how many replicas acknowledged it, or why `WAIT` failed.
+pub(crate) type Acked = Option<Result<usize, redis::RedisError>>;
+
+/// What is done with a call's outcome, on the worker (it may queue follow-up calls).
+type Done = Box<dyn FnOnce(Result<redis::Value, Failure>, Acked, &Queue) + Send>;
+
+/// A call waiting for a worker.
+struct Call {
+    request: Request,
+    deadline: Instant,
+    /// True once nobody waits for the answer and the call need not be sent.
+    abandoned: Option<Box<dyn Fn() -> bool + Send>>,
+    done: Done,
+}
+
+#[derive(Default)]
+struct QueueState {
+    calls: VecDeque<Call>,
+    closed: bool,
+}
+
+/// The calls waiting for a worker, in order of arrival.
+pub(crate) struct Queue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+/// The most calls sent as one pipeline.
+const MAX_BATCH: usize = 256;
+
+impl Queue {
+    fn push(&self, call: Call) -> bool {
+        let mut st = lock(&self.state);
+        if st.closed {
+            return false;
+        }
+        st.calls.push_back(call);
+        drop(st);
+        self.ready.notify_one();
+        true
+    }
+
+    /// Every call queued (up to [`MAX_BATCH`]), waiting for one; None once closed and
+    /// drained.
+    fn take(&self) -> Option<Vec<Call>> {
+        let mut st = lock(&self.state);
+        loop {
+            if !st.calls.is_empty() {
+                let n = st.calls.len().min(MAX_BATCH);
+                let batch: Vec<Call> = st.calls.drain(..n).collect();
+                let more = !st.calls.is_empty();
+                drop(st);
+                if more {
+                    // Another worker takes the rest while this one is busy.
+                    self.ready.notify_one();
+                }
+                return Some(batch);
+            }
+            if st.closed {
+                return None;
+            }
+            st = self.ready.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Sends a batch of calls as one pipeline on `conn` and hands each its outcome.
+///
+/// Calls whose caller went away are dropped and calls whose deadline passed are
+/// failed, both without being sent. The batch is bounded by the earliest deadline of
+/// the calls sent (all calls get the same time, and the batch holds the calls that
+/// waited together, so this cuts the others' time by little).
+fn run_batch(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
+    let io_timeout = conn.link.io_timeout;
+    let mut calls = Vec::with_capacity(batch.len());
+    for call in batch {
+        if call.abandoned.as_ref().is_some_and(|gone| gone()) {
+            continue;
+        }
+        if left(call.deadline, io_timeout).is_none() {
+            (call.done)(Err(Failure::NotSent), None, queue);
+            continue;
+        }
+        calls.push(call);
+    }
+    let Some(deadline) = calls.iter().map(|c| c.deadline).min() else {
+        return;
+    };
+    let requests: Vec<&Request> = calls.iter().map(|c| &c.request).collect();
+    let replies = conn.run(deadline, |c| pipeline(c, &requests, deadline));
+    match replies {
+        Ok(replies) => {
+            let acked = wait_replicas(conn, &requests, &replies, deadline);
+            for ((call, reply), acked) in calls.into_iter().zip(replies).zip(acked) {
+                (call.done)(reply, acked, queue);
+            }
+        }
+        Err(f) => {
+            for call in calls {
+                (call.done)(Err(f.clone()), None, queue);
+            }
+        }
+    }
+}
+
+/// The `WAIT`s the replicated writes of a batch need, on the connection that sent them
+/// (WAIT counts the replicas that acknowledged this connection's writes): on a node,
+/// one WAIT after the whole batch covers every write of it; on a Cluster, one per
+/// write, on the primary of its key. Never on a new connection (it would have written
+/// nothing, and WAIT would answer at once).
+fn wait_replicas(
+    conn: &mut Conn,
+    requests: &[&Request],
+    replies: &[Result<redis::Value, Failure>],
+    deadline: Instant,
+) -> Vec<Acked> {
+    let n = conn.link.min_replicas;
+    let mut acked: Vec<Acked> = vec![None; requests.len()];
+    if n == 0 {
+        return acked;
+    }
+    let wrote: Vec<usize> = (0..requests.len())
+        .filter(|&i| match (&requests[i].replicated, &replies[i]) {
+            (Some(wrote), Ok(v)) => wrote(v),
+            _ => false,
+        })
+        .collect();
+    if wrote.is_empty() {
+        return acked;
+    }
+    let lost = || {
+        redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            "the connection that sent the write was lost before WAIT",
+        ))
+    };
+    // WAIT must answer before the batch's deadline: its own timeout leaves a tenth of
+    // the I/O timeout for the reply to travel.
+    let timeout = |link: &Link| {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .saturating_sub(link.io_timeout / 10)
+            .min(link.min_replicas_timeout)
+    };
+    let cluster = matches!(conn.con, Some(Con::Cluster(_)));
+    let keys: Vec<Option<String>> = if cluster {
+        wrote.iter().map(|&i| requests[i].key.clone()).collect()
+    } else {
+        // One WAIT covers the batch on a node.
+        vec![requests[wrote[0]].key.clone()]
+    };
+    let mut answers = Vec::with_capacity(keys.len());
+    for key in keys {
+        let t = timeout(&conn.link);
+        let r = if conn.con.is_none() {
+            Err(lost())
+        } else {
+            // run_once, not run: a retry would WAIT on a fresh connection.
+            conn.run_once(deadline, &mut |c: &mut Con| {
+                c.wait_replicas(key.as_deref().unwrap_or(""), n, t)
+            })
+            .map_err(|f| match f {
+                Failure::Redis(e) | Failure::NotConnected(e) => e,
+                Failure::NotSent => redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no time left for WAIT",
+                )),
+            })
+        };
+        answers.push(r);
+    }
+    if cluster {
+        for (i, r) in wrote.into_iter().zip(answers) {
+            acked[i] = Some(r);
+        }
+    } else {
+        let r = answers.pop().unwrap_or_else(|| Err(lost()));
+        for i in wrote {
+            acked[i] = Some(r.clone());
+        }
+    }
+    acked
+}
+
+/// A fixed pool of threads, each with its own connection, taking the calls queued in
+/// order of arrival. A free worker takes every call waiting (up to [`MAX_BATCH`]) and
+/// sends them as one pipeline, so calls that arrive together share one round trip,
+/// and a slow reply holds up only the calls of its batch: the calls queued behind it
+/// go to the next free worker. The threads end when the pool is dropped.
+///
+/// Every call has the same time, and a batch ends by its earliest deadline, so a call
+/// waits for a worker at most until its own deadline, and is then failed without
+/// being sent.
+pub(crate) struct Pool {
+    queue: Arc<Queue>,
+    io_timeout: Duration,
+    /// Connections for callers that may block their thread (see [`blocking`]), at
+    /// most one per worker; made on first use.
+    direct: Mutex<Vec<Conn>>,
+    /// Direct connections not yet made.
+    direct_left: std::sync::atomic::AtomicUsize,
+    link: Link,
+}
+
+thread_local! {
+    static MAY_BLOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread marked as one that may block on Redis: the calls it makes
+/// while no other call is queued go out from this thread on a direct connection,
+/// with no hand-off to a worker and back (two thread wake-ups saved per call). For
+/// blocking entry points only (`execute_blocking`), never inside an async task.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            MAY_BLOCK.with(|b| b.set(self.0));
+        }
+    }
+    let _reset = Reset(MAY_BLOCK.with(|b| b.replace(true)));
+    f()
 }
 
 /// The answer of a call on the pool (UNAVAILABLE when Redis failed). Dropping it
@@ -234,32 +651,36 @@ impl<T> Drop for Reply<T> {
     }
 }
 
+/// A reply parsed into `T` (a reply of an unexpected shape is a Redis error).
+fn parse<T: redis::FromRedisValue>(r: Result<redis::Value, Failure>) -> Result<T, Failure> {
+    r.and_then(|v| T::from_redis_value(v).map_err(|e| Failure::Redis(e.into())))
+}
+
 impl Pool {
     pub(crate) fn new(link: &Link, threads: usize) -> Self {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(Queue {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+        });
         for i in 0..threads {
-            let rx = rx.clone();
+            let queue = queue.clone();
             let mut conn = Conn::new(link.clone());
             std::thread::Builder::new()
                 .name(format!("oncely-redis-{i}"))
-                .spawn(move || loop {
-                    let job = lock(&rx).recv();
-                    match job {
-                        Ok(job) => job(&mut conn),
-                        Err(_) => return,
+                .spawn(move || {
+                    while let Some(batch) = queue.take() {
+                        run_batch(&mut conn, &queue, batch);
                     }
                 })
                 .expect("spawning an oncely-redis worker thread");
         }
         Pool {
-            tx: Mutex::new(Some(tx)),
+            queue,
             io_timeout: link.io_timeout,
+            direct: Mutex::new(Vec::new()),
+            direct_left: std::sync::atomic::AtomicUsize::new(threads),
+            link: link.clone(),
         }
-    }
-
-    fn submit(&self, job: Job) -> bool {
-        lock(&self.tx).as_ref().is_some_and(|s| s.send(job).is_ok())
     }
 
     fn reply<T>(
@@ -275,97 +696,169 @@ impl Pool {
         }
     }
 
-    fn call_with<T: Send + 'static>(
+    /// Sends `request` on a worker; the future resolves with its reply. Redis errors
+    /// become UNAVAILABLE. Not sent when the caller went away before a worker took
+    /// it up.
+    pub(crate) fn call<T: redis::FromRedisValue + Send + 'static>(
         &self,
-        if_abandoned: IfAbandoned,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
-        after: impl FnOnce(&Result<T, Failure>) + Send + 'static,
+        request: Request,
     ) -> Reply<T> {
-        let deadline = Instant::now() + self.io_timeout;
         let (tx, rx) = futures_channel::oneshot::channel();
-        let job: Job = Box::new(move |conn: &mut Conn| {
-            if if_abandoned == IfAbandoned::Skip && tx.is_canceled() {
-                return;
-            }
-            let r = conn.run(deadline, f);
-            after(&r);
-            let _ = tx.send(r);
+        let tx = Arc::new(Mutex::new(Some(tx)));
+        let gone = tx.clone();
+        let sent = self.submit(Call {
+            request,
+            deadline: Instant::now() + self.io_timeout,
+            abandoned: Some(Box::new(move || {
+                lock(&gone).as_ref().is_none_or(|tx| tx.is_canceled())
+            })),
+            done: Box::new(move |r, _, _| {
+                if let Some(tx) = lock(&tx).take() {
+                    let _ = tx.send(parse::<T>(r));
+                }
+            }),
         });
-        let sent = self.submit(job);
         self.reply(sent, rx, None)
     }
 
-    /// Runs `f` on a worker; the future resolves with its result. Redis errors
-    /// become UNAVAILABLE. Not sent when the caller went away before a worker took
-    /// it up.
-    pub(crate) fn call<T: Send + 'static>(
+    /// Like [`call`](Self::call), but sent even when the caller goes away, and runs
+    /// `after` on the worker once the reply came (or the call failed), before
+    /// answering (a completion: once queued, it is never overtaken by a release
+    /// queued after it).
+    ///
+    /// `replicas` turns the parsed reply and what the replicas said of it (see
+    /// [`Acked`]) into the answer.
+    pub(crate) fn call_to_end<R: redis::FromRedisValue, T: Send + 'static>(
         &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
+        request: Request,
+        replicas: impl FnOnce(R, Acked) -> T + Send + 'static,
+        after: impl FnOnce() + Send + 'static,
     ) -> Reply<T> {
-        self.call_with(IfAbandoned::Skip, f, |_| {})
-    }
-
-    /// Like [`call`](Self::call), but runs even when the caller goes away, and runs
-    /// `after` on the worker with the result before answering (a completion: once
-    /// sent, it is never overtaken by a release queued after it).
-    pub(crate) fn call_to_end<T: Send + 'static>(
-        &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
-        after: impl FnOnce(&Result<T, Failure>) + Send + 'static,
-    ) -> Reply<T> {
-        self.call_with(IfAbandoned::Run, f, after)
+        let (tx, rx) = futures_channel::oneshot::channel();
+        let sent = self.submit(Call {
+            request,
+            deadline: Instant::now() + self.io_timeout,
+            abandoned: None,
+            done: Box::new(move |r, acked, _| {
+                let r = parse::<R>(r).map(|v| replicas(v, acked));
+                after();
+                let _ = tx.send(r);
+            }),
+        });
+        self.reply(sent, rx, None)
     }
 
     /// Like [`call`](Self::call), but a value nobody will read is undone: when the
-    /// caller stopped waiting (dropped the future) before the answer came, `undo` runs
-    /// on the worker with `f`'s value; when the answer came but was never read,
-    /// `undo_later` gets it when the future is dropped. A claim nobody will use is
-    /// released at once instead of blocking the key for a lease.
+    /// caller stopped waiting (dropped the future) before the answer came, the request
+    /// `undo` makes of the value (if any) is queued with the call's own deadline; when
+    /// the answer came but was never read, `undo_later` gets it when the future is
+    /// dropped. A claim nobody will use is released at once instead of blocking the
+    /// key for a lease.
     ///
-    /// When `f` fails in a way that may come after Redis ran it (its reply timed out,
-    /// or the connection broke), `undo_unknown` runs on the worker: a claim whose
+    /// When the call fails in a way that may come after Redis ran it (its reply timed
+    /// out, or the connection broke), `undo_unknown` runs on the worker: a claim whose
     /// answer was lost is released (best effort) rather than left to its lease.
-    pub(crate) fn call_or_undo<T: Send + 'static>(
+    ///
+    /// `replicas` turns the reply and what the replicas said of it (see [`Acked`])
+    /// into the answer, and may ask for a request to be queued at once (a claim the
+    /// replicas did not acknowledge is released before its caller hears of it).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn call_or_undo<T: redis::FromRedisValue + Send + 'static>(
         &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T> + Send + 'static,
-        undo: impl FnOnce(&mut redis::Connection, T) -> redis::RedisResult<()> + Send + 'static,
+        request: Request,
+        replicas: impl FnOnce(T, Acked) -> (Result<T, Failure>, Option<Request>) + Send + 'static,
+        undo: impl FnOnce(&T) -> Option<Request> + Send + 'static,
         undo_later: impl FnOnce(T) + Send + 'static,
         undo_unknown: impl FnOnce() + Send + 'static,
     ) -> Reply<T> {
-        let deadline = Instant::now() + self.io_timeout;
+        let (io_timeout, deadline) = (self.io_timeout, Instant::now() + self.io_timeout);
         let (tx, rx) = futures_channel::oneshot::channel();
-        let job: Job = Box::new(move |conn: &mut Conn| {
-            if tx.is_canceled() {
-                return;
-            }
-            let r = conn.run(deadline, f);
-            if matches!(&r, Err(Failure::Redis(e)) if e.is_timeout() || e.is_io_error()) {
-                undo_unknown();
-            }
-            if let Err(Ok(v)) = tx.send(r) {
-                // Within the same deadline, so the jobs behind this one keep theirs;
-                // past it the claim lapses with its lease.
-                let mut undo = Some((undo, v));
-                let _ = conn.run(deadline, |c| match undo.take() {
-                    Some((undo, v)) => undo(c, v),
-                    None => Ok(()),
-                });
-            }
+        let tx = Arc::new(Mutex::new(Some(tx)));
+        let gone = tx.clone();
+        let sent = self.submit(Call {
+            request,
+            deadline,
+            abandoned: Some(Box::new(move || {
+                lock(&gone).as_ref().is_none_or(|tx| tx.is_canceled())
+            })),
+            done: Box::new(move |r, acked, queue| {
+                let r = match parse::<T>(r) {
+                    Ok(v) => {
+                        let (r, first) = replicas(v, acked);
+                        if let Some(request) = first {
+                            // Its own deadline: the claim's may be spent by the WAIT,
+                            // and a release left unsent would hold the key a lease.
+                            queue.push(Call {
+                                request,
+                                deadline: Instant::now() + io_timeout,
+                                abandoned: None,
+                                done: Box::new(|_, _, _| {}),
+                            });
+                        }
+                        r
+                    }
+                    Err(f) => Err(f),
+                };
+                if matches!(&r, Err(Failure::Redis(e)) if e.is_timeout() || e.is_io_error()) {
+                    undo_unknown();
+                }
+                let Some(tx) = lock(&tx).take() else {
+                    return;
+                };
+                if let Err(Ok(v)) = tx.send(r) {
+                    // Within the same deadline, so the calls behind this one keep
+                    // theirs; past it the claim lapses with its lease.
+                    if let Some(request) = undo(&v) {
+                        queue.push(Call {
+                            request,
+                            deadline,
+                            abandoned: None,
+                            done: Box::new(|_, _, _| {}),
+                        });
+                    }
+                }
+            }),
         });
-        let sent = self.submit(job);
         self.reply(sent, rx, Some(Box::new(undo_later)))
     }
 
-    /// Runs `f` on a worker without waiting for it (release after a panic or drop).
-    pub(crate) fn spawn(
-        &self,
-        f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<()> + Send + 'static,
-    ) {
-        let deadline = Instant::now() + self.io_timeout;
-        let job: Job = Box::new(move |conn: &mut Conn| {
-            let _ = conn.run(deadline, f);
+    /// Sends `request` without waiting for it (a release after a panic or drop, a
+    /// wake-up).
+    pub(crate) fn spawn(&self, request: Request) {
+        self.submit(Call {
+            request,
+            deadline: Instant::now() + self.io_timeout,
+            abandoned: None,
+            done: Box::new(|_, _, _| {}),
         });
-        self.submit(job);
+    }
+
+    /// Queues `call` for the workers, or sends it at once from this thread when the
+    /// thread may block (see [`blocking`]), nothing is queued ahead of it (calls keep
+    /// their order) and a direct connection is free.
+    fn submit(&self, call: Call) -> bool {
+        if MAY_BLOCK.with(std::cell::Cell::get) && lock(&self.queue.state).calls.is_empty() {
+            let conn = lock(&self.direct).pop().or_else(|| {
+                self.direct_left
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                    .ok()
+                    .map(|_| Conn::new(self.link.clone()))
+            });
+            if let Some(mut conn) = conn {
+                run_batch(&mut conn, &self.queue, vec![call]);
+                lock(&self.direct).push(conn);
+                return true;
+            }
+        }
+        self.queue.push(call)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // The workers send what is queued, then end.
+        lock(&self.queue.state).closed = true;
+        self.queue.ready.notify_all();
     }
 }
 /// One lease being renewed.
@@ -498,39 +991,38 @@ impl Renewer {
             // One round trip for every due lease: a slow reply delays them all by one
             // I/O timeout at most, never one after the other.
             let deadline = conn.deadline();
-            let r: Result<Vec<i64>, Failure> = conn.run(deadline, |c| {
-                let mut p = redis::pipe();
-                for (_, key, token) in &due {
-                    p.invoke_script(scripts.renew.key(key).arg(token).arg(lease_ms));
-                }
-                match p.query::<Vec<i64>>(c) {
-                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                        scripts.renew.prepare_invoke().load(c)?;
-                        p.query(c)
-                    }
-                    r => r,
-                }
-            });
+            let requests: Vec<Request> = due
+                .iter()
+                .map(|(_, key, token)| scripts.renew.on(key).arg(token).arg(lease_ms))
+                .collect();
+            let requests: Vec<&Request> = requests.iter().collect();
+            let r = conn.run(deadline, |c| pipeline(c, &requests, deadline));
             let mut st = lock(&self.state);
-            match r {
-                Ok(renewed) if renewed.len() == due.len() => {
-                    for ((id, _, _), ok) in due.iter().zip(renewed) {
-                        if ok == 1 {
-                            if let Some(l) = st.leases.get_mut(id) {
-                                l.due = Instant::now() + self.period();
-                            }
-                        } else if let Some(l) = st.leases.remove(id) {
+            // Redis unreachable or failing: keep trying; when it returns in time the
+            // lease is kept, otherwise the complete script reports it lost.
+            let retry = Instant::now() + (self.period() / 4).max(Duration::from_millis(5));
+            let replies: Vec<Option<i64>> = match r {
+                Ok(replies) => replies
+                    .into_iter()
+                    .map(|r| r.ok().and_then(|v| redis::from_redis_value(v).ok()))
+                    .collect(),
+                Err(_) => vec![None; due.len()],
+            };
+            for ((id, _, _), renewed) in due.iter().zip(replies) {
+                match renewed {
+                    Some(1) => {
+                        if let Some(l) = st.leases.get_mut(id) {
+                            l.due = Instant::now() + self.period();
+                        }
+                    }
+                    Some(_) => {
+                        if let Some(l) = st.leases.remove(id) {
                             l.lost.store(true, Ordering::Release);
                         }
                     }
-                }
-                // Redis unreachable: keep trying; when it returns in time the lease is
-                // kept, otherwise the complete script reports it lost.
-                _ => {
-                    for (id, _, _) in &due {
+                    None => {
                         if let Some(l) = st.leases.get_mut(id) {
-                            l.due =
-                                Instant::now() + (self.period() / 4).max(Duration::from_millis(5));
+                            l.due = retry;
                         }
                     }
                 }
@@ -673,10 +1165,7 @@ impl Notifier {
     /// One pub/sub connection, until it fails (or shutdown).
     fn session(&self, link: &Link, pause: &mut Duration) -> Session {
         // Waiters fall back to polling while there is no session.
-        let Ok(mut con) = link
-            .client
-            .get_connection_with_timeout(link.connect_timeout)
-        else {
+        let Ok(mut con) = link.topology.listen_connection(link.connect_timeout) else {
             return Session::Failed;
         };
         let mut ps = con.as_pubsub();
@@ -739,4 +1228,75 @@ enum Session {
     Stop,
     /// The connection or a subscription failed: back off, then reconnect.
     Failed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scripts::Lua;
+
+    fn url() -> String {
+        match std::env::var("ONCELY_REDIS_URL") {
+            Ok(u) if !u.is_empty() => u,
+            _ => panic!("ONCELY_REDIS_URL is not set: run scripts/test-redis"),
+        }
+    }
+
+    /// One pipeline of scripts Redis does not know, plain commands and a failing
+    /// command: each request gets its own reply or error, the unknown scripts are
+    /// loaded and sent again (once), and nothing else is sent twice.
+    #[test]
+    #[ignore = "needs a Redis: run scripts/test-redis"]
+    fn a_pipeline_answers_each_request_and_resends_only_unknown_scripts() {
+        let mut con = redis::Client::open(url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let p = oncely::IdempotencyKey::random().as_str().to_owned();
+        let (a, b, s) = (format!("{p}:a"), format!("{p}:b"), format!("{p}:s"));
+        let _: () = redis::cmd("SET")
+            .arg(&s)
+            .arg("text")
+            .query(&mut con)
+            .unwrap();
+        // A fresh script text each run, so Redis cannot know it yet.
+        let code: &'static str =
+            Box::leak(format!("-- {p}\nreturn redis.call('INCR', KEYS[1])").into_boxed_str());
+        let incr = Lua::new(code);
+        let requests = [
+            incr.on(&a),
+            Request::command("INCR").arg(&b),
+            Request::command("HSET").arg(&s).arg("f").arg("v"),
+            incr.on(&a),
+            Request::command("PING"),
+        ];
+        let refs: Vec<&Request> = requests.iter().collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        con.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let out = node_pipeline(&mut con, &refs, deadline).unwrap();
+        assert_eq!(out.len(), 5);
+        let int = |r: &redis::RedisResult<redis::Value>| match r {
+            Ok(v) => redis::from_redis_value_ref::<i64>(v).unwrap(),
+            Err(e) => panic!("{e}"),
+        };
+        // Both script calls ran once each, after the load (1 then 2, in order).
+        assert_eq!((int(&out[0]), int(&out[3])), (1, 2));
+        assert_eq!(int(&out[1]), 1, "a plain command was sent again");
+        match &out[2] {
+            Err(e) => assert_eq!(e.code(), Some("WRONGTYPE"), "{e}"),
+            Ok(v) => panic!("expected WRONGTYPE, got {v:?}"),
+        }
+        assert!(matches!(&out[4], Ok(redis::Value::SimpleString(s)) if s == "PONG"));
+        let counts: (i64, i64) = redis::pipe()
+            .cmd("GET")
+            .arg(&a)
+            .cmd("GET")
+            .arg(&b)
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(counts, (2, 1));
+        // Known now: one pipeline, no load.
+        let out = node_pipeline(&mut con, &[&requests[0]], deadline).unwrap();
+        assert_eq!(int(&out[0]), 3);
+    }
 }

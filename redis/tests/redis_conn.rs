@@ -657,13 +657,13 @@ fn acl_denials(user: &str) -> i64 {
             redis::Value::Array(items) => items
                 .chunks(2)
                 .filter_map(|kv| {
-                    let k: String = redis::from_redis_value(&kv[0]).ok()?;
+                    let k: String = redis::from_redis_value_ref(&kv[0]).ok()?;
                     Some((k, kv.get(1)?.clone()))
                 })
                 .collect(),
             redis::Value::Map(items) => items
                 .into_iter()
-                .filter_map(|(k, v)| Some((redis::from_redis_value(&k).ok()?, v)))
+                .filter_map(|(k, v)| Some((redis::from_redis_value_ref(&k).ok()?, v)))
                 .collect(),
             _ => continue,
         };
@@ -673,10 +673,11 @@ fn acl_denials(user: &str) -> i64 {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.clone())
         };
-        let who: Option<String> = get("username").and_then(|v| redis::from_redis_value(&v).ok());
+        let who: Option<String> =
+            get("username").and_then(|v| redis::from_redis_value_ref(&v).ok());
         if who.as_deref() == Some(user) {
             total += get("count")
-                .and_then(|v| redis::from_redis_value::<i64>(&v).ok())
+                .and_then(|v| redis::from_redis_value_ref::<i64>(&v).ok())
                 .unwrap_or(1);
         }
     }
@@ -883,5 +884,58 @@ fn timed_out_claim_leaves_no_claim() {
                 Err(e) => panic!("{e:?}"),
             }
         }
+    });
+}
+
+/// `execute_blocking` sends from the caller's own thread on a direct connection: a
+/// black-holed Redis still fails each caller within about one I/O timeout, and no
+/// action runs without a claim.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn black_holed_redis_fails_blocking_callers_within_the_io_timeout() {
+    bounded(Duration::from_secs(60), || {
+        let proxy = Proxy::new(None);
+        let io = Duration::from_millis(300);
+        let s: RedisStore<Boom> = RedisStore::builder(proxy.url())
+            .io_timeout(io)
+            .connect_timeout(io)
+            .workers(2)
+            .build()
+            .unwrap();
+        let n = 12;
+        let ran = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(Barrier::new(n));
+        let callers: Vec<_> = (0..n)
+            .map(|_| {
+                let (s, ran, barrier) = (s.clone(), ran.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let t = Instant::now();
+                    let r = s.execute_blocking(&key(), "f", ExecuteOptions::default(), || {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        Ok(vec![])
+                    });
+                    (t.elapsed(), r)
+                })
+            })
+            .collect();
+        let mut slowest = Duration::ZERO;
+        for c in callers {
+            let (took, r) = c.join().unwrap();
+            match r {
+                Err(ExecuteError::Store(e)) => assert_eq!(e.code(), Code::Unavailable, "{e}"),
+                other => panic!("expected UNAVAILABLE, got {other:?}"),
+            }
+            slowest = slowest.max(took);
+        }
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            0,
+            "an action ran without a claim"
+        );
+        assert!(
+            slowest < io + Duration::from_millis(500),
+            "a caller waited {slowest:?} (I/O timeout {io:?})"
+        );
     });
 }

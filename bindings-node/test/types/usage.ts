@@ -15,6 +15,7 @@ import {
   RedisStore,
   RedisStoreCounters,
   RedisStoreOptions,
+  RedisRecord,
   ActionInfo,
   RetryBudget,
   RetryErrorInfo,
@@ -145,7 +146,26 @@ async function redisUsage(scoped: ScopedKey): Promise<void> {
   const own = new RedisStore({ url: 'redis://127.0.0.1:6379/0', encode: (v) => JSON.stringify(v), decode: (t) => JSON.parse(t) })
   const record: Buffer = encodeResult(new Map(), (v) => Buffer.from(String(v)))
   console.log(own.prefix, decodeResult(record, (b: Buffer) => b.toString()))
+  // Operations: read and remove a record, health check, connect at construction.
+  const checked = new RedisStore({ url: 'redis://127.0.0.1:6379/0', connect: true })
+  const found: RedisRecord | null = await checked.get(scoped)
+  if (found !== null) {
+    const state: 'running' | 'done' = found.state
+    const left: number = found.leaseLeftMs
+    const stored: Buffer | undefined = found.data
+    console.log(state, left, stored, found.fingerprint, found.generation)
+  }
+  const removed: boolean = await checked.remove(scoped)
+  await checked.ping()
+  const unavailable: number = checked.counters().unavailable
+  console.log(removed, unavailable)
 }
 void redisUsage
 // @ts-expect-error RedisStore needs its options (a url)
 new RedisStore()
+// One URL or several: a Cluster's seeds, or Sentinels; with replica-acknowledged writes.
+new RedisStore({ urls: ['redis://10.0.0.1:6379', 'redis://10.0.0.2:6379'], cluster: true, minReplicas: 1, minReplicasTimeoutMs: 100 })
+new RedisStore({ url: 'redis+sentinel://10.0.0.1:26379/mymaster' })
+new RedisStore({ urls: ['redis://10.0.0.1:26379'], sentinel: 'mymaster' }).counters().completionsUnreplicated.toFixed()
+// @ts-expect-error url or urls, not both
+new RedisStore({ url: 'redis://10.0.0.1:6379', urls: ['redis://10.0.0.2:6379'] })

@@ -61,7 +61,7 @@ from .errors import (
     http_status_of,
 )
 from .extract import code_of, failure_of
-from .redis_store import RedisStore
+from .redis_store import RedisRecord, RedisStore
 from .retry import Attempt, RetryEvent, Seconds, retry, retry_sync, retrying
 from .store import IdempotencyStore
 
@@ -96,6 +96,7 @@ __all__ = [
     "OncelyError",
     "RetryBudget",
     "RetryEvent",
+    "RedisRecord",
     "RedisStore",
     "RetryPolicy",
     "ScopedKey",

@@ -1,5 +1,6 @@
 # Type stubs of the native module oncely._oncely (bindings-python/src). Checked against
 # the module by mypy.stubtest in scripts/test-python.
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Callable, Final, Generic, Literal, Optional, TypeVar, Union, final
 
@@ -265,7 +266,7 @@ class RedisLease:
 class _RedisStore:
     def __new__(
         cls,
-        url: str,
+        url: Union[str, Sequence[str]],
         lease: Optional[_Seconds] = None,
         ttl: Optional[_Seconds] = None,
         *,
@@ -276,6 +277,11 @@ class _RedisStore:
         in_progress_retry_after: Optional[_Seconds] = None,
         dumps: Optional[Callable[[Any], Union[bytes, str]]] = None,
         loads: Optional[Callable[[Any], Any]] = None,
+        cluster: bool = False,
+        sentinel: Optional[str] = None,
+        min_replicas: Optional[int] = None,
+        min_replicas_timeout: Optional[_Seconds] = None,
+        connect: bool = False,
     ) -> _RedisStore: ...
     def begin(self, scoped: ScopedKey, fingerprint: str, wait: bool = True) -> RedisPending: ...
     @property
@@ -290,6 +296,9 @@ class _RedisStore:
     def loads(self) -> Optional[Callable[[Any], Any]]: ...
     def record_key(self, scoped: ScopedKey) -> str: ...
     def counters(self) -> dict[str, int]: ...
+    def _get(self, scoped: ScopedKey) -> RedisPending: ...
+    def _remove(self, scoped: ScopedKey) -> RedisPending: ...
+    def _ping(self) -> RedisPending: ...
 
 def _encode_record(kind: str, payload: Union[str, bytes, None] = None) -> bytes: ...
 def _decode_record(

@@ -41,9 +41,10 @@ itself, callers in other processes run their own ``fn``.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Hashable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Literal, Optional
 
-from ._driver import Driver
+from ._driver import Driver, wait_step
 from ._oncely import (
     RedisLease,
     RedisPending,
@@ -53,7 +54,7 @@ from ._oncely import (
     _RedisStore,
 )
 
-__all__ = ["RedisStore", "encode_result", "decode_result"]
+__all__ = ["RedisStore", "RedisRecord", "encode_result", "decode_result"]
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
 # JavaScript reads every JSON number as a double: beyond this an int would come back
@@ -165,22 +166,97 @@ def decode_result(data: bytes, loads: Optional[Callable[[Any], Any]] = None) -> 
     return _decode_record(bytes(data), loads)
 
 
+@dataclass(frozen=True)
+class RedisRecord:
+    """A record as stored in Redis, read by :meth:`RedisStore.get`.
+
+    ``state`` is ``"running"`` (a leader holds or held the claim; ``lease_left`` is
+    the seconds left on its lease, 0.0 once it ran out and the next claim takes over)
+    or ``"done"`` (``data`` is the stored result record: ``decode_result(data,
+    store.loads)`` gives the value). ``generation`` is 1 for the first claim, +1 for
+    each takeover."""
+
+    state: Literal["running", "done"]
+    fingerprint: str
+    generation: int
+    lease_left: float
+    data: Optional[bytes]
+
+
+def _record(out: Any) -> Optional[RedisRecord]:
+    if out is None:
+        return None
+    if isinstance(out, BaseException):
+        raise out
+    state, fingerprint, generation, lease_left, data = out
+    return RedisRecord(state, fingerprint, generation, lease_left, data)
+
+
+def _checked(out: Any) -> Any:
+    if isinstance(out, BaseException):
+        raise out
+    return out
+
+
 class RedisStore(_RedisStore, Driver):
     """A dedup store shared by every process using one Redis.
 
     ``RedisStore(url, lease=30.0, ttl=86400.0, *, prefix="oncely", connect_timeout=1.0,
-    io_timeout=1.0, workers=4, in_progress_retry_after=1.0, dumps=None, loads=None)``:
+    io_timeout=1.0, workers=4, in_progress_retry_after=1.0, dumps=None, loads=None,
+    cluster=False, sentinel=None, min_replicas=0, min_replicas_timeout=None,
+    connect=False)``:
     ``io_timeout`` bounds each Redis call from the moment it is made (default
     min(1 s, lease/3), at most lease/3); ``url`` is
-    ``redis://[user:password@]host:port/db``; ``lease`` is how long a claim lasts
+    ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS), or a list of
+    them: with ``cluster=True`` the seed nodes of a Redis Cluster, with
+    ``sentinel="<master name>"`` the Sentinels (also written
+    ``redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]``);
+    ``min_replicas`` makes every claim and completion wait (``WAIT``, up to
+    ``min_replicas_timeout``, default io_timeout/2) for that many replicas: a claim
+    they did not acknowledge is released and the call raises
+    ``StoreUnavailableError`` before ``fn`` runs; ``lease`` is how long a claim lasts
     without renewal (renewed every lease/3 while ``fn`` runs; a crashed leader's key is
     taken over after it); ``ttl`` keeps completed results. Durations are seconds or
     ``timedelta``. Redis unreachable or too slow → ``StoreUnavailableError`` and ``fn``
     does not run. ``dumps`` / ``loads`` (both or neither) store your own types (see the
-    module's doc).
+    module's doc). ``connect=True`` connects and sends ``PING`` in the constructor, so
+    a wrong URL, password or TLS setting fails at startup with
+    ``StoreUnavailableError`` instead of at the first request.
+
+    For operators: :meth:`get` / :meth:`remove` read and delete a record by its scoped
+    key, :meth:`ping` is a health check, :meth:`counters` counts claims, leads,
+    takeovers, replays, remote_waits, leases_lost and unavailable (calls that failed
+    with ``StoreUnavailableError``).
     """
 
     _method = "RedisStore"
+
+    async def get(self, scoped: ScopedKey) -> Optional[RedisRecord]:
+        """The record of ``scoped`` in Redis, or None."""
+        return _record(await wait_step(self._get(scoped)))
+
+    def get_sync(self, scoped: ScopedKey) -> Optional[RedisRecord]:
+        """The blocking variant of :meth:`get` (the GIL is released while waiting)."""
+        return _record(self._get(scoped).wait())
+
+    async def remove(self, scoped: ScopedKey) -> bool:
+        """Deletes the record of ``scoped`` (a bad stored result, say), so that the next
+        call runs again; returns whether one was deleted. A running record whose lease
+        is live is left alone (False): its leader may still be running, and a second
+        leader must not start meanwhile. Once its lease ran out it can be removed."""
+        return bool(_checked(await wait_step(self._remove(scoped))))
+
+    def remove_sync(self, scoped: ScopedKey) -> bool:
+        """The blocking variant of :meth:`remove`."""
+        return bool(_checked(self._remove(scoped).wait()))
+
+    async def ping(self) -> None:
+        """Health check: ``PING`` within the I/O timeout, or ``StoreUnavailableError``."""
+        _checked(await wait_step(self._ping()))
+
+    def ping_sync(self) -> None:
+        """The blocking variant of :meth:`ping`."""
+        _checked(self._ping().wait())
 
     def _ident(self, scoped: ScopedKey) -> Hashable:
         return self.record_key(scoped)

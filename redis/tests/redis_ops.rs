@@ -1,0 +1,223 @@
+//! What an operator uses: reading and removing a record by its scoped key, the health
+//! check, connecting at startup, and the per-store counters.
+//!
+//! They need a Redis and are `#[ignore]`d without one (scripts/test-redis runs them
+//! against a throwaway redis-server).
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use futures::executor::block_on;
+use oncely::{Begin, Code, Error, ExecuteError, ExecuteOptions, IdempotencyKey, LeaderLease};
+use oncely::{ScopedKey, Source};
+use oncely_redis::{RecordState, RedisCounters, RedisStore};
+
+#[derive(Debug)]
+struct Boom;
+
+fn url() -> String {
+    match std::env::var("ONCELY_REDIS_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => panic!(
+            "ONCELY_REDIS_URL is not set: this test needs a Redis. Run scripts/test-redis, \
+             which starts a throwaway redis-server on 127.0.0.1 and sets it."
+        ),
+    }
+}
+
+fn key() -> ScopedKey {
+    ScopedKey::new("acme", "CreateOrder", &IdempotencyKey::random()).unwrap()
+}
+
+fn store(prefix: &str, lease: Duration) -> RedisStore<Boom> {
+    RedisStore::builder(url())
+        .prefix(prefix)
+        .lease(lease)
+        .build()
+        .unwrap()
+}
+
+fn prefix() -> String {
+    format!("ops{}", IdempotencyKey::random().as_str())
+}
+
+/// A port on 127.0.0.1 that refuses connections.
+fn closed_port_url() -> String {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("redis://127.0.0.1:{port}")
+}
+
+fn run(s: &RedisStore<Boom>, k: &ScopedKey, value: &[u8]) -> (Vec<u8>, Source) {
+    let v = value.to_vec();
+    let done = block_on(s.execute(k, "fp", || async move { Ok(v) })).unwrap();
+    (done.value, done.source)
+}
+
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn a_completed_record_is_read_and_removed_and_the_next_call_runs_again() {
+    let s = store(&prefix(), Duration::from_secs(30));
+    let k = key();
+    assert_eq!(block_on(s.get(&k)).unwrap(), None);
+    assert!(!block_on(s.remove(&k)).unwrap(), "nothing to remove");
+    run(&s, &k, b"bad");
+    let got = block_on(s.get(&k)).unwrap().unwrap();
+    assert_eq!(got.fingerprint, "fp");
+    assert_eq!(got.generation, 1);
+    assert_eq!(
+        got.state,
+        RecordState::Done {
+            value: b"bad".to_vec()
+        }
+    );
+    assert!(block_on(s.remove(&k)).unwrap());
+    assert_eq!(block_on(s.get(&k)).unwrap(), None);
+    assert_eq!(run(&s, &k, b"good"), (b"good".to_vec(), Source::Led));
+    assert_eq!(run(&s, &k, b"other"), (b"good".to_vec(), Source::Replayed));
+}
+
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn a_running_record_is_removed_only_once_its_lease_ran_out() {
+    let p = prefix();
+    let lease = Duration::from_millis(300);
+    let (a, b) = (store(&p, lease), store(&p, lease));
+    let k = key();
+    let Begin::Lead(held) = block_on(a.begin(&k, "fp", ExecuteOptions::default())).unwrap() else {
+        panic!("expected to lead")
+    };
+    let Some(got) = block_on(b.get(&k)).unwrap() else {
+        panic!("no record")
+    };
+    match got.state {
+        RecordState::Running { lease_left } => {
+            assert!(
+                lease_left > Duration::ZERO && lease_left <= lease,
+                "{lease_left:?}"
+            )
+        }
+        other => panic!("expected running, got {other:?}"),
+    }
+    // A live lease: its leader may be running the action, so it stays.
+    assert!(!block_on(b.remove(&k)).unwrap());
+    assert!(block_on(b.get(&k)).unwrap().is_some());
+    let r = block_on(b.execute_with(&k, "fp", ExecuteOptions::NO_WAIT, || async {
+        Ok(b"second".to_vec())
+    }));
+    assert!(
+        matches!(r, Err(ExecuteError::Store(Error::InProgress { .. }))),
+        "a second leader ran while the first held its lease: {r:?}"
+    );
+    // The leader stops renewing (as a crashed one would): once the lease ran out the
+    // record may go.
+    held.stop_renewing();
+    std::thread::sleep(lease + Duration::from_millis(100));
+    match block_on(b.get(&k)).unwrap().map(|r| r.state) {
+        Some(RecordState::Running { lease_left }) => assert_eq!(lease_left, Duration::ZERO),
+        other => panic!("expected an expired running record, got {other:?}"),
+    }
+    assert!(block_on(b.remove(&k)).unwrap());
+    assert_eq!(run(&b, &k, b"new"), (b"new".to_vec(), Source::Led));
+    // The old leader finds its claim gone and stores nothing.
+    assert!(matches!(
+        block_on(held.complete(b"late".to_vec())),
+        Err(Error::LeaseLost)
+    ));
+    assert_eq!(run(&b, &k, b"x"), (b"new".to_vec(), Source::Replayed));
+}
+
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn ping_answers_and_connect_now_fails_a_bad_url_at_build() {
+    let s = store(&prefix(), Duration::from_secs(30));
+    block_on(s.ping()).unwrap();
+    let built = RedisStore::<Boom>::builder(url()).connect_now(true).build();
+    assert!(built.is_ok(), "{:?}", built.err());
+
+    let bad = closed_port_url();
+    match RedisStore::<Boom>::builder(&bad).connect_now(true).build() {
+        Err(e) => assert_eq!(e.code(), Code::Unavailable, "{e}"),
+        Ok(_) => panic!("connect_now built a store on a closed port"),
+    }
+    // A wrong password fails at build too.
+    let wrong = url().replacen("redis://", "redis://nobody:wrong@", 1);
+    match RedisStore::<Boom>::builder(&wrong)
+        .connect_now(true)
+        .build()
+    {
+        Err(e) => assert_eq!(e.code(), Code::Unavailable, "{e}"),
+        Ok(_) => panic!("connect_now built a store with a wrong password"),
+    }
+    // Without it, the store is made and the health check reports the failure.
+    let lazy = RedisStore::<Boom>::builder(&bad)
+        .io_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let e = block_on(lazy.ping()).unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert_eq!(
+        block_on(lazy.get(&key())).unwrap_err().code(),
+        Code::Unavailable
+    );
+    let r = block_on(lazy.execute(&key(), "fp", || async { Ok(vec![]) }));
+    assert!(
+        matches!(r, Err(ExecuteError::Store(Error::Unavailable(_)))),
+        "{r:?}"
+    );
+    assert_eq!(lazy.counters().unavailable, 3);
+}
+
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn counters_count_claims_replays_takeovers_and_lost_leases() {
+    let p = prefix();
+    let lease = Duration::from_millis(300);
+    let (a, b) = (store(&p, lease), store(&p, lease));
+    let k = key();
+    run(&a, &k, b"v");
+    run(&a, &k, b"v");
+    run(&b, &k, b"v");
+    let k2 = key();
+    let Begin::Lead(held) = block_on(a.begin(&k2, "fp", ExecuteOptions::default())).unwrap() else {
+        panic!("expected to lead")
+    };
+    held.stop_renewing();
+    std::thread::sleep(lease + Duration::from_millis(100));
+    assert_eq!(run(&b, &k2, b"w"), (b"w".to_vec(), Source::Led));
+    assert!(matches!(
+        block_on(held.complete(b"late".to_vec())),
+        Err(Error::LeaseLost)
+    ));
+    assert_eq!(
+        a.counters(),
+        RedisCounters {
+            claims: 3,
+            leads: 2,
+            takeovers: 0,
+            replays: 1,
+            remote_waits: 0,
+            leases_lost: 1,
+            unavailable: 0,
+            claims_unreplicated: 0,
+            completions_unreplicated: 0,
+        }
+    );
+    assert_eq!(
+        b.counters(),
+        RedisCounters {
+            claims: 2,
+            leads: 1,
+            takeovers: 1,
+            replays: 1,
+            remote_waits: 0,
+            leases_lost: 0,
+            unavailable: 0,
+            claims_unreplicated: 0,
+            completions_unreplicated: 0,
+        }
+    );
+}
