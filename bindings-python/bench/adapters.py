@@ -78,9 +78,18 @@ async def request(app: Any, key: Optional[str]) -> tuple[int, dict[str, str], by
     if key is not None:
         headers.append((b"idempotency-key", key.encode()))
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": "/orders", "raw_path": b"/orders", "query_string": b"",
-        "root_path": "", "headers": headers, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/orders",
+        "raw_path": b"/orders",
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
     }
     sent = False
     status = 0
@@ -99,7 +108,9 @@ async def request(app: Any, key: Optional[str]) -> tuple[int, dict[str, str], by
         nonlocal status
         if message["type"] == "http.response.start":
             status = message["status"]
-            out_headers.update({k.decode().lower(): v.decode() for k, v in message.get("headers", [])})
+            out_headers.update(
+                {k.decode().lower(): v.decode() for k, v in message.get("headers", [])}
+            )
         elif message["type"] == "http.response.body":
             chunks.append(message.get("body", b""))
 
@@ -146,8 +157,12 @@ async def main() -> None:
     bare_first, bare_replay = await overhead("bare", found["none (bare app)"])
     print(f"{'middleware':26} {'first call':>11} {'added':>8} {'replay':>9} {'added':>8}")
     for name, install in found.items():
-        first, replay = (bare_first, bare_replay) if name.startswith("none") else await overhead(name, install)
-        print(f"{name:26} {first:11.1f} {first - bare_first:8.1f} {replay:9.1f} {replay - bare_replay:8.1f}")
+        first, replay = (
+            (bare_first, bare_replay) if name.startswith("none") else await overhead(name, install)
+        )
+        print(
+            f"{name:26} {first:11.1f} {first - bare_first:8.1f} {replay:9.1f} {replay - bare_replay:8.1f}"
+        )
     print()
     print("200 concurrent requests, one key, a 50 ms handler")
     print(f"{'middleware':26} {'handler calls':>14} {'replayed':>9} {'distinct answers':>17}")

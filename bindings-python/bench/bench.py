@@ -33,6 +33,7 @@ def report(group: str, name: str, value: float, unit: str) -> None:
 
 def per_call(fn: Callable[[], Awaitable[None]], n: int) -> float:
     """Seconds per call of `n` sequential awaits of fn(), best of 3."""
+
     async def run() -> float:
         t0 = time.perf_counter()
         for _ in range(n):
@@ -61,7 +62,9 @@ class FailTwice:
         return 1
 
 
-def retry_peers() -> dict[str, Callable[[Callable[[], Awaitable[int]]], Callable[[], Awaitable[int]]]]:
+def retry_peers() -> dict[
+    str, Callable[[Callable[[], Awaitable[int]]], Callable[[], Awaitable[int]]]
+]:
     peers: dict[str, Any] = {}
     zero = oncely.RetryPolicy(base_delay=0.0, max_delay=0.0)
 
@@ -73,8 +76,11 @@ def retry_peers() -> dict[str, Callable[[Callable[[], Awaitable[int]]], Callable
         import tenacity
 
         def tenacity_wrap(fn: Callable[[], Awaitable[int]]) -> Callable[[], Awaitable[int]]:
-            return tenacity.retry(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_none(),
-                                  retry=tenacity.retry_if_exception_type(ConnectionError))(fn)
+            return tenacity.retry(
+                stop=tenacity.stop_after_attempt(3),
+                wait=tenacity.wait_none(),
+                retry=tenacity.retry_if_exception_type(ConnectionError),
+            )(fn)
 
         peers["tenacity"] = tenacity_wrap
     except ImportError:
@@ -86,8 +92,9 @@ def retry_peers() -> dict[str, Callable[[Callable[[], Awaitable[int]]], Callable
         stamina.instrumentation.set_on_retry_hooks([])  # no log line per retry
 
         def stamina_wrap(fn: Callable[[], Awaitable[int]]) -> Callable[[], Awaitable[int]]:
-            return stamina.retry(on=ConnectionError, attempts=3, wait_initial=0.0, wait_max=0.0,
-                                 wait_jitter=0.0)(fn)
+            return stamina.retry(
+                on=ConnectionError, attempts=3, wait_initial=0.0, wait_max=0.0, wait_jitter=0.0
+            )(fn)
 
         peers["stamina"] = stamina_wrap
     except ImportError:
@@ -96,8 +103,9 @@ def retry_peers() -> dict[str, Callable[[Callable[[], Awaitable[int]]], Callable
         import backoff
 
         def backoff_wrap(fn: Callable[[], Awaitable[int]]) -> Callable[[], Awaitable[int]]:
-            return backoff.on_exception(backoff.constant, ConnectionError, max_tries=3, interval=0,
-                                        jitter=None)(fn)
+            return backoff.on_exception(
+                backoff.constant, ConnectionError, max_tries=3, interval=0, jitter=None
+            )(fn)
 
         peers["backoff"] = backoff_wrap
     except ImportError:
@@ -192,8 +200,12 @@ def bench_store() -> None:
 
     for name in ("oncely", "hand-written"):
         # Each in a fresh process, so that neither reuses memory the other freed.
-        out = subprocess.run([sys.executable, __file__, "--keys", name] + (["--quick"] if QUICK else []),
-                             check=True, capture_output=True, text=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, __file__, "--keys", name] + (["--quick"] if QUICK else []),
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         report(f"store: {KEYS:,} keys", name, float(out[0]), "us/key")
         report(f"store: {KEYS:,} keys", name, float(out[1]), "B/key")
 

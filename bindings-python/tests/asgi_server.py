@@ -62,7 +62,9 @@ class Handler:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def answer(self, respond_header: Optional[str]) -> tuple[int, bytes, list[tuple[str, str]]]:
+    async def answer(
+        self, respond_header: Optional[str]
+    ) -> tuple[int, bytes, list[tuple[str, str]]]:
         self.calls += 1
         n = self.calls
         respond = json.loads(respond_header) if respond_header else {}
@@ -71,7 +73,10 @@ class Handler:
         if "bytes" in respond:
             body, ctype = b"x" * respond["bytes"], "text/plain"
         else:
-            body, ctype = json.dumps({"call": n}, separators=(",", ":")).encode(), "application/json"
+            body, ctype = (
+                json.dumps({"call": n}, separators=(",", ":")).encode(),
+                "application/json",
+            )
         headers = [
             ("content-type", ctype),
             ("etag", f'"call-{n}"'),

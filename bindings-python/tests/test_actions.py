@@ -105,7 +105,9 @@ async def test_execute_runs_a_plain_function_once(make_store: Callable[[], Store
     assert (again.value, again.source) == ({"charged": 1}, "replayed")
 
 
-async def test_execute_awaits_what_a_plain_function_returns(make_store: Callable[[], Store]) -> None:
+async def test_execute_awaits_what_a_plain_function_returns(
+    make_store: Callable[[], Store],
+) -> None:
     store = make_store()
     k = key()
     runs = 0
@@ -146,7 +148,9 @@ def test_execute_sync_refuses_an_async_function_before_it_runs(
     k = key()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no coroutine is ever made ("never awaited")
-        with pytest.raises(TypeError, match=r"execute_sync got an async function.*await \w+Store\.execute"):
+        with pytest.raises(
+            TypeError, match=r"execute_sync got an async function.*await \w+Store\.execute"
+        ):
             store.execute_sync(k, FP, fn)
     if isinstance(fn, AsyncCallable):
         assert fn.calls == 0
@@ -187,7 +191,9 @@ async def _retry_until_done(
             await asyncio.sleep(rng.uniform(0, 0.01))
 
 
-async def test_cancelled_callers_leave_to_thread_work_the_key(make_store: Callable[[], Store]) -> None:
+async def test_cancelled_callers_leave_to_thread_work_the_key(
+    make_store: Callable[[], Store],
+) -> None:
     rng = random.Random(8)
     copies = Copies()
     k = key()
@@ -306,7 +312,9 @@ async def test_an_action_whose_own_task_is_cancelled_hands_the_key_on() -> None:
     assert (got.value, got.source) == ("took over", "led")
 
 
-async def test_execute_sync_in_threads_with_cancelled_callers(make_store: Callable[[], Store]) -> None:
+async def test_execute_sync_in_threads_with_cancelled_callers(
+    make_store: Callable[[], Store],
+) -> None:
     rng = random.Random(2)
     copies = Copies()
     k = key()
@@ -379,7 +387,9 @@ def test_reentrant_execute_sync_fails_fast(make_store: Callable[[], Store]) -> N
         return "outer"
 
     result: list[oncely.Executed[str]] = []
-    t = threading.Thread(target=lambda: result.append(store.execute_sync(k, FP, outer)), daemon=True)
+    t = threading.Thread(
+        target=lambda: result.append(store.execute_sync(k, FP, outer)), daemon=True
+    )
     t.start()
     t.join(10)
     assert not t.is_alive(), "the re-entrant call waits for itself"
@@ -474,7 +484,9 @@ async def _unreadable_failure_reaches_every_waiter(stores: list[Any], cached: bo
         return "ok"
 
     outcomes = await asyncio.wait_for(
-        asyncio.gather(*(stores[i % 3].execute(k, FP, fail) for i in range(30)), return_exceptions=True),
+        asyncio.gather(
+            *(stores[i % 3].execute(k, FP, fail) for i in range(30)), return_exceptions=True
+        ),
         10,
     )
     # In one process all get the leader's exception; another store instance may run its
@@ -493,8 +505,12 @@ class NoTraceback(Exception):
 
 
 @pytest.mark.parametrize("store_kind", ["memory", pytest.param("redis", marks=needs_redis)])
-async def test_a_failure_whose_traceback_cannot_be_read_reaches_every_waiter(store_kind: str) -> None:
-    s: Store = IdempotencyStore() if store_kind == "memory" else redis_store("pytest-" + oncely.new_key())
+async def test_a_failure_whose_traceback_cannot_be_read_reaches_every_waiter(
+    store_kind: str,
+) -> None:
+    s: Store = (
+        IdempotencyStore() if store_kind == "memory" else redis_store("pytest-" + oncely.new_key())
+    )
     k = key()
     boom = NoTraceback()
 
@@ -559,7 +575,9 @@ async def test_retry_gives_up_on_an_unreadable_exception_unchanged() -> None:
 # ---------------------------------------------------------------------------------------
 
 
-def _lead_when_free(store: Store, k: oncely.ScopedKey, fn: Callable[[], str]) -> oncely.Executed[str]:
+def _lead_when_free(
+    store: Store, k: oncely.ScopedKey, fn: Callable[[], str]
+) -> oncely.Executed[str]:
     """``execute_sync(wait=False)`` until the key is free (bounded: a held key fails)."""
     deadline = time.monotonic() + 5.0
     while True:

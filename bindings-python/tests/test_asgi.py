@@ -85,7 +85,12 @@ def _request_kwargs(r: dict[str, Any]) -> dict[str, Any]:
     headers = dict(r.get("headers", {}))
     if "respond" in r:
         headers["x-respond"] = json.dumps(r["respond"])
-    return {"method": r["method"], "url": r["path"], "headers": headers, "content": r.get("body", "").encode()}
+    return {
+        "method": r["method"],
+        "url": r["path"],
+        "headers": headers,
+        "content": r.get("body", "").encode(),
+    }
 
 
 def _check(resp: Any, expect: dict[str, Any], where: str) -> None:
@@ -116,14 +121,18 @@ async def run_sequence(case: dict[str, Any], url: str, handler: Handler) -> None
             where = f"{case['comment']} / step {i}"
             if "concurrent" in step:
                 kw = _request_kwargs(step["request"])
-                resps = await asyncio.gather(*(client.request(**kw) for _ in range(step["concurrent"])))
+                resps = await asyncio.gather(
+                    *(client.request(**kw) for _ in range(step["concurrent"]))
+                )
                 expect = step["expect"]
                 for r in resps:
                     _check(r, {k: v for k, v in expect.items() if k != "replayed_count"}, where)
                 replayed = sum(r.headers.get("idempotent-replayed") == "true" for r in resps)
                 assert replayed == expect["replayed_count"], where
             elif "background" in step:
-                background = asyncio.ensure_future(client.request(**_request_kwargs(step["background"])))
+                background = asyncio.ensure_future(
+                    client.request(**_request_kwargs(step["background"]))
+                )
             elif "await_background" in step:
                 assert background is not None
                 _check(await asyncio.wait_for(background, 30), step["expect"], where)
@@ -134,7 +143,9 @@ async def run_sequence(case: dict[str, Any], url: str, handler: Handler) -> None
                     await asyncio.sleep(0.005)
                 assert handler.calls >= step["wait_handler_calls"], where
             else:
-                _check(await client.request(**_request_kwargs(step["request"])), step["expect"], where)
+                _check(
+                    await client.request(**_request_kwargs(step["request"])), step["expect"], where
+                )
     assert handler.calls == case["handler_calls"], case["comment"]
 
 
@@ -155,7 +166,9 @@ async def test_http_server_sequences_starlette(
 
 
 @pytest.mark.parametrize("case", SEQUENCES, ids=lambda c: c["comment"][:60])
-async def test_http_server_sequences_fastapi(case: dict[str, Any], server: tuple[Server, Dispatch]) -> None:
+async def test_http_server_sequences_fastapi(
+    case: dict[str, Any], server: tuple[Server, Dispatch]
+) -> None:
     srv, dispatch = server
     handler = Handler()
     dispatch.app = _middleware_app(fastapi_app(handler), _store("memory"), case["config"])
@@ -166,7 +179,9 @@ POST = {"idempotency-key": "order-0001", "content-type": "application/json"}
 
 
 @pytest.mark.parametrize("framework", ["starlette", "fastapi"])
-async def test_200_concurrent_requests_one_key(framework: str, server: tuple[Server, Dispatch]) -> None:
+async def test_200_concurrent_requests_one_key(
+    framework: str, server: tuple[Server, Dispatch]
+) -> None:
     srv, dispatch = server
     handler = Handler()
     app = starlette_app(handler) if framework == "starlette" else fastapi_app(handler)
@@ -176,12 +191,16 @@ async def test_200_concurrent_requests_one_key(framework: str, server: tuple[Ser
     async with httpx.AsyncClient(base_url=srv.url, timeout=60, limits=limits) as client:
         resps = await asyncio.gather(
             *(
-                client.post("/orders", headers={**POST, "x-respond": respond}, content=b'{"sku":"A1"}')
+                client.post(
+                    "/orders", headers={**POST, "x-respond": respond}, content=b'{"sku":"A1"}'
+                )
                 for _ in range(200)
             )
         )
     assert handler.calls == 1
-    assert {(r.status_code, r.content, r.headers["etag"]) for r in resps} == {(201, b'{"call":1}', '"call-1"')}
+    assert {(r.status_code, r.content, r.headers["etag"]) for r in resps} == {
+        (201, b'{"call":1}', '"call-1"')
+    }
     assert sum(r.headers.get("idempotent-replayed") == "true" for r in resps) == 199
 
 
@@ -195,11 +214,23 @@ async def test_a_body_over_one_mib_is_sent_not_stored(server: tuple[Server, Disp
     async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
         for n in (1, 2):
             r = await client.post("/orders", headers={**POST, "x-respond": respond}, content=b"{}")
-            assert (r.status_code, len(r.content), r.headers["etag"]) == (201, (1 << 20) + 1, f'"call-{n}"')
+            assert (r.status_code, len(r.content), r.headers["etag"]) == (
+                201,
+                (1 << 20) + 1,
+                f'"call-{n}"',
+            )
             assert "idempotent-replayed" not in r.headers
         exact = json.dumps({"bytes": 1 << 20})
-        r = await client.post("/orders", headers={**POST, "idempotency-key": "order-0002", "x-respond": exact}, content=b"{}")
-        again = await client.post("/orders", headers={**POST, "idempotency-key": "order-0002", "x-respond": exact}, content=b"{}")
+        r = await client.post(
+            "/orders",
+            headers={**POST, "idempotency-key": "order-0002", "x-respond": exact},
+            content=b"{}",
+        )
+        again = await client.post(
+            "/orders",
+            headers={**POST, "idempotency-key": "order-0002", "x-respond": exact},
+            content=b"{}",
+        )
     assert again.headers["idempotent-replayed"] == "true" and again.content == r.content
     assert handler.calls == 3
     # A streamed action ends just after its last byte is sent: wait (bounded) for it.
@@ -214,7 +245,9 @@ async def test_a_body_over_one_mib_is_sent_not_stored(server: tuple[Server, Disp
 async def test_a_request_body_over_the_request_cap_is_413(server: tuple[Server, Dispatch]) -> None:
     srv, dispatch = server
     handler = Handler()
-    dispatch.app = _middleware_app(starlette_app(handler), oncely.IdempotencyStore(), {"request_cap": 10})
+    dispatch.app = _middleware_app(
+        starlette_app(handler), oncely.IdempotencyStore(), {"request_cap": 10}
+    )
     async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
         r = await client.post("/orders", headers=POST, content=b"x" * 11)
     assert r.status_code == 413 and r.json()["type"] == "urn:oncely:problem:request-too-large"
@@ -241,7 +274,9 @@ async def test_an_app_that_raises_answers_waiters_500_and_releases_the_key(
         first = asyncio.ensure_future(client.post("/orders", headers=POST, content=b"{}"))
         while calls == 0:
             await asyncio.sleep(0.005)
-        waiters = await asyncio.gather(*(client.post("/orders", headers=POST, content=b"{}") for _ in range(5)))
+        waiters = await asyncio.gather(
+            *(client.post("/orders", headers=POST, content=b"{}") for _ in range(5))
+        )
         leader = await first
         assert leader.status_code == 500
         for w in waiters:
@@ -251,7 +286,9 @@ async def test_an_app_that_raises_answers_waiters_500_and_releases_the_key(
     assert (retry.status_code, retry.content, calls) == (201, b"ok", 2)
 
 
-async def test_a_streaming_response_passes_through_and_is_not_stored(server: tuple[Server, Dispatch]) -> None:
+async def test_a_streaming_response_passes_through_and_is_not_stored(
+    server: tuple[Server, Dispatch],
+) -> None:
     srv, dispatch = server
     calls = 0
     go_on = asyncio.Event()
@@ -283,14 +320,16 @@ async def test_a_streaming_response_passes_through_and_is_not_stored(server: tup
     assert again.headers.get("idempotent-replayed") is None and calls == 2
 
 
-async def test_a_client_that_goes_away_does_not_stop_the_app(server: tuple[Server, Dispatch]) -> None:
+async def test_a_client_that_goes_away_does_not_stop_the_app(
+    server: tuple[Server, Dispatch],
+) -> None:
     srv, dispatch = server
     handler = Handler()
     dispatch.app = _middleware_app(starlette_app(handler), oncely.IdempotencyStore(), {})
     body = b'{"sku":"A1"}'
     raw = (
         b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: order-0001\r\n"
-        b"content-type: application/json\r\nx-respond: {\"delay_ms\": 300}\r\n"
+        b'content-type: application/json\r\nx-respond: {"delay_ms": 300}\r\n'
         b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
     with socket.create_connection(("127.0.0.1", srv.port)) as s:
@@ -348,7 +387,12 @@ def test_a_foreign_record_is_503_not_a_rerun() -> None:
         async def send(message: Any) -> None:
             sent.append(message)
 
-        scope = {"type": "http", "method": "POST", "path": "/x", "headers": [(b"idempotency-key", b"order-0001")]}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/x",
+            "headers": [(b"idempotency-key", b"order-0001")],
+        }
         await mw(scope, receive, send)
         return sent[0]["status"], calls
 
@@ -365,7 +409,9 @@ async def test_redis_store_across_two_server_processes(tmp_path: Any) -> None:
     env = {**os.environ, "EFFECTS": str(effects), "PREFIX": f"asgi-procs-{uuid.uuid4().hex}"}
     script = os.path.join(os.path.dirname(__file__), "asgi_process_app.py")
     procs = [
-        subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        subprocess.Popen(
+            [sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+        )
         for _ in range(2)
     ]
     try:
@@ -377,7 +423,9 @@ async def test_redis_store_across_two_server_processes(tmp_path: Any) -> None:
         async with httpx.AsyncClient(timeout=30, limits=limits) as client:
             resps = await asyncio.gather(
                 *(
-                    client.post(f"http://127.0.0.1:{ports[i % 2]}/orders", headers=POST, content=b"{}")
+                    client.post(
+                        f"http://127.0.0.1:{ports[i % 2]}/orders", headers=POST, content=b"{}"
+                    )
                     for i in range(40)
                 )
             )
@@ -445,7 +493,10 @@ async def test_hypercorn_concurrent_duplicates_and_a_client_that_goes_away() -> 
         respond = json.dumps({"delay_ms": 100})
         async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
             resps = await asyncio.gather(
-                *(client.post("/orders", headers={**POST, "x-respond": respond}, content=b"{}") for _ in range(100))
+                *(
+                    client.post("/orders", headers={**POST, "x-respond": respond}, content=b"{}")
+                    for _ in range(100)
+                )
             )
             assert handler.calls == 1
             assert {(r.status_code, r.content) for r in resps} == {(201, b'{"call":1}')}
@@ -455,7 +506,7 @@ async def test_hypercorn_concurrent_duplicates_and_a_client_that_goes_away() -> 
         body = b"{}"
         raw = (
             b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: order-0002\r\n"
-            b"content-type: application/json\r\nx-respond: {\"delay_ms\": 300}\r\n"
+            b'content-type: application/json\r\nx-respond: {"delay_ms": 300}\r\n'
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
         with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as s:
@@ -465,7 +516,9 @@ async def test_hypercorn_concurrent_duplicates_and_a_client_that_goes_away() -> 
                     break
                 await asyncio.sleep(0.005)
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            retry = await client.post("/orders", headers={**POST, "idempotency-key": "order-0002"}, content=body)
+            retry = await client.post(
+                "/orders", headers={**POST, "idempotency-key": "order-0002"}, content=body
+            )
         assert (retry.status_code, retry.json(), handler.calls) == (201, {"call": 2}, 2)
 
 
@@ -478,14 +531,21 @@ class _CompleteFails:
         raise oncely.StoreUnavailableError("unavailable: the store went away")
 
 
-async def test_a_response_the_store_cannot_keep_is_still_the_answer(server: tuple[Server, Dispatch]) -> None:
+async def test_a_response_the_store_cannot_keep_is_still_the_answer(
+    server: tuple[Server, Dispatch],
+) -> None:
     srv, dispatch = server
     handler = Handler()
     dispatch.app = _middleware_app(starlette_app(handler), _CompleteFails(), {})
     async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
         r = await client.post("/orders", headers=POST, content=b"{}")
     # Not a 503 inviting a retry that would run the app again.
-    assert (r.status_code, r.json(), r.headers["etag"], handler.calls) == (201, {"call": 1}, '"call-1"', 1)
+    assert (r.status_code, r.json(), r.headers["etag"], handler.calls) == (
+        201,
+        {"call": 1},
+        '"call-1"',
+        1,
+    )
 
 
 async def test_an_app_that_raises_after_its_whole_response_is_answered_and_stored(
@@ -512,7 +572,11 @@ async def test_an_app_that_raises_after_its_whole_response_is_answered_and_store
     async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
         retry = await client.post("/orders", headers=POST, content=b"{}")
     assert (first.status_code, first.content) == (201, b'{"id":1}')
-    assert (retry.status_code, retry.content, retry.headers["idempotent-replayed"]) == (201, b'{"id":1}', "true")
+    assert (retry.status_code, retry.content, retry.headers["idempotent-replayed"]) == (
+        201,
+        b'{"id":1}',
+        "true",
+    )
     assert calls == 1
 
 
@@ -552,7 +616,9 @@ async def test_messages_a_server_refuses_are_not_stored(server: tuple[Server, Di
     assert (replay.content, replay.headers["idempotent-replayed"], calls) == (b"whole", "true", 3)
 
 
-async def test_an_event_stream_reaches_its_client_as_it_is_produced(server: tuple[Server, Dispatch]) -> None:
+async def test_an_event_stream_reaches_its_client_as_it_is_produced(
+    server: tuple[Server, Dispatch],
+) -> None:
     srv, dispatch = server
     calls = 0
     go_on = asyncio.Event()
@@ -584,7 +650,9 @@ async def test_an_event_stream_reaches_its_client_as_it_is_produced(server: tupl
     assert again.headers.get("idempotent-replayed") is None and calls == 2
 
 
-async def test_waiters_of_a_response_not_stored_get_all_its_shared_headers(server: tuple[Server, Dispatch]) -> None:
+async def test_waiters_of_a_response_not_stored_get_all_its_shared_headers(
+    server: tuple[Server, Dispatch],
+) -> None:
     srv, dispatch = server
     handler = Handler()
     dispatch.app = _middleware_app(starlette_app(handler), oncely.IdempotencyStore(), {})
@@ -594,7 +662,9 @@ async def test_waiters_of_a_response_not_stored_get_all_its_shared_headers(serve
         first = asyncio.ensure_future(client.post("/orders", headers=headers, content=b"{}"))
         while handler.calls == 0:
             await asyncio.sleep(0.005)
-        waiters = await asyncio.gather(*(client.post("/orders", headers=POST, content=b"{}") for _ in range(5)))
+        waiters = await asyncio.gather(
+            *(client.post("/orders", headers=POST, content=b"{}") for _ in range(5))
+        )
         await first
     assert handler.calls == 1
     for w in waiters:

@@ -74,7 +74,15 @@ def test_timedelta_and_int_seconds_are_accepted() -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["has spaces in it", "short", "k" * 65, "x" * 1_000_000, "ключ-ключ-ключ", "abc:defgh", "abcdefg\x00h"],
+    [
+        "has spaces in it",
+        "short",
+        "k" * 65,
+        "x" * 1_000_000,
+        "ключ-ключ-ключ",
+        "abc:defgh",
+        "abcdefg\x00h",
+    ],
 )
 def test_bad_keys(key: str) -> None:
     with pytest.raises(oncely.InvalidKeyError) as info:
@@ -94,7 +102,12 @@ def test_missing_key() -> None:
 
 def test_scope_parts() -> None:
     k = oncely.new_key()
-    for tenant, method, field in [("", "m", "tenant"), ("t", "", "method"), ("t" * 1025, "m", "tenant"), ("t", "m" * 5000, "method")]:
+    for tenant, method, field in [
+        ("", "m", "tenant"),
+        ("t", "", "method"),
+        ("t" * 1025, "m", "tenant"),
+        ("t", "m" * 5000, "method"),
+    ]:
         with pytest.raises(oncely.InvalidArgumentError) as info:
             oncely.scope(tenant, method, k)
         assert info.value.field == field
@@ -273,12 +286,23 @@ _K = "order-0001"
         (lambda: oncely.IdempotencyStore(ttl="1d"), "ttl"),
         (lambda: oncely.IdempotencyStore(max_entries=1.5), "max_entries"),
         (lambda: _store_call(oncely.IdempotencyStore(), "acme/Charge/order-0001", "fp"), "scoped"),
-        (lambda: _store_call(oncely.IdempotencyStore(), oncely.scope("a", "b", _K), None), "fingerprint"),
+        (
+            lambda: _store_call(oncely.IdempotencyStore(), oncely.scope("a", "b", _K), None),
+            "fingerprint",
+        ),
         (lambda: oncely.classify(Code.UNAVAILABLE, safe="yes"), "safe"),
         (lambda: oncely.retry_sync(lambda: 1, budget=3), "budget"),
         (lambda: oncely.retry_sync(lambda: 1, policy=3, deadline=1.0), "policy"),
-        (lambda: oncely.IdempotencyStore().execute_sync(oncely.scope("a", "b", _K), "fp", lambda: 1, wait="no"), "wait"),
-        (lambda: oncely.IdempotencyStore(cache_permanent_failures="yes"), "cache_permanent_failures"),
+        (
+            lambda: oncely.IdempotencyStore().execute_sync(
+                oncely.scope("a", "b", _K), "fp", lambda: 1, wait="no"
+            ),
+            "wait",
+        ),
+        (
+            lambda: oncely.IdempotencyStore(cache_permanent_failures="yes"),
+            "cache_permanent_failures",
+        ),
         (lambda: oncely.parse_retry_after(None), "value"),
         (lambda: oncely.parse_pushback_ms(250), "value"),
         (lambda: oncely.ReasonCodes().register(None, "UNAVAILABLE"), "reason"),
@@ -291,8 +315,15 @@ def test_a_wrong_type_is_an_oncely_type_error_naming_the_argument(call: Any, fie
     with pytest.raises(oncely.ArgumentTypeError) as info:
         call()
     e = info.value
-    assert isinstance(e, TypeError) and isinstance(e, ValueError) and isinstance(e, oncely.OncelyError)
-    assert (e.field, e.code, e.kind, e.http_status) == (field, Code.INVALID_ARGUMENT, "invalid_argument", 400)
+    assert (
+        isinstance(e, TypeError) and isinstance(e, ValueError) and isinstance(e, oncely.OncelyError)
+    )
+    assert (e.field, e.code, e.kind, e.http_status) == (
+        field,
+        Code.INVALID_ARGUMENT,
+        "invalid_argument",
+        400,
+    )
     assert str(e).startswith(f"{field} must be "), str(e)
 
 
@@ -340,7 +371,9 @@ def test_an_async_action_for_execute_sync_names_fn() -> None:
         ),
     ],
 )
-def test_messages_use_the_option_name_and_unit_with_an_example(make: Any, field: str, message: str) -> None:
+def test_messages_use_the_option_name_and_unit_with_an_example(
+    make: Any, field: str, message: str
+) -> None:
     with pytest.raises(oncely.InvalidArgumentError) as info:
         make()
     assert info.value.field == field

@@ -51,7 +51,9 @@ class Lossy:
             pass
 
         await self.app(scope, receive, drop)
-        await send({"type": "http.response.start", "status": 503, "headers": [(b"retry-after", b"0")]})
+        await send(
+            {"type": "http.response.start", "status": 503, "headers": [(b"retry-after", b"0")]}
+        )
         await send({"type": "http.response.body", "body": b"lost"})
 
 
@@ -74,7 +76,10 @@ class Orders:
 def shop() -> Iterator[tuple[str, Lossy, Orders]]:
     orders = Orders()
     app = Starlette(
-        routes=[Route("/orders", orders.create, methods=["POST"]), Route("/orders", orders.read, methods=["GET"])]
+        routes=[
+            Route("/orders", orders.create, methods=["POST"]),
+            Route("/orders", orders.read, methods=["GET"]),
+        ]
     )
     app.add_middleware(IdempotencyMiddleware, store=oncely.IdempotencyStore())
     lossy = Lossy(app)
@@ -82,29 +87,41 @@ def shop() -> Iterator[tuple[str, Lossy, Orders]]:
         yield srv.url, lossy, orders
 
 
-async def test_httpx_async_lost_answer_retried_with_one_key(shop: tuple[str, Lossy, Orders]) -> None:
+async def test_httpx_async_lost_answer_retried_with_one_key(
+    shop: tuple[str, Lossy, Orders],
+) -> None:
     url, lossy, orders = shop
     lossy.lose = 2
     transport = oncely.httpx.AsyncRetryTransport(policy=POLICY)
     async with httpx.AsyncClient(transport=transport, base_url=url, timeout=10) as client:
         r = await client.post("/orders", json={"sku": "A1"})
-        assert (r.status_code, r.json(), r.headers["idempotent-replayed"]) == (201, {"id": 1}, "true")
+        assert (r.status_code, r.json(), r.headers["idempotent-replayed"]) == (
+            201,
+            {"id": 1},
+            "true",
+        )
         assert len(lossy.keys) == 3 and len(set(lossy.keys)) == 1 and lossy.keys[0]
         other = await client.post("/orders", json={"sku": "A1"})  # another logical call
         assert other.json() == {"id": 2} and lossy.keys[-1] != lossy.keys[0]
         final = await client.post("/orders", json={"invalid": True})
         assert final.status_code == 422 and final.json() == {"error": "invalid"}
-        mine = await client.post("/orders", json={"sku": "B2"}, headers={"Idempotency-Key": "my-key-0001"})
+        mine = await client.post(
+            "/orders", json={"sku": "B2"}, headers={"Idempotency-Key": "my-key-0001"}
+        )
         assert mine.status_code == 201 and lossy.keys[-1] == "my-key-0001"
         read = await client.get("/orders")
         assert read.json() == {"count": 3} and lossy.keys[-1] == ""
     assert len(orders.created) == 3
 
 
-def test_httpx_sync_exhausted_retries_return_the_last_answer(shop: tuple[str, Lossy, Orders]) -> None:
+def test_httpx_sync_exhausted_retries_return_the_last_answer(
+    shop: tuple[str, Lossy, Orders],
+) -> None:
     url, lossy, orders = shop
     lossy.lose = 10
-    with httpx.Client(transport=oncely.httpx.RetryTransport(policy=POLICY), base_url=url, timeout=10) as client:
+    with httpx.Client(
+        transport=oncely.httpx.RetryTransport(policy=POLICY), base_url=url, timeout=10
+    ) as client:
         r = client.post("/orders", json={"sku": "A1"})
     assert (r.status_code, r.content) == (503, b"lost")
     assert len(lossy.keys) == 4 and len(set(lossy.keys)) == 1
@@ -153,7 +170,9 @@ class Early:
             pass
 
         self.tasks.append(asyncio.ensure_future(self.app(scope, replay, drop)))
-        await send({"type": "http.response.start", "status": 503, "headers": [(b"retry-after", b"0")]})
+        await send(
+            {"type": "http.response.start", "status": 503, "headers": [(b"retry-after", b"0")]}
+        )
         await send({"type": "http.response.body", "body": b"lost"})
 
 
@@ -174,22 +193,34 @@ def busy_shop() -> Iterator[tuple[str, Early, Orders]]:
         yield srv.url, early, orders
 
 
-async def test_httpx_in_progress_answer_is_retried_after_its_delay(busy_shop: tuple[str, Early, Orders]) -> None:
+async def test_httpx_in_progress_answer_is_retried_after_its_delay(
+    busy_shop: tuple[str, Early, Orders],
+) -> None:
     url, early, orders = busy_shop
     transport = oncely.httpx.AsyncRetryTransport(policy=POLICY, deadline=30)
     async with httpx.AsyncClient(transport=transport, base_url=url, timeout=10) as client:
         r = await client.post("/orders", json={"sku": "A1"})
     # Not the 409 of its own earlier attempt, which still ran: that attempt's answer.
-    assert (r.status_code, r.json(), r.headers.get("idempotent-replayed")) == (201, {"id": 1}, "true")
+    assert (r.status_code, r.json(), r.headers.get("idempotent-replayed")) == (
+        201,
+        {"id": 1},
+        "true",
+    )
     assert len(set(early.keys)) == 1 and len(orders.created) == 1
 
 
-def test_requests_in_progress_answer_is_retried_after_its_delay(busy_shop: tuple[str, Early, Orders]) -> None:
+def test_requests_in_progress_answer_is_retried_after_its_delay(
+    busy_shop: tuple[str, Early, Orders],
+) -> None:
     url, early, orders = busy_shop
     session = requests.Session()
     session.mount("http://", oncely.requests.IdempotentAdapter(policy=POLICY, deadline=30))
     r = session.post(url + "/orders", json={"sku": "A1"}, timeout=10)
-    assert (r.status_code, r.json(), r.headers.get("idempotent-replayed")) == (201, {"id": 1}, "true")
+    assert (r.status_code, r.json(), r.headers.get("idempotent-replayed")) == (
+        201,
+        {"id": 1},
+        "true",
+    )
     assert len(set(early.keys)) == 1 and len(orders.created) == 1
 
 
@@ -201,12 +232,20 @@ def test_requests_file_body_is_sent_whole_on_every_attempt(shop: tuple[str, Loss
     session = requests.Session()
     session.mount("http://", oncely.requests.IdempotentAdapter(policy=POLICY))
     body = io.BytesIO(b'{"sku":"A1"}')
-    r = session.post(url + "/orders", data=body, headers={"content-type": "application/json"}, timeout=10)
-    assert (r.status_code, r.json(), r.headers.get("idempotent-replayed")) == (201, {"id": 1}, "true")
+    r = session.post(
+        url + "/orders", data=body, headers={"content-type": "application/json"}, timeout=10
+    )
+    assert (r.status_code, r.json(), r.headers.get("idempotent-replayed")) == (
+        201,
+        {"id": 1},
+        "true",
+    )
     assert len(lossy.keys) == 2 and len(set(lossy.keys)) == 1 and len(orders.created) == 1
 
 
-def test_requests_generator_body_is_not_resent_under_the_key(shop: tuple[str, Lossy, Orders]) -> None:
+def test_requests_generator_body_is_not_resent_under_the_key(
+    shop: tuple[str, Lossy, Orders],
+) -> None:
     url, lossy, orders = shop
     lossy.lose = 1
     session = requests.Session()
@@ -216,7 +255,9 @@ def test_requests_generator_body_is_not_resent_under_the_key(shop: tuple[str, Lo
         yield b'{"sku":'
         yield b'"A1"}'
 
-    r = session.post(url + "/orders", data=chunks(), headers={"content-type": "application/json"}, timeout=10)
+    r = session.post(
+        url + "/orders", data=chunks(), headers={"content-type": "application/json"}, timeout=10
+    )
     # The lost answer is the outcome: a retry would have sent an empty body under the key.
     assert (r.status_code, r.content) == (503, b"lost")
     assert len(lossy.keys) == 1 and len(orders.created) == 1

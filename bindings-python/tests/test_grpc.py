@@ -61,7 +61,9 @@ class OrderService:
             # Executed, but the response is lost: the client sees UNAVAILABLE.
             await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset after executing")
         if result.replayed:
-            await context.send_initial_metadata(((headers.HTTP_IDEMPOTENT_REPLAYED.lower(), "true"),))
+            await context.send_initial_metadata(
+                ((headers.HTTP_IDEMPOTENT_REPLAYED.lower(), "true"),)
+            )
         return json.dumps(result.value).encode()
 
 
@@ -99,8 +101,13 @@ async def test_dropped_response_retried_with_one_key_gives_one_order() -> None:
             key = oncely.new_key()  # once per intent
             events: list[oncely.RetryEvent] = []
             order = await oncely.retry(
-                create_order, channel, key, {"sku": "A1", "qty": 1},
-                policy=POLICY, safe=True, on_retry=events.append,
+                create_order,
+                channel,
+                key,
+                {"sku": "A1", "qty": 1},
+                policy=POLICY,
+                safe=True,
+                on_retry=events.append,
             )
     finally:
         await server.stop(None)
@@ -116,10 +123,19 @@ async def test_concurrent_clients_with_one_key_give_one_order() -> None:
     try:
         async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             key = oncely.new_key()
-            orders = await asyncio.gather(*(
-                oncely.retry(create_order, channel, key, {"sku": "B2", "qty": 3}, policy=POLICY, safe=True)
-                for _ in range(10)
-            ))
+            orders = await asyncio.gather(
+                *(
+                    oncely.retry(
+                        create_order,
+                        channel,
+                        key,
+                        {"sku": "B2", "qty": 3},
+                        policy=POLICY,
+                        safe=True,
+                    )
+                    for _ in range(10)
+                )
+            )
     finally:
         await server.stop(None)
     assert len(service.orders) == 1
@@ -132,11 +148,15 @@ async def test_not_safe_is_not_retried_and_keys_are_checked() -> None:
     try:
         async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             with pytest.raises(aio.AioRpcError) as info:
-                await oncely.retry(create_order, channel, oncely.new_key(), {"sku": "C3"}, policy=POLICY)
+                await oncely.retry(
+                    create_order, channel, oncely.new_key(), {"sku": "C3"}, policy=POLICY
+                )
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             assert info.value.stop_reason == "not_retryable"  # type: ignore[attr-defined]
             with pytest.raises(aio.AioRpcError) as bad:
-                await oncely.retry(create_order, channel, "bad key!", {"sku": "C3"}, policy=POLICY, safe=True)
+                await oncely.retry(
+                    create_order, channel, "bad key!", {"sku": "C3"}, policy=POLICY, safe=True
+                )
             assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             key = oncely.new_key()
             await oncely.retry(create_order, channel, key, {"sku": "D4"}, policy=POLICY, safe=True)
@@ -155,8 +175,15 @@ async def test_pushback_trailer_sets_the_delay() -> None:
         async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             events: list[oncely.RetryEvent] = []
             started = time.monotonic()
-            await oncely.retry(create_order, channel, oncely.new_key(), {"sku": "E5"},
-                               policy=POLICY, safe=True, on_retry=events.append)
+            await oncely.retry(
+                create_order,
+                channel,
+                oncely.new_key(),
+                {"sku": "E5"},
+                policy=POLICY,
+                safe=True,
+                on_retry=events.append,
+            )
     finally:
         await server.stop(None)
     assert [(e.delay, e.from_server, e.rule) for e in events] == [(0.05, True, "rate_limited")]

@@ -103,7 +103,9 @@ def sync_orders() -> Iterator[Callable[..., Any]]:
         server, port, interceptor = sync_server(orders, **kw)
         servers.append(server)
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+        call = channel.unary_unary(
+            METHOD, request_serializer=_dumps, response_deserializer=json.loads
+        )
         return orders, call, interceptor
 
     yield start
@@ -121,7 +123,9 @@ def _store(kind: str) -> Any:
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "redis"])
-def test_sync_concurrent_duplicates_run_once(sync_orders: Callable[..., Any], store_kind: str) -> None:
+def test_sync_concurrent_duplicates_run_once(
+    sync_orders: Callable[..., Any], store_kind: str
+) -> None:
     orders, call, interceptor = sync_orders(store=_store(store_kind))
     md = ((KEY, "order-0001"),)
 
@@ -157,7 +161,10 @@ def test_sync_final_status_stored_retryable_not(sync_orders: Callable[..., Any])
     for _ in range(2):
         with pytest.raises(grpc.RpcError) as info:
             call({"abort": "NOT_FOUND"}, metadata=final, timeout=10)
-        assert (info.value.code(), info.value.details()) == (grpc.StatusCode.NOT_FOUND, "call 1 aborted")
+        assert (info.value.code(), info.value.details()) == (
+            grpc.StatusCode.NOT_FOUND,
+            "call 1 aborted",
+        )
     assert _replayed(info.value.trailing_metadata())
     retryable = ((KEY, "order-0002"),)
     for n in (2, 3):
@@ -201,7 +208,9 @@ async def test_aio_concurrent_duplicates_and_problems(store_kind: str) -> None:
     server, port, interceptor = await aio_server(orders, store=_store(store_kind))
     try:
         async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
             md = ((KEY, "order-0001"),)
             calls = [call({"sku": "A1", "sleep": 0.2}, metadata=md, timeout=30) for _ in range(100)]
             replies = await asyncio.gather(*calls)
@@ -213,18 +222,28 @@ async def test_aio_concurrent_duplicates_and_problems(store_kind: str) -> None:
             assert missing.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             # A gRPC server names its key: the metadata, not the HTTP header.
             details = missing.value.details() or ""
-            assert details.startswith("write operations require x-idempotency-key metadata"), details
+            assert details.startswith("write operations require x-idempotency-key metadata"), (
+                details
+            )
             with pytest.raises(aio.AioRpcError) as reused:
                 await call({"sku": "B2"}, metadata=md, timeout=10)
             assert reused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             for _ in range(2):
                 with pytest.raises(aio.AioRpcError) as final:
-                    await call({"abort": "ALREADY_EXISTS"}, metadata=((KEY, "order-0002"),), timeout=10)
-                assert (final.value.code(), final.value.details()) == (grpc.StatusCode.ALREADY_EXISTS, "call 2 aborted")
+                    await call(
+                        {"abort": "ALREADY_EXISTS"}, metadata=((KEY, "order-0002"),), timeout=10
+                    )
+                assert (final.value.code(), final.value.details()) == (
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    "call 2 aborted",
+                )
             with pytest.raises(aio.AioRpcError) as raised:
                 await call({"raise": True}, metadata=((KEY, "order-0003"),), timeout=10)
             assert raised.value.code() == grpc.StatusCode.UNKNOWN
-            assert await call({}, metadata=((KEY, "order-0003"),), timeout=10) == {"call": 4, "sku": None}
+            assert await call({}, metadata=((KEY, "order-0003"),), timeout=10) == {
+                "call": 4,
+                "sku": None,
+            }
     finally:
         await server.stop(None)
     assert interceptor.counters().replayed == 100
@@ -235,7 +254,9 @@ async def test_aio_cancelled_call_keeps_running_and_the_retry_gets_its_answer() 
     server, port, _ = await aio_server(orders)
     try:
         async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
             md = ((KEY, "order-0001"),)
             with pytest.raises(aio.AioRpcError) as info:
                 await call({"sku": "A1", "sleep": 0.5}, metadata=md, timeout=0.1)
@@ -253,7 +274,9 @@ async def test_aio_no_wait_is_aborted_with_pushback() -> None:
     server, port, _ = await aio_server(orders, wait=False)
     try:
         async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
             md = ((KEY, "order-0001"),)
             first = asyncio.ensure_future(call({"sleep": 1.5}, metadata=md, timeout=10))
             while orders.calls == 0:
@@ -287,10 +310,15 @@ class _CompleteFails:
         raise oncely.StoreUnavailableError("unavailable: the store went away")
 
 
-def test_sync_an_answer_the_store_cannot_keep_is_still_the_answer(sync_orders: Callable[..., Any]) -> None:
+def test_sync_an_answer_the_store_cannot_keep_is_still_the_answer(
+    sync_orders: Callable[..., Any],
+) -> None:
     orders, call, _ = sync_orders(store=_CompleteFails())
     # Not UNAVAILABLE, which a client retries, running the handler again.
-    assert call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30) == {"call": 1, "sku": "A1"}
+    assert call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30) == {
+        "call": 1,
+        "sku": "A1",
+    }
     with pytest.raises(grpc.RpcError) as info:
         call({"abort": "NOT_FOUND"}, metadata=((KEY, "order-0002"),), timeout=30)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
@@ -302,14 +330,21 @@ async def test_aio_an_answer_the_store_cannot_keep_is_still_the_answer() -> None
     server, port, _ = await aio_server(orders, store=_CompleteFails())
     try:
         async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
-            assert await call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30) == {"call": 1, "sku": "A1"}
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
+            assert await call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30) == {
+                "call": 1,
+                "sku": "A1",
+            }
     finally:
         await server.stop(None)
     assert orders.calls == 1
 
 
-def test_sync_an_unusable_tenant_is_internal_not_invalid_argument(sync_orders: Callable[..., Any]) -> None:
+def test_sync_an_unusable_tenant_is_internal_not_invalid_argument(
+    sync_orders: Callable[..., Any],
+) -> None:
     orders, call, _ = sync_orders(tenant=lambda context: "")
     with pytest.raises(grpc.RpcError) as info:
         call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30)
@@ -333,18 +368,23 @@ def test_sync_replay_keeps_the_handlers_trailing_metadata(outcome: str) -> None:
         "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
     )
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=4), interceptors=[IdempotencyInterceptor(store=oncely.IdempotencyStore())]
+        ThreadPoolExecutor(max_workers=4),
+        interceptors=[IdempotencyInterceptor(store=oncely.IdempotencyStore())],
     )
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary(METHOD, request_serializer=_dumps, response_deserializer=json.loads)
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
             trailers = []
             for _ in range(2):
                 try:
-                    _, c = call.with_call({"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30)
+                    _, c = call.with_call(
+                        {"sku": "A1"}, metadata=((KEY, "order-0001"),), timeout=30
+                    )
                     trailers.append(dict(c.trailing_metadata()))
                 except grpc.RpcError as e:
                     assert e.code() == grpc.StatusCode.NOT_FOUND and e.details() == "no such sku"

@@ -86,7 +86,12 @@ def test_http_server_unit(case: dict[str, Any]) -> None:
         body = bytes.fromhex(r["body_hex"])
         record = http.encode_response(r["status"], headers, body, trailers)
         assert record.hex() == case["hex"]
-        assert http.decode_response(bytes.fromhex(case["hex"])) == (r["status"], headers, body, trailers)
+        assert http.decode_response(bytes.fromhex(case["hex"])) == (
+            r["status"],
+            headers,
+            body,
+            trailers,
+        )
     elif op == "record_decode":
         with pytest.raises(oncely.OncelyError) as info:
             http.decode_response(bytes.fromhex(case["hex"]))
@@ -121,8 +126,19 @@ def test_http_server_unit(case: dict[str, Any]) -> None:
 def test_every_unit_op_is_run() -> None:
     ops = {c["op"] for c in CASES}
     assert ops == {
-        "covers", "read_key", "scope", "fingerprint", "status", "header", "record",
-        "record_decode", "problem", "covers_grpc", "grpc_status", "grpc_problem", "is_grpc",
+        "covers",
+        "read_key",
+        "scope",
+        "fingerprint",
+        "status",
+        "header",
+        "record",
+        "record_decode",
+        "problem",
+        "covers_grpc",
+        "grpc_status",
+        "grpc_problem",
+        "is_grpc",
         "is_event_stream",
     }
 
@@ -148,7 +164,9 @@ def test_constants_and_config() -> None:
         http.ServerConfig(methods=["bad method"])
     unusable = http.Problem.tenant_unusable("empty")
     assert (unusable.status, unusable.type, unusable.code) == (
-        500, "urn:oncely:problem:tenant-unusable", "INTERNAL"
+        500,
+        "urn:oncely:problem:tenant-unusable",
+        "INTERNAL",
     )
     too_large = http.Problem.request_too_large(5)
     assert (too_large.status, too_large.type) == (413, "urn:oncely:problem:request-too-large")
@@ -163,5 +181,7 @@ def test_optional_frameworks_are_not_imported() -> None:
         "print([m for m in ('starlette', 'fastapi', 'flask', 'werkzeug', 'grpc', 'httpx',"
         " 'requests', 'uvicorn', 'hypercorn') if m in sys.modules])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True
+    )
     assert out.stdout.strip() == "[]"

@@ -15,9 +15,7 @@ import pytest
 from oncely import InvalidArgumentError, RedisStore, StoreUnavailableError
 
 URLS = os.environ.get("ONCELY_REDIS_CLUSTER_URLS", "").split()
-needs_cluster = pytest.mark.skipif(
-    not URLS, reason="needs a Redis Cluster: run scripts/test-redis"
-)
+needs_cluster = pytest.mark.skipif(not URLS, reason="needs a Redis Cluster: run scripts/test-redis")
 
 
 def key() -> oncely.ScopedKey:

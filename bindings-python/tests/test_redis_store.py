@@ -406,8 +406,9 @@ async def test_failure_is_not_cached_and_local_waiters_share_it() -> None:
         await asyncio.sleep(0.05)
         raise Boom("no")
 
-    results = await asyncio.gather(*(s.execute(k, FP, failing) for _ in range(5)),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(s.execute(k, FP, failing) for _ in range(5)), return_exceptions=True
+    )
     assert c.calls == 1
     assert all(isinstance(r, Boom) for r in results)
     assert len({id(r) for r in results}) == 1  # the leader's very exception
@@ -562,7 +563,10 @@ async def test_another_process_replays_the_stored_value() -> None:
     await s.execute(k, FP, action)
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, URL, pfx, "acme", "CreateOrder", k_text, FP],
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     got = json.loads(proc.stdout)
     assert got == {"value": value, "source": "replayed"}
@@ -571,7 +575,10 @@ async def test_another_process_replays_the_stored_value() -> None:
     k2_text = oncely.new_key()
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, URL, pfx, "acme", "CreateOrder", k2_text, FP],
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert json.loads(proc.stdout)["source"] == "led"
     back = s.execute_sync(oncely.scope("acme", "CreateOrder", k2_text), FP, lambda: "never")
@@ -611,8 +618,24 @@ async def test_a_result_with_an_unknown_encoding_tag_is_refused() -> None:
     s = store(prefix())
     k = key()
     record = s.record_key(k)
-    reply = redis_command("HSET", record, "v", "1", "state", "done", "fp", FP, "token", "t",
-                          "gen", "1", "result", b"raw-from-elsewhere", "done_at", "1")
+    reply = redis_command(
+        "HSET",
+        record,
+        "v",
+        "1",
+        "state",
+        "done",
+        "fp",
+        FP,
+        "token",
+        "t",
+        "gen",
+        "1",
+        "result",
+        b"raw-from-elsewhere",
+        "done_at",
+        "1",
+    )
     assert reply == b":7"
     ran = []
 
@@ -636,7 +659,7 @@ def hget_result(record: str) -> bytes:
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(msg)
         reply = b""
-        while b"\r\n" not in reply or len(reply) < int(reply[1:reply.index(b"\r\n")]) + 5:
+        while b"\r\n" not in reply or len(reply) < int(reply[1 : reply.index(b"\r\n")]) + 5:
             reply += sock.recv(65536)
     head, body = reply.split(b"\r\n", 1)
     return body[: int(head[1:])]
@@ -823,7 +846,8 @@ async def test_a_killed_leader_process_is_taken_over_after_its_lease() -> None:
     k_text = oncely.new_key()
     child = subprocess.Popen(
         [sys.executable, "-c", CRASHING, URL, pfx, k_text, FP],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout is not None
@@ -869,8 +893,9 @@ def test_event_loops_in_several_threads_and_instances_share_one_run() -> None:
         with lock:
             seen.extend((r.value["n"], i // 10) for i, r in enumerate(got))
 
-    threads = [threading.Thread(target=asyncio.run, args=(one_loop(stores[i % 2]),))
-               for i in range(4)]
+    threads = [
+        threading.Thread(target=asyncio.run, args=(one_loop(stores[i % 2]),)) for i in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

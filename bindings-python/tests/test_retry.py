@@ -92,7 +92,9 @@ async def test_an_in_progress_answer_is_resent_by_a_safe_call_after_its_delay() 
     assert [(e.rule, e.from_server) for e in events] == [("in_progress_keyed", True)] * 2
 
 
-def test_an_in_progress_answer_is_not_resent_by_a_call_that_is_not_safe_and_the_note_says_why() -> None:
+def test_an_in_progress_answer_is_not_resent_by_a_call_that_is_not_safe_and_the_note_says_why() -> (
+    None
+):
     f = Flaky(oncely.InProgressError("busy", retry_after=0.25))
     with pytest.raises(oncely.InProgressError) as info:
         oncely.retry_sync(f, policy=FAST, _sleep=lambda s: None)
@@ -105,7 +107,10 @@ def test_an_in_progress_answer_is_not_resent_by_a_call_that_is_not_safe_and_the_
 def test_classify_counts_the_server_delay_of_a_failure() -> None:
     in_progress = oncely.Failure(Code.ABORTED, delay=1.0)
     assert oncely.classify(in_progress, safe=True) == oncely.classify(in_progress, safe=True)
-    assert (oncely.classify(in_progress, safe=True).rule, oncely.classify(Code.ABORTED, safe=True).rule) == (
+    assert (
+        oncely.classify(in_progress, safe=True).rule,
+        oncely.classify(Code.ABORTED, safe=True).rule,
+    ) == (
         "in_progress_keyed",
         "conflict_needs_reread",
     )
@@ -129,7 +134,10 @@ async def test_deadline_accepts_timedelta_and_deadline_objects() -> None:
     assert info.value.stop_reason == "deadline"  # type: ignore[attr-defined]
     d = oncely.Deadline(5.0)
     assert 4.9 < d.remaining() <= 5.0 and not d.expired
-    assert await oncely.retry(Flaky(ConnectionError()).acall, policy=FAST, safe=True, deadline=d) == "ok"
+    assert (
+        await oncely.retry(Flaky(ConnectionError()).acall, policy=FAST, safe=True, deadline=d)
+        == "ok"
+    )
 
 
 async def test_stop_budget() -> None:
@@ -178,7 +186,9 @@ async def test_server_delay_overrides_backoff_and_on_retry_sees_it() -> None:
     result = await oncely.retry(
         f.acall,
         policy=RetryPolicy(base_delay=0.01, jitter=0.0),
-        classify=lambda e: oncely.Failure(Code.RESOURCE_EXHAUSTED, delay=0.25) if f.calls == 1 else None,
+        classify=lambda e: (
+            oncely.Failure(Code.RESOURCE_EXHAUSTED, delay=0.25) if f.calls == 1 else None
+        ),
         on_retry=events.append,
         _sleep=sleep,
     )
@@ -333,13 +343,29 @@ def test_extraction_table() -> None:
     assert oncely.code_of(asyncio.TimeoutError()) == Code.DEADLINE_EXCEEDED
     assert oncely.code_of(ValueError()) == Code.UNKNOWN
     assert oncely.code_of(FakeRpcError(Code.UNAVAILABLE)) == Code.UNAVAILABLE
-    assert _delay(oncely.failure_of(FakeRpcError(Code.RESOURCE_EXHAUSTED, (("grpc-retry-pushback-ms", "250"),)))) == (8, 0.25, False)
-    assert _delay(oncely.failure_of(FakeRpcError(Code.UNAVAILABLE, (("grpc-retry-pushback-ms", "-1"),)))) == (14, None, True)
+    assert _delay(
+        oncely.failure_of(
+            FakeRpcError(Code.RESOURCE_EXHAUSTED, (("grpc-retry-pushback-ms", "250"),))
+        )
+    ) == (8, 0.25, False)
+    assert _delay(
+        oncely.failure_of(FakeRpcError(Code.UNAVAILABLE, (("grpc-retry-pushback-ms", "-1"),)))
+    ) == (14, None, True)
     # a malformed pushback means do not retry (gRFC A6)
-    assert _delay(oncely.failure_of(FakeRpcError(Code.UNAVAILABLE, (("grpc-retry-pushback-ms", "soon"),)))) == (14, None, True)
+    assert _delay(
+        oncely.failure_of(FakeRpcError(Code.UNAVAILABLE, (("grpc-retry-pushback-ms", "soon"),)))
+    ) == (14, None, True)
     assert oncely.code_of(FakeHTTPStatusError(503)) == Code.UNAVAILABLE
-    assert _delay(oncely.failure_of(FakeHTTPStatusError(429, {"Retry-After": "3"}))) == (8, 3.0, False)
-    assert _delay(oncely.failure_of(FakeClientResponseError(429, {"Retry-After": "1"}))) == (8, 1.0, False)
+    assert _delay(oncely.failure_of(FakeHTTPStatusError(429, {"Retry-After": "3"}))) == (
+        8,
+        3.0,
+        False,
+    )
+    assert _delay(oncely.failure_of(FakeClientResponseError(429, {"Retry-After": "1"}))) == (
+        8,
+        1.0,
+        False,
+    )
     assert oncely.failure_of(FakeClientResponseError(404, None)) == Code.NOT_FOUND
 
     class WithCode(Exception):
@@ -457,9 +483,17 @@ async def test_retry_waits_for_in_progress_then_gets_the_replay() -> None:
 
     events: list[oncely.RetryEvent] = []
     asyncio.get_running_loop().call_later(0.05, gate.set)
-    got = await oncely.retry(no_wait, policy=RetryPolicy(max_attempts=50), on_retry=events.append,
-                             classify=lambda e: oncely.Failure(Code.UNAVAILABLE, delay=0.01) if isinstance(e, oncely.InProgressError) else None,
-                             safe=True)
+    got = await oncely.retry(
+        no_wait,
+        policy=RetryPolicy(max_attempts=50),
+        on_retry=events.append,
+        classify=lambda e: (
+            oncely.Failure(Code.UNAVAILABLE, delay=0.01)
+            if isinstance(e, oncely.InProgressError)
+            else None
+        ),
+        safe=True,
+    )
     assert got == "done" and (await leader).value == "done"
     assert events and all(isinstance(e.error, oncely.InProgressError) for e in events)
 
@@ -478,5 +512,7 @@ async def test_the_action_is_told_its_attempt() -> None:
     assert [a.previous_attempts for a in seen] == [0, 1, 2]
     assert all(a.remaining is None for a in seen)
     seen.clear()
-    oncely.retry_sync(lambda attempt: seen.append(attempt) or "ok", policy=FAST, deadline=5.0, pass_attempt=True)
+    oncely.retry_sync(
+        lambda attempt: seen.append(attempt) or "ok", policy=FAST, deadline=5.0, pass_attempt=True
+    )
     assert seen[0].number == 1 and seen[0].remaining is not None and 4.5 < seen[0].remaining <= 5.0

@@ -105,7 +105,9 @@ async def test_failure_is_given_to_every_waiter_and_not_cached() -> None:
         await asyncio.sleep(0.02)
         raise boom
 
-    outcomes = await asyncio.gather(*(store.execute(k, FP, fail) for _ in range(100)), return_exceptions=True)
+    outcomes = await asyncio.gather(
+        *(store.execute(k, FP, fail) for _ in range(100)), return_exceptions=True
+    )
     assert calls == 1
     assert all(o is boom for o in outcomes)  # the user's own exception, unchanged
     assert len(store) == 0  # removed: not cached
@@ -124,7 +126,9 @@ async def test_waiter_traceback_does_not_grow() -> None:
         await asyncio.sleep(0.01)
         raise RuntimeError("x")
 
-    outcomes = await asyncio.gather(*(store.execute(k, FP, fail) for _ in range(500)), return_exceptions=True)
+    outcomes = await asyncio.gather(
+        *(store.execute(k, FP, fail) for _ in range(500)), return_exceptions=True
+    )
     exc = outcomes[-1]
     assert isinstance(exc, RuntimeError)
     depth = 0

@@ -66,7 +66,13 @@ def test_backoff(case: dict[str, Any]) -> None:
         assert [_ms(s) for s in policy.backoff()] == case["sequence_ms"]
 
 
-@pytest.mark.parametrize("case", load_vectors("classification.json"), ids=lambda c: f"{c['code']}-{c['safe']}-{c['rereads']}-{c['transient_internal']}-{c.get('server_delay')}")
+@pytest.mark.parametrize(
+    "case",
+    load_vectors("classification.json"),
+    ids=lambda c: (
+        f"{c['code']}-{c['safe']}-{c['rereads']}-{c['transient_internal']}-{c.get('server_delay')}"
+    ),
+)
 def test_classification(case: dict[str, Any]) -> None:
     code = Code[case["code"]]
     sd = case.get("server_delay")
@@ -333,7 +339,12 @@ def _foreign(shape: dict[str, Any]) -> BaseException:
     attrs: dict[str, Any] = {}
     if "metadata" in shape:
         pairs = tuple(
-            (k, base64.b64decode(v + "=" * (-len(v) % 4)) if k.endswith("-bin") and _is_b64(v) else v)
+            (
+                k,
+                base64.b64decode(v + "=" * (-len(v) % 4))
+                if k.endswith("-bin") and _is_b64(v)
+                else v,
+            )
             for k, v in shape["metadata"].items()
         )
         code = shape.get("code")

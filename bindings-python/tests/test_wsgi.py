@@ -76,8 +76,16 @@ class Handler:
         if "bytes" in respond:
             body, ctype = b"x" * respond["bytes"], "text/plain"
         else:
-            body, ctype = json.dumps({"call": n}, separators=(",", ":")).encode(), "application/json"
-        headers = [("content-type", ctype), ("etag", f'"call-{n}"'), ("x-call", str(n)), ("set-cookie", f"call={n}")]
+            body, ctype = (
+                json.dumps({"call": n}, separators=(",", ":")).encode(),
+                "application/json",
+            )
+        headers = [
+            ("content-type", ctype),
+            ("etag", f'"call-{n}"'),
+            ("x-call", str(n)),
+            ("set-cookie", f"call={n}"),
+        ]
         return flask.Response(body, status=respond.get("status", 201), headers=headers)
 
 
@@ -112,7 +120,9 @@ def _send(url: str, r: dict[str, Any]) -> Any:
     headers = dict(r.get("headers", {}))
     if "respond" in r:
         headers["x-respond"] = json.dumps(r["respond"])
-    return requests.request(r["method"], url + r["path"], headers=headers, data=r.get("body", "").encode(), timeout=30)
+    return requests.request(
+        r["method"], url + r["path"], headers=headers, data=r.get("body", "").encode(), timeout=30
+    )
 
 
 def _check(resp: Any, expect: dict[str, Any], where: str) -> None:
@@ -128,14 +138,19 @@ def _check(resp: Any, expect: dict[str, Any], where: str) -> None:
             assert resp.json() == {"call": n}, (where, resp.text)
     if "problem" in expect:
         assert resp.headers["content-type"] == http.PROBLEM_CONTENT_TYPE, where
-        assert (resp.json()["type"], resp.json()["status"]) == (expect["problem"], expect["status"]), where
+        assert (resp.json()["type"], resp.json()["status"]) == (
+            expect["problem"],
+            expect["status"],
+        ), where
     for name, value in expect.get("headers", {}).items():
         assert resp.headers.get(name) == value, (where, name, dict(resp.headers))
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "redis"])
 @pytest.mark.parametrize("case", SEQUENCES, ids=lambda c: c["comment"][:60])
-def test_http_server_sequences_flask(case: dict[str, Any], store_kind: str, server: tuple[str, Dispatch]) -> None:
+def test_http_server_sequences_flask(
+    case: dict[str, Any], store_kind: str, server: tuple[str, Dispatch]
+) -> None:
     url, dispatch = server
     handler = Handler()
     dispatch.app = flask_app(handler, _store(store_kind), case["config"])
@@ -144,7 +159,9 @@ def test_http_server_sequences_flask(case: dict[str, Any], store_kind: str, serv
         for i, step in enumerate(case["steps"]):
             where = f"{case['comment']} / step {i}"
             if "concurrent" in step:
-                resps = list(pool.map(lambda _: _send(url, step["request"]), range(step["concurrent"])))
+                resps = list(
+                    pool.map(lambda _: _send(url, step["request"]), range(step["concurrent"]))
+                )
                 expect = {k: v for k, v in step["expect"].items() if k != "replayed_count"}
                 for r in resps:
                     _check(r, expect, where)
@@ -174,9 +191,16 @@ def test_200_concurrent_requests_one_key(server: tuple[str, Dispatch]) -> None:
     dispatch.app = flask_app(handler, oncely.IdempotencyStore(), {})
     headers = {**POST, "x-respond": json.dumps({"delay_ms": 100})}
     with ThreadPoolExecutor(max_workers=200) as pool:
-        resps = list(pool.map(lambda _: requests.post(url + "/orders", headers=headers, data=b"{}", timeout=60), range(200)))
+        resps = list(
+            pool.map(
+                lambda _: requests.post(url + "/orders", headers=headers, data=b"{}", timeout=60),
+                range(200),
+            )
+        )
     assert handler.calls == 1
-    assert {(r.status_code, r.content, r.headers["etag"]) for r in resps} == {(201, b'{"call":1}', '"call-1"')}
+    assert {(r.status_code, r.content, r.headers["etag"]) for r in resps} == {
+        (201, b'{"call":1}', '"call-1"')
+    }
     assert sum(r.headers.get("idempotent-replayed") == "true" for r in resps) == 199
 
 
@@ -188,7 +212,11 @@ def test_a_body_over_one_mib_is_sent_not_stored(server: tuple[str, Dispatch]) ->
     big = {**POST, "x-respond": json.dumps({"bytes": (1 << 20) + 1})}
     for n in (1, 2):
         r = requests.post(url + "/orders", headers=big, data=b"{}", timeout=30)
-        assert (r.status_code, len(r.content), r.headers["etag"]) == (201, (1 << 20) + 1, f'"call-{n}"')
+        assert (r.status_code, len(r.content), r.headers["etag"]) == (
+            201,
+            (1 << 20) + 1,
+            f'"call-{n}"',
+        )
         assert "idempotent-replayed" not in r.headers
     # The action ends just after the last byte is written: wait (bounded) for it.
     deadline = time.monotonic() + 20
@@ -208,7 +236,9 @@ def test_a_request_body_over_the_request_cap_is_413(server: tuple[str, Dispatch]
     assert handler.calls == 0
 
 
-def test_an_app_that_raises_answers_waiters_500_and_releases_the_key(server: tuple[str, Dispatch]) -> None:
+def test_an_app_that_raises_answers_waiters_500_and_releases_the_key(
+    server: tuple[str, Dispatch],
+) -> None:
     url, dispatch = server
     calls = 0
     app = flask.Flask("oncely-raise")
@@ -229,7 +259,12 @@ def test_an_app_that_raises_answers_waiters_500_and_releases_the_key(server: tup
         first = pool.submit(requests.post, url + "/orders", headers=POST, data=b"{}", timeout=30)
         while calls == 0:
             time.sleep(0.005)
-        waiters = list(pool.map(lambda _: requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30), range(5)))
+        waiters = list(
+            pool.map(
+                lambda _: requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30),
+                range(5),
+            )
+        )
         assert first.result(30).status_code == 500
     for w in waiters:
         assert w.status_code == 500 and w.json()["type"] == "urn:oncely:problem:internal"
@@ -238,7 +273,9 @@ def test_an_app_that_raises_answers_waiters_500_and_releases_the_key(server: tup
     assert (retry.status_code, retry.content, calls) == (201, b"ok", 2)
 
 
-def test_a_streaming_response_passes_through_and_holds_the_key(server: tuple[str, Dispatch]) -> None:
+def test_a_streaming_response_passes_through_and_holds_the_key(
+    server: tuple[str, Dispatch],
+) -> None:
     url, dispatch = server
     calls = 0
     go_on = threading.Event()
@@ -270,7 +307,10 @@ def test_a_streaming_response_passes_through_and_holds_the_key(server: tuple[str
             rest = r.raw.read()
         assert first + rest == b"data: first\n\ndata: second\n\n"
         again = dup.result(30)
-    assert again.headers.get("idempotent-replayed") is None and again.content == b"data: first\n\ndata: second\n\n"
+    assert (
+        again.headers.get("idempotent-replayed") is None
+        and again.content == b"data: first\n\ndata: second\n\n"
+    )
     assert calls == 2
 
 
@@ -289,10 +329,17 @@ def test_a_response_the_store_cannot_keep_is_still_the_answer(server: tuple[str,
     dispatch.app = flask_app(handler, _CompleteFails(), {})
     r = requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30)
     # Not a 503 inviting a retry that would run the app again.
-    assert (r.status_code, r.json(), r.headers["etag"], handler.calls) == (201, {"call": 1}, '"call-1"', 1)
+    assert (r.status_code, r.json(), r.headers["etag"], handler.calls) == (
+        201,
+        {"call": 1},
+        '"call-1"',
+        1,
+    )
 
 
-def test_a_close_that_raises_after_the_whole_body_is_answered_and_stored(server: tuple[str, Dispatch]) -> None:
+def test_a_close_that_raises_after_the_whole_body_is_answered_and_stored(
+    server: tuple[str, Dispatch],
+) -> None:
     url, dispatch = server
     calls = 0
 
@@ -314,7 +361,11 @@ def test_a_close_that_raises_after_the_whole_body_is_answered_and_stored(server:
     first = requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30)
     retry = requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30)
     assert (first.status_code, first.content) == (201, b'{"id":1}')
-    assert (retry.status_code, retry.content, retry.headers["idempotent-replayed"]) == (201, b'{"id":1}', "true")
+    assert (retry.status_code, retry.content, retry.headers["idempotent-replayed"]) == (
+        201,
+        b'{"id":1}',
+        "true",
+    )
     assert calls == 1
 
 
@@ -351,7 +402,9 @@ def test_an_event_stream_reaches_its_client_as_it_is_produced(server: tuple[str,
     assert again.headers.get("idempotent-replayed") is None and calls == 2
 
 
-def test_waiters_of_a_response_not_stored_get_all_its_shared_headers(server: tuple[str, Dispatch]) -> None:
+def test_waiters_of_a_response_not_stored_get_all_its_shared_headers(
+    server: tuple[str, Dispatch],
+) -> None:
     url, dispatch = server
     handler = Handler()
     dispatch.app = flask_app(handler, oncely.IdempotencyStore(), {})
@@ -360,7 +413,12 @@ def test_waiters_of_a_response_not_stored_get_all_its_shared_headers(server: tup
         first = pool.submit(requests.post, url + "/orders", headers=headers, data=b"{}", timeout=30)
         while handler.calls == 0:
             time.sleep(0.005)
-        waiters = list(pool.map(lambda _: requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30), range(5)))
+        waiters = list(
+            pool.map(
+                lambda _: requests.post(url + "/orders", headers=POST, data=b"{}", timeout=30),
+                range(5),
+            )
+        )
         first.result(30)
     assert handler.calls == 1
     for w in waiters:
@@ -390,8 +448,11 @@ def test_a_negative_content_length_is_refused_unread() -> None:
     statuses: list[str] = []
     mw = IdempotencyMiddleware(app, store=oncely.IdempotencyStore())
     environ = {
-        "REQUEST_METHOD": "POST", "PATH_INFO": "/orders", "CONTENT_LENGTH": "-1",
-        "HTTP_IDEMPOTENCY_KEY": "order-0001", "wsgi.input": Endless(),
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "CONTENT_LENGTH": "-1",
+        "HTTP_IDEMPOTENCY_KEY": "order-0001",
+        "wsgi.input": Endless(),
     }
     body = b"".join(mw(environ, lambda status, headers, exc_info=None: statuses.append(status)))
     assert statuses == ["400 Bad Request"] and calls == 0 and not any(read_whole)

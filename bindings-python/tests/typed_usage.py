@@ -34,8 +34,15 @@ async def main() -> None:
     async def call(n: int) -> str:
         return str(n)
 
-    s = await oncely.retry(call, 3, policy=RetryPolicy(seed=1), safe=True, on_retry=on_retry,
-                           deadline=timedelta(seconds=1), budget=oncely.RetryBudget())
+    s = await oncely.retry(
+        call,
+        3,
+        policy=RetryPolicy(seed=1),
+        safe=True,
+        on_retry=on_retry,
+        deadline=timedelta(seconds=1),
+        budget=oncely.RetryBudget(),
+    )
     assert_type(s, str)
     assert_type(oncely.retry_sync(add, 1, b=2), int)
 
@@ -95,8 +102,9 @@ async def main() -> None:
 
 async def redis_usage() -> None:
     """Type-checked only (it needs a Redis): oncely.RedisStore has IdempotencyStore's API."""
-    shared = oncely.RedisStore("redis://127.0.0.1:6379", lease=30.0, ttl=timedelta(days=1),
-                               prefix="shop")
+    shared = oncely.RedisStore(
+        "redis://127.0.0.1:6379", lease=30.0, ttl=timedelta(days=1), prefix="shop"
+    )
     scoped = oncely.scope("acme", "CreateOrder", oncely.new_key())
     fp = oncely.fingerprint({"sku": "A1"})
 
@@ -164,7 +172,9 @@ def server_adapters() -> None:
     from oncely.grpc.aio import IdempotencyInterceptor as AioInterceptor
 
     sync_interceptor = SyncInterceptor(
-        store=oncely.IdempotencyStore(), tenant=lambda context: "acme", methods=["/shop.Orders/Create"]
+        store=oncely.IdempotencyStore(),
+        tenant=lambda context: "acme",
+        methods=["/shop.Orders/Create"],
     )
     aio_interceptor = AioInterceptor(store=oncely.IdempotencyStore(), wait=False)
     assert_type(sync_interceptor.counters(), Counters)
@@ -175,7 +185,9 @@ def server_adapters() -> None:
 
     policy = oncely.RetryPolicy(max_attempts=3)
     async_client = httpx.AsyncClient(transport=AsyncRetryTransport(policy=policy, deadline=5.0))
-    sync_client = httpx.Client(transport=RetryTransport(methods=["POST"], budget=oncely.RetryBudget()))
+    sync_client = httpx.Client(
+        transport=RetryTransport(methods=["POST"], budget=oncely.RetryBudget())
+    )
     adapter = IdempotentAdapter(policy=policy)
     assert async_client is not None and sync_client is not None and adapter is not None
     config = http.ServerConfig(methods=["POST"], body_cap=1024)

@@ -289,14 +289,17 @@ mod on_cluster {
         with_timeout(Duration::from_secs(60), || {
             let urls = urls();
             let prefix = fresh_prefix();
+            // A WAIT window of seconds, not milliseconds: a replica of a cluster just
+            // started may still be catching up, and the machine may be busy.
             let store = |n: usize| {
                 RedisStore::<Boom>::builder(urls[0].clone())
                     .seeds(urls[1..3].to_vec())
                     .cluster(true)
                     .prefix(&prefix)
-                    .lease(Duration::from_secs(3))
+                    .lease(Duration::from_secs(9))
+                    .io_timeout(Duration::from_secs(3))
                     .min_replicas(n)
-                    .min_replicas_timeout(Duration::from_millis(200))
+                    .min_replicas_timeout(Duration::from_secs(2))
                     .build()
                     .unwrap()
             };

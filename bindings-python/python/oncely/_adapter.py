@@ -203,7 +203,12 @@ class Settings:
         return t(request)
 
     def record(
-        self, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes, *, stored: bool = True
+        self,
+        status: int,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        *,
+        stored: bool = True,
     ) -> bytes:
         """The record of a response: with the headers the contract stores, or, for a
         response that is not stored (``stored=False``: it only reaches the duplicates
@@ -216,7 +221,9 @@ class Settings:
                 kept.append((n, bytes(value)))
         return http.encode_response(status, kept, body)
 
-    def settle(self, run: Any, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> bytes:
+    def settle(
+        self, run: Any, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
+    ) -> bytes:
         """The record of ``run``'s whole response, counted: returned when its status is
         stored, else raised as :class:`Unstored` (it still reaches the waiters). Marks
         ``run.answered``."""
@@ -229,7 +236,9 @@ class Settings:
         self.counters.bump("stored")
         return record
 
-    def scoped(self, request: Any, method: str, route: str, key: str) -> Union[ScopedKey, http.Problem]:
+    def scoped(
+        self, request: Any, method: str, route: str, key: str
+    ) -> Union[ScopedKey, http.Problem]:
         """The scoped key of a request, or the problem to answer with: a tenant no key
         can be scoped by is the server's fault (500 ``tenant-unusable``)."""
         tenant = self.tenant_of(request)

@@ -219,7 +219,9 @@ class IdempotencyMiddleware:
             kind = message["type"]
             if kind == "http.disconnect":
                 # The client went away before sending its request: nothing ran.
-                await self._refuse(send, http.Problem.request_body_unreadable("the client disconnected"))
+                await self._refuse(
+                    send, http.Problem.request_body_unreadable("the client disconnected")
+                )
                 return None
             if kind != "http.request":
                 continue

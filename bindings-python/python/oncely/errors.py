@@ -41,7 +41,9 @@ class InvalidArgumentError(OncelyError, ValueError):
 
     default_code = Code.INVALID_ARGUMENT
 
-    def __init__(self, message: str, *, field: Optional[str] = None, code: Optional[int] = None) -> None:
+    def __init__(
+        self, message: str, *, field: Optional[str] = None, code: Optional[int] = None
+    ) -> None:
         super().__init__(message, code=code)
         self.field = field
 
@@ -80,7 +82,9 @@ class InProgressError(OncelyError):
 
     default_code = Code.ABORTED
 
-    def __init__(self, message: str, *, retry_after: float = 1.0, code: Optional[int] = None) -> None:
+    def __init__(
+        self, message: str, *, retry_after: float = 1.0, code: Optional[int] = None
+    ) -> None:
         super().__init__(message, code=code)
         self.retry_after = retry_after
 

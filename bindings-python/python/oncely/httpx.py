@@ -29,6 +29,7 @@ from .retry import OnRetry, Seconds, retry, retry_sync
 
 __all__ = ["AsyncRetryTransport", "RetryTransport", "ResponseFailure"]
 
+
 class AsyncRetryTransport(httpx.AsyncBaseTransport):
     """Wraps an async transport (default ``httpx.AsyncHTTPTransport()``): one key per
     logical call of ``methods``, retried by ``policy`` within ``deadline`` and ``budget``."""

@@ -304,5 +304,3 @@ def retrying(
             "reasons": reasons,
         }
     )
-
-

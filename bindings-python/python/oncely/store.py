@@ -107,5 +107,3 @@ def _settle_batch(items: list[tuple[asyncio.Future[Any], Any]]) -> None:
     for fut, out in items:
         if not fut.done():
             fut.set_result(out)
-
-

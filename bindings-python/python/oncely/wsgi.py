@@ -228,7 +228,9 @@ class _Lead:
     response is captured (up to the body cap) for the store; past the cap it is
     written to the client as it comes, before the action ends."""
 
-    def __init__(self, app: WSGIApp, s: Settings, environ: Environ, start_response: StartResponse) -> None:
+    def __init__(
+        self, app: WSGIApp, s: Settings, environ: Environ, start_response: StartResponse
+    ) -> None:
         self.app = app
         self.s = s
         self.environ = environ

@@ -77,7 +77,9 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         """What this interceptor has done so far."""
         return self._s.counters.snapshot()
 
-    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+    def intercept_service(
+        self, continuation: Callable[[Any], Any], handler_call_details: Any
+    ) -> Any:
         handler = continuation(handler_call_details)
         parts = unwrap(handler)
         method: str = handler_call_details.method

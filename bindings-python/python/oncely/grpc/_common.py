@@ -45,7 +45,9 @@ def trailers_of(context: Any) -> Pairs:
 
 
 def record_ok(message: bytes, trailers: Sequence[tuple[str, bytes]] = ()) -> bytes:
-    return http.encode_response(200, _CONTENT_TYPE, frame(message), [("grpc-status", b"0"), *trailers])
+    return http.encode_response(
+        200, _CONTENT_TYPE, frame(message), [("grpc-status", b"0"), *trailers]
+    )
 
 
 def record_status(
@@ -70,11 +72,14 @@ def read_record(record: Any) -> tuple[int, str, bytes, tuple[tuple[str, Any], ..
     """``(code, details, message, metadata)`` of a stored gRPC answer (from any oncely
     adapter); ``metadata`` is the trailing metadata to send, marker included."""
     status, headers, body, trailers = http.decode_response(record)
-    meta_out = tuple(
-        (n, v if n.endswith("-bin") else v.decode("utf-8", "replace"))
-        for n, v in trailers
-        if n not in _OWN
-    ) + _REPLAYED
+    meta_out = (
+        tuple(
+            (n, v if n.endswith("-bin") else v.decode("utf-8", "replace"))
+            for n, v in trailers
+            if n not in _OWN
+        )
+        + _REPLAYED
+    )
     meta = dict(headers)
     meta.update(trailers)
     raw = meta.get("grpc-status")
@@ -144,7 +149,9 @@ class GrpcSettings:
             return decision
         return self.scoped(context, method, decision)
 
-    def replaying(self, context: Any, scoped: ScopedKey, metadata: tuple[tuple[str, Any], ...]) -> None:
+    def replaying(
+        self, context: Any, scoped: ScopedKey, metadata: tuple[tuple[str, Any], ...]
+    ) -> None:
         """Counts a replay, tells ``on_replay`` and sets the stored trailing metadata."""
         self.counters.bump("replayed")
         if self.on_replay is not None:
@@ -165,7 +172,9 @@ def pushback(problem: http.Problem) -> list[tuple[str, str]]:
     return [(n, v) for n, v in problem.grpc_metadata() if n == "grpc-retry-pushback-ms"]
 
 
-def unwrap(handler: Any) -> Optional[tuple[Callable[..., Any], Callable[[bytes], Any], Callable[[Any], bytes]]]:
+def unwrap(
+    handler: Any,
+) -> Optional[tuple[Callable[..., Any], Callable[[bytes], Any], Callable[[Any], bytes]]]:
     """The behavior and (de)serializers of a unary-unary handler, else ``None``."""
     if handler is None or handler.request_streaming or handler.response_streaming:
         return None

@@ -62,7 +62,9 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
         """What this interceptor has done so far."""
         return self._s.counters.snapshot()
 
-    async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+    async def intercept_service(
+        self, continuation: Callable[[Any], Any], handler_call_details: Any
+    ) -> Any:
         handler = await continuation(handler_call_details)
         parts = unwrap(handler)
         method: str = handler_call_details.method
