@@ -15,6 +15,7 @@ use oncely::http::{self, KeyDecision, Problem, ServerConfig, StoredResponse};
 use oncely::{
     canonical_json, extract, fingerprint, fingerprint_bytes, parse_pushback_ms, parse_retry_after,
     Code, Error, IdempotencyKey, RawFailure, RawValue, ReasonCodes, ScopedKey, ServerDelay,
+    CANONICAL_JSON_MAX_DEPTH,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -772,7 +773,28 @@ fn check_scoped_parse(s: String) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// The nesting depth of arrays and objects (a scalar is 0).
+fn depth(v: &Value) -> usize {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
 fn check_canonical(v: Value) -> Result<(), TestCaseError> {
+    if depth(&v) > CANONICAL_JSON_MAX_DEPTH {
+        // Deeper than the common limit (SPEC §6): refused, never a panic or a stack overflow.
+        prop_assert!(
+            matches!(canonical_json(&v), Err(Error::InvalidArgument { .. })),
+            "a value nested deeper than the limit is refused"
+        );
+        prop_assert!(
+            matches!(fingerprint(&v), Err(Error::InvalidArgument { .. })),
+            "a fingerprint of a value nested deeper than the limit is refused"
+        );
+        return Ok(());
+    }
     let bytes = canonical_json(&v)?;
     let back: Value = serde_json::from_slice(&bytes)
         .map_err(|e| TestCaseError::fail(format!("canonical JSON does not parse: {e}")))?;
