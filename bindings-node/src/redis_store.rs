@@ -595,6 +595,29 @@ pub struct NativeRedisStore {
     inner: Rc<Inner>,
 }
 
+/// A scoped key argument (a string from `scope()`), or the field-naming error thrown.
+fn scoped_arg(env: &Env, key: &Unknown<'_>) -> Result<oncely::ScopedKey> {
+    let raw = env.raw();
+    convert::with_str(
+        raw,
+        key.raw(),
+        "scoped",
+        SHORT_STRING_MAX,
+        oncely::ScopedKey::parse,
+    )?
+    .or_throw(raw)
+}
+
+impl NativeRedisStore {
+    /// Runs `fut` on the store's tasks and hands JavaScript its Promise.
+    fn promise<'env>(&self, env: &'env Env, fut: Task) -> Result<Unknown<'env>> {
+        let raw = env.raw();
+        let (promise, _) = self.inner.spawn(raw, fut)?;
+        // SAFETY: a value of `raw`, on the JS thread.
+        Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
+    }
+}
+
 #[napi]
 impl NativeRedisStore {
     /// `options`: `{ url | urls, cluster, sentinel, minReplicas, minReplicasTimeoutMs,
@@ -809,15 +832,7 @@ impl NativeRedisStore {
         ts_return_type = "Promise<[string, string, number, number, Buffer?] | null>"
     )]
     pub fn get<'env>(&self, env: &'env Env, key: Unknown<'_>) -> Result<Unknown<'env>> {
-        let raw = env.raw();
-        let key = convert::with_str(
-            raw,
-            key.raw(),
-            "scoped",
-            SHORT_STRING_MAX,
-            oncely::ScopedKey::parse,
-        )?
-        .or_throw(raw)?;
+        let key = scoped_arg(env, &key)?;
         let store = self.inner.store.clone();
         let fut: Task = Box::pin(async move {
             match store.get(&key).await {
@@ -825,24 +840,14 @@ impl NativeRedisStore {
                 Err(e) => Out::Error(e),
             }
         });
-        let (promise, _) = self.inner.spawn(raw, fut)?;
-        // SAFETY: a value of `raw`, on the JS thread.
-        Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
+        self.promise(env, fut)
     }
 
     /// Deletes `key`'s record unless it is running under a live lease: a Promise of
     /// whether one was deleted.
     #[napi(ts_args_type = "key: string", ts_return_type = "Promise<boolean>")]
     pub fn remove<'env>(&self, env: &'env Env, key: Unknown<'_>) -> Result<Unknown<'env>> {
-        let raw = env.raw();
-        let key = convert::with_str(
-            raw,
-            key.raw(),
-            "scoped",
-            SHORT_STRING_MAX,
-            oncely::ScopedKey::parse,
-        )?
-        .or_throw(raw)?;
+        let key = scoped_arg(env, &key)?;
         let store = self.inner.store.clone();
         let fut: Task = Box::pin(async move {
             match store.remove(&key).await {
@@ -850,15 +855,12 @@ impl NativeRedisStore {
                 Err(e) => Out::Error(e),
             }
         });
-        let (promise, _) = self.inner.spawn(raw, fut)?;
-        // SAFETY: a value of `raw`, on the JS thread.
-        Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
+        self.promise(env, fut)
     }
 
     /// Sends PING: a Promise that resolves, or rejects with UNAVAILABLE.
     #[napi(ts_return_type = "Promise<void>")]
     pub fn ping<'env>(&self, env: &'env Env) -> Result<Unknown<'env>> {
-        let raw = env.raw();
         let store = self.inner.store.clone();
         let fut: Task = Box::pin(async move {
             match store.ping().await {
@@ -866,9 +868,7 @@ impl NativeRedisStore {
                 Err(e) => Out::Error(e),
             }
         });
-        let (promise, _) = self.inner.spawn(raw, fut)?;
-        // SAFETY: a value of `raw`, on the JS thread.
-        Ok(unsafe { Unknown::from_raw_unchecked(raw, promise) })
+        self.promise(env, fut)
     }
 
     /// Stores `data` (the result record) for every instance and gives it to this
