@@ -66,7 +66,9 @@ def test_async_callers_and_min_replicas() -> None:
     pfx = "pytest-" + oncely.new_key()
 
     async def main() -> None:
-        s = cluster_store(pfx, min_replicas=1, min_replicas_timeout=0.2)
+        # A generous window: a loaded machine may take a while to acknowledge (the
+        # test checks that the acknowledgement comes, not how fast; below the 1 s I/O timeout).
+        s = cluster_store(pfx, min_replicas=1, min_replicas_timeout=0.8)
         k = key()
         runs = 0
 
