@@ -236,3 +236,26 @@ fn float_value(py: Python<'_>, f: f64) -> PyResult<Value> {
         .map(Value::Number)
         .ok_or_else(|| invalid(py, "value", format!("{f} is not a JSON number")))
 }
+
+/// A sequence of `str` (list, tuple, ...; a lone `str` or `bytes` is refused: it would
+/// be read as its characters); anything else names `field`.
+pub fn text_list(
+    py: Python<'_>,
+    field: &'static str,
+    obj: &Bound<'_, PyAny>,
+) -> PyResult<Vec<String>> {
+    let wrong = || wrong_type(field, "a sequence of str", obj);
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>() {
+        return Err(wrong());
+    }
+    let seq = obj.cast::<pyo3::types::PySequence>().map_err(|_| wrong())?;
+    let mut out = Vec::with_capacity(seq.len().unwrap_or(0));
+    for item in seq.try_iter()? {
+        let item = item?;
+        if !item.is_instance_of::<PyString>() {
+            return Err(wrong_type(field, "a sequence of str", &item));
+        }
+        out.push(text(py, field, &item)?.into_owned());
+    }
+    Ok(out)
+}

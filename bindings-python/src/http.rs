@@ -12,8 +12,14 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use oncely::http::{self, KeyDecision};
 use oncely::{Error, IdempotencyKey};
 
-use crate::errors::IntoPyResult;
+use crate::convert::{int_in, text_list};
+use crate::errors::{flag, IntoPyResult};
 use crate::keys::ScopedKey;
+
+/// An optional argument given and not `None`.
+fn present<'a, 'py>(obj: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyAny>> {
+    obj.filter(|o| !o.is_none())
+}
 
 /// The adapter settings of the contract (Rust `oncely::http::ServerConfig`).
 #[pyclass(frozen, module = "oncely.http", name = "ServerConfig")]
@@ -24,28 +30,32 @@ pub struct PyServerConfig {
 #[pymethods]
 impl PyServerConfig {
     #[new]
-    #[pyo3(signature = (*, methods=None, required=true, wait=true, body_cap=http::DEFAULT_BODY_CAP, stored_headers=None, grpc_methods=None))]
+    #[pyo3(signature = (*, methods=None, required=None, wait=None, body_cap=None, stored_headers=None, grpc_methods=None))]
     fn new(
         py: Python<'_>,
-        methods: Option<Vec<String>>,
-        required: bool,
-        wait: bool,
-        body_cap: usize,
-        stored_headers: Option<Vec<String>>,
-        grpc_methods: Option<Vec<String>>,
+        methods: Option<&Bound<'_, PyAny>>,
+        required: Option<&Bound<'_, PyAny>>,
+        wait: Option<&Bound<'_, PyAny>>,
+        body_cap: Option<&Bound<'_, PyAny>>,
+        stored_headers: Option<&Bound<'_, PyAny>>,
+        grpc_methods: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut c = http::ServerConfig::new()
-            .required(required)
-            .wait(wait)
-            .body_cap(body_cap);
-        if let Some(m) = methods {
-            c = c.methods(m).py(py)?;
+            .required(flag(present(required), "required", true)?)
+            .wait(flag(present(wait), "wait", true)?);
+        if let Some(cap) = present(body_cap) {
+            c = c.body_cap(int_in(py, "body_cap", cap, 0, usize::MAX as i128)? as usize);
         }
-        if let Some(h) = stored_headers {
-            c = c.stored_headers(h).py(py)?;
+        if let Some(m) = present(methods) {
+            c = c.methods(text_list(py, "methods", m)?).py(py)?;
         }
-        if let Some(g) = grpc_methods {
-            c = c.grpc_methods(g).py(py)?;
+        if let Some(h) = present(stored_headers) {
+            c = c
+                .stored_headers(text_list(py, "stored_headers", h)?)
+                .py(py)?;
+        }
+        if let Some(g) = present(grpc_methods) {
+            c = c.grpc_methods(text_list(py, "grpc_methods", g)?).py(py)?;
         }
         Ok(PyServerConfig { inner: c })
     }

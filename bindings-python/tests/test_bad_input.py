@@ -8,7 +8,7 @@ from typing import Any
 
 import oncely
 import pytest
-from oncely import Code, RetryPolicy
+from oncely import Code, RetryPolicy, http
 
 NAN, INF = math.nan, math.inf
 
@@ -309,6 +309,15 @@ _K = "order-0001"
         (lambda: oncely.ReasonCodes().resolve(7), "reason"),
         (lambda: oncely.RedisStore(None), "url"),  # type: ignore[arg-type]
         (lambda: oncely.RedisStore("redis://127.0.0.1:1/0", prefix=3), "prefix"),
+        (lambda: http.ServerConfig(methods=5), "methods"),  # type: ignore[arg-type]
+        (lambda: http.ServerConfig(methods="POST"), "methods"),  # type: ignore[arg-type]
+        (lambda: http.ServerConfig(methods=["POST", 1]), "methods"),  # type: ignore[list-item]
+        (lambda: http.ServerConfig(stored_headers=("etag", None)), "stored_headers"),  # type: ignore[arg-type]
+        (lambda: http.ServerConfig(grpc_methods={"/a/B"}), "grpc_methods"),  # type: ignore[arg-type]
+        (lambda: http.ServerConfig(required=1), "required"),  # type: ignore[arg-type]
+        (lambda: http.ServerConfig(wait="no"), "wait"),  # type: ignore[arg-type]
+        (lambda: http.ServerConfig(body_cap="1MiB"), "body_cap"),  # type: ignore[arg-type]
+        (lambda: http.ServerConfig(body_cap=True), "body_cap"),  # type: ignore[arg-type]
     ],
 )
 def test_a_wrong_type_is_an_oncely_type_error_naming_the_argument(call: Any, field: str) -> None:
@@ -385,3 +394,14 @@ def test_a_redis_url_that_does_not_parse_shows_the_expected_form() -> None:
         oncely.RedisStore("localhost:6379")
     assert info.value.field == "url"
     assert "expected redis://host:6379/0" in str(info.value)
+
+
+def test_server_config_reads_sequences_and_names_bad_values() -> None:
+    c = http.ServerConfig(methods=("POST", "PATCH"), stored_headers=["ETag"], required=None)
+    assert c.covers("POST") and c.covers("PATCH") and not c.covers("PUT") and c.required
+    with pytest.raises(oncely.InvalidArgumentError) as info:
+        http.ServerConfig(body_cap=-1)
+    assert info.value.field == "body_cap"
+    with pytest.raises(oncely.InvalidArgumentError) as info:
+        http.ServerConfig(body_cap=1 << 70)
+    assert info.value.field == "body_cap"

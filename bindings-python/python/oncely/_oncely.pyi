@@ -342,12 +342,12 @@ class ServerConfig:
     def __new__(
         cls,
         *,
-        methods: Optional[list[str]] = None,
-        required: bool = True,
-        wait: bool = True,
-        body_cap: int = ...,
-        stored_headers: Optional[list[str]] = None,
-        grpc_methods: Optional[list[str]] = None,
+        methods: Optional[Sequence[str]] = None,
+        required: Optional[bool] = None,
+        wait: Optional[bool] = None,
+        body_cap: Optional[int] = None,
+        stored_headers: Optional[Sequence[str]] = None,
+        grpc_methods: Optional[Sequence[str]] = None,
     ) -> ServerConfig: ...
     def covers(self, method: str) -> bool: ...
     def covers_grpc(self, full_method: str) -> bool: ...
