@@ -405,3 +405,74 @@ def test_server_config_reads_sequences_and_names_bad_values() -> None:
     with pytest.raises(oncely.InvalidArgumentError) as info:
         http.ServerConfig(body_cap=1 << 70)
     assert info.value.field == "body_cap"
+
+
+def _asgi_app(scope: Any, receive: Any, send: Any) -> None:
+    raise AssertionError("not called")
+
+
+def _adapters() -> list[tuple[str, Any]]:
+    from oncely.asgi import IdempotencyMiddleware as Asgi
+    from oncely.wsgi import IdempotencyMiddleware as Wsgi
+
+    out: list[tuple[str, Any]] = [
+        ("asgi", lambda **kw: Asgi(_asgi_app, **kw)),
+        ("wsgi", lambda **kw: Wsgi(_asgi_app, **kw)),
+    ]
+    try:
+        from oncely.grpc import IdempotencyInterceptor
+        from oncely.grpc.aio import IdempotencyInterceptor as AioInterceptor
+    except ImportError:  # grpcio is an optional extra
+        return out
+    out.append(("grpc", IdempotencyInterceptor))
+    out.append(("grpc.aio", AioInterceptor))
+    return out
+
+
+@pytest.mark.parametrize(("name", "make"), _adapters())
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"store": None}, "store"),
+        ({"store": "redis://127.0.0.1:6379"}, "store"),
+        ({"tenant": 5}, "tenant"),
+        ({"on_replay": "log"}, "on_replay"),
+        ({"counters": {}}, "counters"),
+        ({"methods": "POST"}, "methods"),
+        ({"methods": ["POST", None]}, "methods"),
+        ({"required": "yes"}, "required"),
+        ({"wait": 0}, "wait"),
+    ],
+)
+def test_an_adapter_refuses_bad_options_when_built(
+    name: str, make: Any, options: dict[str, Any], field: str
+) -> None:
+    kw: dict[str, Any] = {"store": oncely.IdempotencyStore()}
+    kw.update(options)
+    if name.startswith("grpc") and field == "methods" and options["methods"] == "POST":
+        kw["methods"] = "/pkg.Svc/Call"
+    with pytest.raises(oncely.ArgumentTypeError) as info:
+        make(**kw)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"fingerprint": b"fp"}, "fingerprint"),
+        ({"route": 3}, "route"),
+        ({"request_cap": "1MiB"}, "request_cap"),
+        ({"body_cap": "1MiB"}, "body_cap"),
+        ({"stored_headers": "etag"}, "stored_headers"),
+    ],
+)
+def test_an_http_adapter_refuses_bad_options_when_built(
+    options: dict[str, Any], field: str
+) -> None:
+    from oncely.asgi import IdempotencyMiddleware as Asgi
+    from oncely.wsgi import IdempotencyMiddleware as Wsgi
+
+    for make in (Asgi, Wsgi):
+        with pytest.raises(oncely.ArgumentTypeError) as info:
+            make(_asgi_app, store=oncely.IdempotencyStore(), **options)
+        assert info.value.field == field

@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable, Optional, Protocol, Sequence, TypeV
 from . import http
 from ._codes import Code
 from ._oncely import Executed, ScopedKey
-from .errors import InvalidArgumentError, LeaderPanickedError, OncelyError
+from .errors import ArgumentTypeError, InvalidArgumentError, LeaderPanickedError, OncelyError
 
 log = logging.getLogger("oncely")
 
@@ -97,6 +97,33 @@ class Counters:
     replayed: int = 0
 
 
+def _wrong_type(field: str, expected: str, got: object) -> ArgumentTypeError:
+    return ArgumentTypeError(f"{field} must be {expected}, not {type(got).__name__}", field=field)
+
+
+def check_options(
+    *,
+    store: object,
+    store_method: str,
+    tenant: object,
+    callbacks: dict[str, object],
+    counters: object,
+) -> None:
+    """Refuses, when the adapter is built, the options it could only trip over at its
+    first request: a store without ``store_method``, a tenant that is neither a ``str``
+    nor a callable, a callback that is not callable, counters that are not a
+    :class:`CounterSet`."""
+    if not callable(getattr(store, store_method, None)):
+        raise _wrong_type("store", f"a dedup store with {store_method}()", store)
+    if tenant is not None and not isinstance(tenant, str) and not callable(tenant):
+        raise _wrong_type("tenant", "a str or a callable", tenant)
+    for name, fn in callbacks.items():
+        if fn is not None and not callable(fn):
+            raise _wrong_type(name, "a callable", fn)
+    if counters is not None and not isinstance(counters, CounterSet):
+        raise _wrong_type("counters", "a CounterSet", counters)
+
+
 class CounterSet:
     """The live counters of one middleware (thread-safe); :meth:`snapshot` reads them."""
 
@@ -163,6 +190,8 @@ class Settings:
     def __init__(
         self,
         *,
+        store: object,
+        store_method: str,
         tenant: Union[str, Callable[[Any], str], None],
         methods: Optional[Sequence[str]],
         required: bool,
@@ -175,13 +204,22 @@ class Settings:
         on_replay: Optional[Callable[[Any, ScopedKey], None]],
         counters: Optional[CounterSet],
     ) -> None:
+        check_options(
+            store=store,
+            store_method=store_method,
+            tenant=tenant,
+            callbacks={"fingerprint": fingerprint, "route": route, "on_replay": on_replay},
+            counters=counters,
+        )
         self.contract = http.ServerConfig(
-            methods=None if methods is None else list(methods),
+            methods=methods,
             required=required,
             wait=wait,
             body_cap=body_cap,
-            stored_headers=None if stored_headers is None else list(stored_headers),
+            stored_headers=stored_headers,
         )
+        if isinstance(request_cap, bool) or not isinstance(request_cap, int):
+            raise _wrong_type("request_cap", "an int", request_cap)
         if request_cap < 0:
             raise InvalidArgumentError(
                 f"invalid request_cap: must be at least 0 (bytes), e.g. 1048576, got {request_cap}",

@@ -117,6 +117,8 @@ class IdempotencyMiddleware:
         self.app = app
         self.store = store
         self._s = Settings(
+            store=store,
+            store_method="execute",
             tenant=tenant,
             methods=methods,
             required=required,

@@ -99,6 +99,8 @@ class IdempotencyMiddleware:
         self.app = app
         self.store = store
         self._s = Settings(
+            store=store,
+            store_method="execute_sync",
             tenant=tenant,
             methods=methods,
             required=required,

@@ -65,6 +65,8 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     ) -> None:
         self.store = store
         self._s = GrpcSettings(
+            store=store,
+            store_method="execute_sync",
             tenant=tenant,
             methods=methods,
             required=required,

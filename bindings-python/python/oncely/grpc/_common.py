@@ -6,13 +6,14 @@ reading of a key from the call's metadata. Every decision is the core's."""
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, Callable, Optional, Union
 from urllib.parse import unquote
 
 from .. import http
-from .._adapter import AppFailed, CounterSet, Unstored
+from .._adapter import AppFailed, CounterSet, Unstored, check_options
 from .._oncely import ScopedKey
-from ..errors import OncelyError, StoreUnavailableError
+from ..errors import ArgumentTypeError, OncelyError, StoreUnavailableError
 
 grpc: Any = importlib.import_module("grpc")
 
@@ -106,6 +107,8 @@ class GrpcSettings:
     def __init__(
         self,
         *,
+        store: object,
+        store_method: str,
         tenant: Union[str, Callable[[Any], str], None],
         methods: Optional[Sequence[str]],
         required: bool,
@@ -113,10 +116,26 @@ class GrpcSettings:
         on_replay: Optional[Callable[[Any, ScopedKey], None]],
         counters: Optional[CounterSet],
     ) -> None:
+        check_options(
+            store=store,
+            store_method=store_method,
+            tenant=tenant,
+            callbacks={"on_replay": on_replay},
+            counters=counters,
+        )
+        if methods is not None and (
+            isinstance(methods, (str, bytes))
+            or not isinstance(methods, Sequence)
+            or not all(isinstance(m, str) for m in methods)
+        ):
+            raise ArgumentTypeError(
+                f"methods must be a sequence of str (full method names), not {type(methods).__name__}",
+                field="methods",
+            )
         self.contract = http.ServerConfig(
             required=required,
             wait=wait,
-            grpc_methods=None if methods is None else list(methods),
+            grpc_methods=methods,
         )
         self.tenant = tenant
         self.on_replay = on_replay

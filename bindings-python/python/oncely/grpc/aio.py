@@ -50,6 +50,8 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
     ) -> None:
         self.store = store
         self._s = GrpcSettings(
+            store=store,
+            store_method="execute",
             tenant=tenant,
             methods=methods,
             required=required,
