@@ -332,6 +332,9 @@ fn node_pipeline(
     Ok(out)
 }
 
+/// How far past its deadline a read of a batch's replies may end (see [`send`]).
+const READ_TIMEOUT_SLACK: Duration = Duration::from_millis(1);
+
 /// One write of `SCRIPT LOAD`s for `loads` then `requests`; the replies of `requests`.
 /// `timeout_set`: the read timeout already fits `deadline` (set just before).
 ///
@@ -360,19 +363,25 @@ fn send(
     con.send_packed_command(&bytes)?;
     let n = loads.len() + requests.len();
     let mut out = Vec::with_capacity(n);
-    let mut first = timeout_set;
+    // When the read timeout was last set to the time left (the caller just did, if
+    // `timeout_set`). A read blocks at most that timeout from its own start, so it can
+    // end past `deadline` by as much time as went by since: the timeout is set again
+    // only once that exceeds `READ_TIMEOUT_SLACK`, not before each reply (most replies
+    // of a batch arrive in one read, already buffered: a setsockopt each would cost
+    // more than the reads).
+    let mut set_at = timeout_set.then(Instant::now);
     while out.len() < n {
-        if !first {
-            // Unless the caller just set it (for the first read), the time left.
+        let now = Instant::now();
+        if set_at.is_none_or(|t| now.duration_since(t) > READ_TIMEOUT_SLACK) {
             let time = deadline
-                .checked_duration_since(Instant::now())
+                .checked_duration_since(now)
                 .filter(|d| !d.is_zero())
                 .ok_or_else(|| {
                     redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
                 })?;
             con.set_read_timeout(Some(time))?;
+            set_at = Some(now);
         }
-        first = false;
         match con.recv_response()? {
             redis::Value::Push { .. } => {}
             redis::Value::ServerError(e) => out.push(Err(e.into())),
@@ -403,6 +412,9 @@ struct Call {
 struct QueueState {
     calls: VecDeque<Call>,
     closed: bool,
+    /// Workers waiting for a call: a push wakes one only when there is one (a
+    /// notification is a syscall, even with nobody waiting).
+    idle: usize,
 }
 
 /// The calls waiting for a worker, in order of arrival.
@@ -421,8 +433,11 @@ impl Queue {
             return false;
         }
         st.calls.push_back(call);
+        let wake = st.idle > 0;
         drop(st);
-        self.ready.notify_one();
+        if wake {
+            self.ready.notify_one();
+        }
         true
     }
 
@@ -434,7 +449,7 @@ impl Queue {
             if !st.calls.is_empty() {
                 let n = st.calls.len().min(MAX_BATCH);
                 let batch: Vec<Call> = st.calls.drain(..n).collect();
-                let more = !st.calls.is_empty();
+                let more = !st.calls.is_empty() && st.idle > 0;
                 drop(st);
                 if more {
                     // Another worker takes the rest while this one is busy.
@@ -445,7 +460,9 @@ impl Queue {
             if st.closed {
                 return None;
             }
+            st.idle += 1;
             st = self.ready.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.idle -= 1;
         }
     }
 }
