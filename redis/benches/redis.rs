@@ -5,6 +5,10 @@
 //! criterion, e.g. a filter). Needs `ONCELY_REDIS_URL`. After the criterion groups it
 //! measures latency percentiles and multi-threaded throughput by hand and prints a
 //! table, also written to `target/criterion/oncely-redis-report.md`.
+//!
+//! Knobs for profiling: `ONCELY_BENCH_PARTS` (see [`part`]), `ONCELY_BENCH_ONLY`
+//! (`async`, `blocking` or `naive`: one configuration of the throughput part),
+//! `ONCELY_BENCH_WORKERS` (the store's worker threads).
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -47,7 +51,16 @@ fn store(prefix: &str) -> Store {
             .prefix(prefix)
             .build()
             .unwrap(),
-        None => RedisStore::builder(url()).prefix(prefix).build().unwrap(),
+        None => {
+            let b = RedisStore::builder(url()).prefix(prefix);
+            // ONCELY_BENCH_WORKERS: the store's worker threads (default: the store's).
+            match std::env::var("ONCELY_BENCH_WORKERS") {
+                Ok(n) => b.workers(n.parse().unwrap()),
+                Err(_) => b,
+            }
+            .build()
+            .unwrap()
+        }
     }
 }
 
