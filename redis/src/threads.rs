@@ -1259,6 +1259,91 @@ mod tests {
         }
     }
 
+    /// Calls pushed from many threads, while the workers are now busy, now idle, are
+    /// all taken, and the follow-up calls the workers push too: a push that wakes no
+    /// worker (none waiting) must never leave a call behind. A lost wake-up hangs,
+    /// caught by the bounded wait.
+    #[test]
+    fn every_call_pushed_is_taken_with_workers_busy_or_idle() {
+        use std::sync::atomic::AtomicUsize;
+        const PRODUCERS: usize = 8;
+        const CALLS: usize = 2_000;
+        let queue = Arc::new(Queue {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+        });
+        let done = Arc::new(AtomicUsize::new(0));
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let queue = queue.clone();
+                std::thread::spawn(move || {
+                    while let Some(batch) = queue.take() {
+                        for call in batch {
+                            (call.done)(Err(Failure::NotSent), None, &queue);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let call = |done: &Arc<AtomicUsize>, follow_up: bool| {
+            let done = done.clone();
+            Call {
+                request: Request::command("PING"),
+                deadline: Instant::now(),
+                abandoned: None,
+                done: Box::new(move |_, _, queue| {
+                    if follow_up {
+                        // As a claim nobody waits for queues its release.
+                        let done = done.clone();
+                        assert!(queue.push(Call {
+                            request: Request::command("PING"),
+                            deadline: Instant::now(),
+                            abandoned: None,
+                            done: Box::new(move |_, _, _| {
+                                done.fetch_add(1, Ordering::SeqCst);
+                            }),
+                        }));
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                }),
+            }
+        };
+        let producers: Vec<_> = (0..PRODUCERS)
+            .map(|p| {
+                let (queue, done) = (queue.clone(), done.clone());
+                std::thread::spawn(move || {
+                    for i in 0..CALLS {
+                        assert!(queue.push(call(&done, i % 7 == 0)));
+                        // Now and then, time for every worker to go idle.
+                        if (i + p) % 97 == 0 {
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for p in producers {
+            p.join().unwrap();
+        }
+        let expected = PRODUCERS * (CALLS + CALLS.div_ceil(7));
+        let limit = Instant::now() + Duration::from_secs(30);
+        while done.load(Ordering::SeqCst) < expected {
+            assert!(
+                Instant::now() < limit,
+                "{} of {expected} calls taken after 30 s: a call was left in the queue",
+                done.load(Ordering::SeqCst)
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        lock(&queue.state).closed = true;
+        queue.ready.notify_all();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(done.load(Ordering::SeqCst), expected);
+        assert_eq!(lock(&queue.state).idle, 0);
+    }
+
     /// One pipeline of scripts Redis does not know, plain commands and a failing
     /// command: each request gets its own reply or error, the unknown scripts are
     /// loaded and sent again (once), and nothing else is sent twice.
