@@ -5,6 +5,10 @@
 //! criterion, e.g. a filter). Needs `ONCELY_REDIS_URL`. After the criterion groups it
 //! measures latency percentiles and multi-threaded throughput by hand and prints a
 //! table, also written to `target/criterion/oncely-redis-report.md`.
+//!
+//! Knobs for profiling: `ONCELY_BENCH_PARTS` (see [`part`]), `ONCELY_BENCH_ONLY`
+//! (`async`, `blocking` or `naive`: one configuration of the throughput part),
+//! `ONCELY_BENCH_WORKERS` (the store's worker threads).
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -47,7 +51,16 @@ fn store(prefix: &str) -> Store {
             .prefix(prefix)
             .build()
             .unwrap(),
-        None => RedisStore::builder(url()).prefix(prefix).build().unwrap(),
+        None => {
+            let b = RedisStore::builder(url()).prefix(prefix);
+            // ONCELY_BENCH_WORKERS: the store's worker threads (default: the store's).
+            match std::env::var("ONCELY_BENCH_WORKERS") {
+                Ok(n) => b.workers(n.parse().unwrap()),
+                Err(_) => b,
+            }
+            .build()
+            .unwrap()
+        }
     }
 }
 
@@ -277,6 +290,73 @@ fn throughput(threads: usize, per: usize, f: impl Fn(usize) + Send + Sync + 'sta
     (threads * per) as f64 / t.elapsed().as_secs_f64()
 }
 
+/// CPU time, in seconds, of this process (all threads) and of redis-server (from
+/// `INFO cpu`), and Redis' time inside the commands the clients send (`EVALSHA`,
+/// `SET`, `GET` in `INFO commandstats`).
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    client: f64,
+    redis: f64,
+    commands: f64,
+}
+
+impl Cpu {
+    fn now(redis: Option<&mut dyn redis::ConnectionLike>) -> Cpu {
+        // SAFETY: getrusage only writes the struct it is given.
+        let client = unsafe {
+            let mut u: libc::rusage = std::mem::zeroed();
+            libc::getrusage(libc::RUSAGE_SELF, &mut u);
+            let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+            tv(u.ru_utime) + tv(u.ru_stime)
+        };
+        let Some(c) = redis else {
+            return Cpu {
+                client,
+                ..Cpu::default()
+            };
+        };
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .arg("commandstats")
+            .query(c)
+            .unwrap();
+        let field = |line: &str, f: &str| -> f64 {
+            line.split([',', ':'])
+                .find_map(|kv| kv.strip_prefix(f))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        let mut cpu = Cpu {
+            client,
+            ..Cpu::default()
+        };
+        for line in info.lines() {
+            if line.starts_with("used_cpu_sys:") || line.starts_with("used_cpu_user:") {
+                cpu.redis += line
+                    .split_once(':')
+                    .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0);
+            } else if ["cmdstat_evalsha:", "cmdstat_set:", "cmdstat_get:"]
+                .iter()
+                .any(|c| line.starts_with(c))
+            {
+                // Only the commands clients send: a script's own calls are counted
+                // under their names too, and within the script's time.
+                cpu.commands += field(line, "usec=") / 1e6;
+            }
+        }
+        cpu
+    }
+
+    fn since(self, before: Cpu) -> Cpu {
+        Cpu {
+            client: self.client - before.client,
+            redis: self.redis - before.redis,
+            commands: self.commands - before.commands,
+        }
+    }
+}
+
 /// Whether the report part `name` runs: `ONCELY_BENCH_PARTS` is a comma list of
 /// `latency`, `throughput`, `bursts` (default: all).
 fn part(name: &str) -> bool {
@@ -419,22 +499,50 @@ fn report() {
                 .collect(),
         );
         let (mut ours, mut ours_blocking, mut naive) = (vec![], vec![], vec![]);
+        // Per round and configuration: leads/s, then CPU µs per lead of this process,
+        // of redis-server, and of Redis inside commands (one Redis only).
+        let mut cpu: [Vec<[f64; 4]>; 3] = Default::default();
+        let single = cluster_urls().is_none();
+        // ONCELY_BENCH_ONLY=async|blocking|naive runs one configuration (to profile it).
+        let only = std::env::var("ONCELY_BENCH_ONLY").ok();
+        let mut measured = |i: usize, cpu: &mut [Vec<[f64; 4]>; 3], f: &dyn Fn() -> f64| {
+            if only
+                .as_deref()
+                .is_some_and(|o| o != ["async", "blocking", "naive"][i])
+            {
+                cpu[i].push([0.0; 4]);
+                return 0.0;
+            }
+            let before = Cpu::now(single.then_some(&mut *raw));
+            let rate = f();
+            let d = Cpu::now(single.then_some(&mut *raw)).since(before);
+            let per = |s: f64| s * 1e6 / (THREADS * PER) as f64;
+            cpu[i].push([rate, per(d.client), per(d.redis), per(d.commands)]);
+            rate
+        };
         for _ in 0..3 {
             let ts = s.clone();
-            ours.push(throughput(THREADS, PER, move |_| oncely_lead(&ts)));
+            ours.push(measured(0, &mut cpu, &|| {
+                let ts = ts.clone();
+                throughput(THREADS, PER, move |_| oncely_lead(&ts))
+            }));
             let ts = s.clone();
-            ours_blocking.push(throughput(THREADS, PER, move |_| {
-                oncely_blocking(&ts, &key())
+            ours_blocking.push(measured(1, &mut cpu, &|| {
+                let ts = ts.clone();
+                throughput(THREADS, PER, move |_| oncely_blocking(&ts, &key()))
             }));
             let conns = conns.clone();
-            naive.push(throughput(THREADS, PER, move |t| {
-                let mut c = conns[t].lock().unwrap();
-                naive_call(
-                    &mut **c,
-                    &format!("naive:{}", key().as_str()),
-                    Duration::ZERO,
-                    POLL,
-                );
+            naive.push(measured(2, &mut cpu, &|| {
+                let conns = conns.clone();
+                throughput(THREADS, PER, move |t| {
+                    let mut c = conns[t].lock().unwrap();
+                    naive_call(
+                        &mut **c,
+                        &format!("naive:{}", key().as_str()),
+                        Duration::ZERO,
+                        POLL,
+                    );
+                })
             }));
         }
         let median = |mut v: Vec<f64>| {
@@ -473,6 +581,27 @@ fn report() {
                 x / naive,
                 if x >= naive { "met" } else { "MISSED" }
             );
+        }
+        if single {
+            // Where the time goes, per lead (the round of median throughput of each):
+            // redis-server's CPU (its one thread is the bound when it nears 100 %), the
+            // part of it spent inside commands (scripts included), and this process's.
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "| CPU per lead, 64 threads (median round) | Redis CPU | Redis busy | in commands | client CPU |"
+            );
+            let _ = writeln!(out, "|---|---|---|---|---|");
+            for (name, rounds) in ["oncely async", "oncely blocking", "naive"].iter().zip(cpu) {
+                let mut rounds = rounds;
+                rounds.sort_by(|a, b| a[0].total_cmp(&b[0]));
+                let [rate, client, redis, commands] = rounds[rounds.len() / 2];
+                let _ = writeln!(
+                    out,
+                    "| {name} | {redis:.1} µs | {:.0} % | {commands:.1} µs | {client:.1} µs |",
+                    redis * rate / 1e4
+                );
+            }
         }
     }
 

@@ -8,12 +8,18 @@ use crate::threads::Request;
 /// The record format version this crate reads and writes.
 pub const RECORD_VERSION: &str = "1";
 
-/// Shared prologue: Redis' clock in milliseconds (never a worker's clock).
+/// Shared prologue: `clock()`, Redis' clock in milliseconds (never a worker's clock),
+/// read only by the branches that need it (each `redis.call` costs Redis about as much
+/// as a plain command sent on its own); `ms(n)`, a time as integer text (Lua would write
+/// a number with `%.14g`, the same digits for these values at several times the cost).
 macro_rules! lua {
     ($body:expr) => {
         concat!(
-            "local t = redis.call('TIME')\n",
-            "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n",
+            "local function clock()\n",
+            "  local t = redis.call('TIME')\n",
+            "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n",
+            "end\n",
+            "local function ms(n) return string.format('%d', n) end\n",
             $body
         )
     };
@@ -24,27 +30,32 @@ macro_rules! lua {
 /// → {'lead', generation} | {'replay', result} | {'mismatch'} | {'running', ms left}
 ///   | {'version', v}
 /// Resent after a lost reply, it finds its own token and leads again (the lease
-/// restarted), instead of waiting for itself.
+/// restarted), instead of waiting for itself. An absent key (the common case: a new
+/// request) is found with `EXISTS`, cheaper for Redis than reading seven fields.
 const CLAIM: &str = lua!(
     r#"
-local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'gen', 'result', 'token')
-if not r[2] then
+local function create()
   redis.call('HSET', KEYS[1], 'v', '1', 'state', 'running', 'fp', ARGV[1], 'token', ARGV[2],
-    'deadline', now + tonumber(ARGV[3]), 'gen', 1)
+    'deadline', ms(clock() + tonumber(ARGV[3])), 'gen', '1')
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {'lead', 1}
 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return create() end
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'gen', 'result', 'token')
+if not r[2] then return create() end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 if r[3] ~= ARGV[1] then return {'mismatch'} end
 if r[2] == 'done' then return {'replay', r[6] or ''} end
+local now = clock()
 if r[7] == ARGV[2] then
-  redis.call('HSET', KEYS[1], 'deadline', now + tonumber(ARGV[3]))
+  redis.call('HSET', KEYS[1], 'deadline', ms(now + tonumber(ARGV[3])))
   return {'lead', tonumber(r[5])}
 end
 local left = tonumber(r[4]) - now
 if left > 0 then return {'running', left} end
 local gen = tonumber(r[5]) + 1
-redis.call('HSET', KEYS[1], 'token', ARGV[2], 'deadline', now + tonumber(ARGV[3]), 'gen', gen)
+redis.call('HSET', KEYS[1], 'token', ARGV[2], 'deadline', ms(now + tonumber(ARGV[3])), 'gen',
+  ms(gen))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return {'lead', gen}
 "#
@@ -60,7 +71,7 @@ if not r[2] then return {'absent'} end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 if r[3] ~= ARGV[1] then return {'mismatch'} end
 if r[2] == 'done' then return {'done', r[5] or ''} end
-local left = tonumber(r[4]) - now
+local left = tonumber(r[4]) - clock()
 if left > 0 then return {'running', left} end
 return {'expired'}
 "#
@@ -73,7 +84,7 @@ const RENEW: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'state', 'token')
 if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'deadline', now + tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'deadline', ms(clock() + tonumber(ARGV[2])))
 if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[2]) then
   redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
 end
@@ -90,7 +101,7 @@ const COMPLETE: &str = lua!(
 local r = redis.call('HMGET', KEYS[1], 'state', 'token')
 if r[1] == 'done' and r[2] == ARGV[1] then return 1 end
 if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'done_at', now)
+redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'done_at', ms(clock()))
 redis.call('HDEL', KEYS[1], 'deadline')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.pcall('PUBLISH', ARGV[4], 'done')
@@ -121,7 +132,7 @@ if not r[2] then
 end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 local left = 0
-if r[2] == 'running' then left = math.max(tonumber(r[6]) - now, 0) end
+if r[2] == 'running' then left = math.max(tonumber(r[6]) - clock(), 0) end
 return {r[2], r[3] or '', tonumber(r[4]) or 0, r[5] or '', left}
 "#
 );
@@ -138,7 +149,7 @@ if not r[2] then
 end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 if r[2] == 'running' then
-  local left = tonumber(r[3]) - now
+  local left = tonumber(r[3]) - clock()
   if left > 0 then return {'running', left} end
 end
 redis.call('DEL', KEYS[1])
@@ -242,6 +253,12 @@ fn parts(v: Value) -> Result<(String, Option<Value>), ParsingError> {
     Ok((tag, second))
 }
 
+/// The error for a reply of `script` whose tag is unknown (written out only then: the
+/// replies of every call go through here).
+fn unknown_tag(script: &str, tag: &str, second: Option<&Value>) -> ParsingError {
+    format!("unexpected reply from the {script} script: [{tag:?}, {second:?}]").into()
+}
+
 fn int(v: Option<Value>) -> Result<u64, ParsingError> {
     let v = v.unwrap_or(Value::Nil);
     let n: i64 = redis::from_redis_value_ref(&v)?;
@@ -278,7 +295,6 @@ pub(crate) fn completion_stored(v: &Value) -> bool {
 
 impl redis::FromRedisValue for Claim {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let orig = format!("{v:?}");
         let (tag, second) = parts(v)?;
         Ok(match tag.as_str() {
             "lead" => Claim::Lead {
@@ -290,14 +306,13 @@ impl redis::FromRedisValue for Claim {
                 left_ms: int(second)?,
             },
             "version" => Claim::Version(text(second)),
-            _ => return Err(format!("unexpected reply from the claim script: {orig}").into()),
+            _ => return Err(unknown_tag("claim", &tag, second.as_ref())),
         })
     }
 }
 
 impl redis::FromRedisValue for Peek {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let orig = format!("{v:?}");
         let (tag, second) = parts(v)?;
         Ok(match tag.as_str() {
             "done" => Peek::Done(bytes(second)?),
@@ -305,7 +320,7 @@ impl redis::FromRedisValue for Peek {
                 left_ms: int(second)?,
             },
             "expired" | "absent" | "mismatch" | "version" => Peek::Gone,
-            _ => return Err(format!("unexpected reply from the peek script: {orig}").into()),
+            _ => return Err(unknown_tag("peek", &tag, second.as_ref())),
         })
     }
 }
@@ -365,16 +380,11 @@ impl redis::FromRedisValue for Removal {
             Value::Int(1) => Ok(Removal::Deleted),
             Value::Int(0) => Ok(Removal::Absent),
             v => {
-                let orig = format!("{v:?}");
                 let (tag, second) = parts(v)?;
                 Ok(match tag.as_str() {
                     "running" => Removal::Running,
                     "version" => Removal::Version(text(second)),
-                    _ => {
-                        return Err(
-                            format!("unexpected reply from the remove script: {orig}").into()
-                        )
-                    }
+                    _ => return Err(unknown_tag("remove", &tag, second.as_ref())),
                 })
             }
         }

@@ -332,6 +332,9 @@ fn node_pipeline(
     Ok(out)
 }
 
+/// How far past its deadline a read of a batch's replies may end (see [`send`]).
+const READ_TIMEOUT_SLACK: Duration = Duration::from_millis(1);
+
 /// One write of `SCRIPT LOAD`s for `loads` then `requests`; the replies of `requests`.
 /// `timeout_set`: the read timeout already fits `deadline` (set just before).
 ///
@@ -360,19 +363,25 @@ fn send(
     con.send_packed_command(&bytes)?;
     let n = loads.len() + requests.len();
     let mut out = Vec::with_capacity(n);
-    let mut first = timeout_set;
+    // When the read timeout was last set to the time left (the caller just did, if
+    // `timeout_set`). A read blocks at most that timeout from its own start, so it can
+    // end past `deadline` by as much time as went by since: the timeout is set again
+    // only once that exceeds `READ_TIMEOUT_SLACK`, not before each reply (most replies
+    // of a batch arrive in one read, already buffered: a setsockopt each would cost
+    // more than the reads).
+    let mut set_at = timeout_set.then(Instant::now);
     while out.len() < n {
-        if !first {
-            // Unless the caller just set it (for the first read), the time left.
+        let now = Instant::now();
+        if set_at.is_none_or(|t| now.duration_since(t) > READ_TIMEOUT_SLACK) {
             let time = deadline
-                .checked_duration_since(Instant::now())
+                .checked_duration_since(now)
                 .filter(|d| !d.is_zero())
                 .ok_or_else(|| {
                     redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
                 })?;
             con.set_read_timeout(Some(time))?;
+            set_at = Some(now);
         }
-        first = false;
         match con.recv_response()? {
             redis::Value::Push { .. } => {}
             redis::Value::ServerError(e) => out.push(Err(e.into())),
@@ -403,6 +412,9 @@ struct Call {
 struct QueueState {
     calls: VecDeque<Call>,
     closed: bool,
+    /// Workers waiting for a call: a push wakes one only when there is one (a
+    /// notification is a syscall, even with nobody waiting).
+    idle: usize,
 }
 
 /// The calls waiting for a worker, in order of arrival.
@@ -421,8 +433,11 @@ impl Queue {
             return false;
         }
         st.calls.push_back(call);
+        let wake = st.idle > 0;
         drop(st);
-        self.ready.notify_one();
+        if wake {
+            self.ready.notify_one();
+        }
         true
     }
 
@@ -434,7 +449,7 @@ impl Queue {
             if !st.calls.is_empty() {
                 let n = st.calls.len().min(MAX_BATCH);
                 let batch: Vec<Call> = st.calls.drain(..n).collect();
-                let more = !st.calls.is_empty();
+                let more = !st.calls.is_empty() && st.idle > 0;
                 drop(st);
                 if more {
                     // Another worker takes the rest while this one is busy.
@@ -445,7 +460,9 @@ impl Queue {
             if st.closed {
                 return None;
             }
+            st.idle += 1;
             st = self.ready.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.idle -= 1;
         }
     }
 }
@@ -1240,6 +1257,91 @@ mod tests {
             Ok(u) if !u.is_empty() => u,
             _ => panic!("ONCELY_REDIS_URL is not set: run scripts/test-redis"),
         }
+    }
+
+    /// Calls pushed from many threads, while the workers are now busy, now idle, are
+    /// all taken, and the follow-up calls the workers push too: a push that wakes no
+    /// worker (none waiting) must never leave a call behind. A lost wake-up hangs,
+    /// caught by the bounded wait.
+    #[test]
+    fn every_call_pushed_is_taken_with_workers_busy_or_idle() {
+        use std::sync::atomic::AtomicUsize;
+        const PRODUCERS: usize = 8;
+        const CALLS: usize = 2_000;
+        let queue = Arc::new(Queue {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+        });
+        let done = Arc::new(AtomicUsize::new(0));
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let queue = queue.clone();
+                std::thread::spawn(move || {
+                    while let Some(batch) = queue.take() {
+                        for call in batch {
+                            (call.done)(Err(Failure::NotSent), None, &queue);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let call = |done: &Arc<AtomicUsize>, follow_up: bool| {
+            let done = done.clone();
+            Call {
+                request: Request::command("PING"),
+                deadline: Instant::now(),
+                abandoned: None,
+                done: Box::new(move |_, _, queue| {
+                    if follow_up {
+                        // As a claim nobody waits for queues its release.
+                        let done = done.clone();
+                        assert!(queue.push(Call {
+                            request: Request::command("PING"),
+                            deadline: Instant::now(),
+                            abandoned: None,
+                            done: Box::new(move |_, _, _| {
+                                done.fetch_add(1, Ordering::SeqCst);
+                            }),
+                        }));
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                }),
+            }
+        };
+        let producers: Vec<_> = (0..PRODUCERS)
+            .map(|p| {
+                let (queue, done) = (queue.clone(), done.clone());
+                std::thread::spawn(move || {
+                    for i in 0..CALLS {
+                        assert!(queue.push(call(&done, i % 7 == 0)));
+                        // Now and then, time for every worker to go idle.
+                        if (i + p) % 97 == 0 {
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for p in producers {
+            p.join().unwrap();
+        }
+        let expected = PRODUCERS * (CALLS + CALLS.div_ceil(7));
+        let limit = Instant::now() + Duration::from_secs(30);
+        while done.load(Ordering::SeqCst) < expected {
+            assert!(
+                Instant::now() < limit,
+                "{} of {expected} calls taken after 30 s: a call was left in the queue",
+                done.load(Ordering::SeqCst)
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        lock(&queue.state).closed = true;
+        queue.ready.notify_all();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(done.load(Ordering::SeqCst), expected);
+        assert_eq!(lock(&queue.state).idle, 0);
     }
 
     /// One pipeline of scripts Redis does not know, plain commands and a failing

@@ -154,6 +154,54 @@ fn unknown_record_version_refused() {
     });
 }
 
+/// A hash at the record's key without a `state` (fields a format-1 writer never leaves
+/// alone, e.g. written by hand) is claimed as an absent record: the claim leads with
+/// generation 1 and writes every field of the format.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn hash_without_state_is_claimed_as_absent() {
+    timed(|| {
+        let s = build(&fresh_prefix(), Duration::from_secs(60));
+        let k = key();
+        let rk = s.record_key(&k);
+        let mut c = raw();
+        let _: () = redis::cmd("HSET")
+            .arg(&rk)
+            .arg(&["result", "stale"])
+            .query(&mut c)
+            .unwrap();
+        let lease = match block_on(s.begin(&k, "fp-1", ExecuteOptions::default())).unwrap() {
+            Begin::Lead(l) => l,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(lease.generation(), 1);
+        let running: std::collections::HashMap<String, String> =
+            redis::cmd("HGETALL").arg(&rk).query(&mut c).unwrap();
+        assert_eq!(running["v"], "1");
+        assert_eq!(running["state"], "running");
+        assert_eq!(running["fp"], "fp-1");
+        assert_eq!(running["token"], lease.token());
+        assert_eq!(running["gen"], "1");
+        let now_ms = {
+            let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut c).unwrap();
+            secs * 1000 + micros / 1000
+        };
+        let deadline: u64 = running["deadline"].parse().unwrap();
+        assert!(
+            deadline > now_ms && deadline <= now_ms + LEASE.as_millis() as u64,
+            "deadline {deadline}, Redis time {now_ms}"
+        );
+        let ttl: i64 = redis::cmd("PTTL").arg(&rk).query(&mut c).unwrap();
+        assert!(ttl > 50_000 && ttl <= 60_000, "PTTL {ttl}");
+        block_on(lease.complete(b"fresh".to_vec())).unwrap();
+        let (value, source) = {
+            let out = block_on(s.execute(&k, "fp-1", || async { Ok(vec![]) })).unwrap();
+            (out.value, out.source)
+        };
+        assert_eq!((&value[..], source), (&b"fresh"[..], Source::Replayed));
+    });
+}
+
 /// Takeover bumps the generation and gives a new token.
 #[test]
 #[ignore = "needs a Redis: run scripts/test-redis"]
@@ -175,6 +223,14 @@ fn takeover_bumps_generation() {
         assert_eq!((first.generation(), second.generation()), (1, 2));
         assert_ne!(first.token(), second.token());
         assert_eq!(b.counters().takeovers, 1);
+        // The record's fields are integer text, as the first claim wrote them.
+        let record: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(b.record_key(&k))
+            .query(&mut raw())
+            .unwrap();
+        assert_eq!(record["gen"], "2");
+        assert_eq!(record["token"], second.token());
+        assert!(record["deadline"].parse::<u64>().unwrap() > 1_600_000_000_000);
         block_on(second.complete(b"2".to_vec())).unwrap();
         // The first leader's failure path must not delete the new record either.
         let _ = block_on(first.fail(Boom("late")));
