@@ -46,6 +46,7 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
+mod cluster;
 mod runtime;
 mod scripts;
 mod threads;

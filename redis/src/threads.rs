@@ -89,8 +89,7 @@ impl Link {
     pub(crate) fn check(&self) -> Result<(), Error> {
         let mut conn = Conn::new(self.clone());
         let deadline = self.deadline() + self.connect_timeout;
-        conn.run(deadline, |c| redis::cmd("PING").query::<String>(c))
-            .map(drop)
+        conn.run(deadline, |c| c.ping(deadline))
             .map_err(|f| f.into_error(self.io_timeout))
     }
 }
@@ -225,6 +224,21 @@ impl Request {
         self
     }
 
+    /// The key the request is routed by on a Cluster (none: any node).
+    pub(crate) fn key_bytes(&self) -> &[u8] {
+        self.key.as_deref().unwrap_or("").as_bytes()
+    }
+
+    /// The script's source, for a script call.
+    pub(crate) fn script_code(&self) -> Option<&'static str> {
+        self.script
+    }
+
+    /// Appends the request, encoded, to `bytes`.
+    pub(crate) fn write(&self, bytes: &mut Vec<u8>) {
+        self.cmd.write_packed_command(bytes);
+    }
+
     /// Appends an argument.
     pub(crate) fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
         self.cmd.arg(arg);
@@ -242,8 +256,8 @@ impl Request {
 /// second pipeline; the other requests keep their first reply.
 ///
 /// This is the only way the store's threads talk to Redis, so a connection of
-/// another kind (e.g. one that routes each request to a cluster node) only needs to
-/// provide it, even by running the requests one by one.
+/// another kind only needs to provide it: on a Cluster, one pipeline per node (see
+/// [`crate::cluster::ClusterCon::pipeline`]), each request's own error.
 pub(crate) fn pipeline(
     con: &mut Con,
     requests: &[&Request],
@@ -254,52 +268,7 @@ pub(crate) fn pipeline(
             .into_iter()
             .map(|r| r.map_err(Failure::Redis))
             .collect()),
-        Con::Cluster(c) => Ok(requests
-            .iter()
-            .map(|r| cluster_request(c, r, deadline))
-            .collect()),
-    }
-}
-
-/// One request on a Cluster. The redis crate's cluster pipeline fails every command
-/// when one fails (and a NOSCRIPT is one), so the requests of a batch go one by one:
-/// each is routed by its key (MOVED / ASK followed by the crate), each read bounded by
-/// `deadline`, and a request whose time ran out before it was sent is not sent.
-fn cluster_request(
-    c: &mut redis::cluster::ClusterConnection,
-    r: &Request,
-    deadline: Instant,
-) -> Result<redis::Value, Failure> {
-    use redis::ConnectionLike;
-    let timed = |c: &mut redis::cluster::ClusterConnection| -> Result<(), Failure> {
-        let time = deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or(Failure::NotSent)?;
-        c.set_read_timeout(Some(time)).map_err(Failure::Redis)?;
-        c.set_write_timeout(Some(time)).map_err(Failure::Redis)
-    };
-    timed(c)?;
-    match c.req_command(&r.cmd) {
-        Err(e)
-            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                && r.script.is_some() =>
-        {
-            let (Some(code), Some(key)) = (r.script, r.key.as_deref()) else {
-                return Err(Failure::Redis(e));
-            };
-            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-            let route = Route::with_key(key, SlotAddr::Master);
-            timed(c)?;
-            c.route_command(
-                redis::cmd("SCRIPT").arg("LOAD").arg(code),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-            )
-            .map_err(Failure::Redis)?;
-            timed(c)?;
-            c.req_command(&r.cmd).map_err(Failure::Redis)
-        }
-        r => r.map_err(Failure::Redis),
+        Con::Cluster(c) => Ok(c.pipeline(requests, deadline)),
     }
 }
 
@@ -528,42 +497,36 @@ fn wait_replicas(
             .saturating_sub(link.io_timeout / 10)
             .min(link.min_replicas_timeout)
     };
-    let cluster = matches!(conn.con, Some(Con::Cluster(_)));
-    let keys: Vec<Option<String>> = if cluster {
-        wrote.iter().map(|&i| requests[i].key.clone()).collect()
-    } else {
-        // One WAIT covers the batch on a node.
-        vec![requests[wrote[0]].key.clone()]
-    };
-    let mut answers = Vec::with_capacity(keys.len());
-    for key in keys {
+    if let Some(Con::Cluster(c)) = conn.con.as_mut() {
+        // On the connection of each node that ran a write: one WAIT per node.
+        let ran: Vec<Option<crate::cluster::Ran>> =
+            wrote.iter().map(|&i| c.ran.get(i).cloned().flatten()).collect();
         let t = timeout(&conn.link);
-        let r = if conn.con.is_none() {
-            Err(lost())
-        } else {
-            // run_once, not run: a retry would WAIT on a fresh connection.
-            conn.run_once(deadline, &mut |c: &mut Con| {
-                c.wait_replicas(key.as_deref().unwrap_or(""), n, t)
-            })
-            .map_err(|f| match f {
-                Failure::Redis(e) | Failure::NotConnected(e) => e,
-                Failure::NotSent => redis::RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no time left for WAIT",
-                )),
-            })
-        };
-        answers.push(r);
-    }
-    if cluster {
+        let answers = c.wait(&ran, n, t, deadline);
         for (i, r) in wrote.into_iter().zip(answers) {
             acked[i] = Some(r);
         }
+        return acked;
+    }
+    // One WAIT covers the batch on a node.
+    let t = timeout(&conn.link);
+    let r = if conn.con.is_none() {
+        Err(lost())
     } else {
-        let r = answers.pop().unwrap_or_else(|| Err(lost()));
-        for i in wrote {
-            acked[i] = Some(r.clone());
-        }
+        // run_once, not run: a retry would WAIT on a fresh connection.
+        conn.run_once(deadline, &mut |c: &mut Con| {
+            c.wait_replicas(n, t)
+        })
+        .map_err(|f| match f {
+            Failure::Redis(e) | Failure::NotConnected(e) => e,
+            Failure::NotSent => redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no time left for WAIT",
+            )),
+        })
+    };
+    for i in wrote {
+        acked[i] = Some(r.clone());
     }
     acked
 }
