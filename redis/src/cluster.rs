@@ -111,7 +111,9 @@ fn slot(key: &[u8]) -> usize {
 
 /// Time left before `deadline` for a read: at least [`GRACE`].
 fn read_time(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now()).max(GRACE)
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(GRACE)
 }
 
 /// Time left before `deadline`, if any.
@@ -166,9 +168,10 @@ impl ClusterCon {
     /// A connection to `addr` with the seeds' settings (auth, database, TLS).
     fn open(&self, addr: &Addr, deadline: Instant) -> RedisResult<redis::Connection> {
         let time = time_left(deadline).ok_or_else(timed_out)?;
-        let seed = self.nodes.seeds.first().ok_or_else(|| {
-            RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seed"))
-        })?;
+        let seed =
+            self.nodes.seeds.first().ok_or_else(|| {
+                RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seed"))
+            })?;
         let (host, port) = addr.clone();
         let to = match seed.addr() {
             ConnectionAddr::TcpTls {
@@ -206,8 +209,10 @@ impl ClusterCon {
     fn refresh(&mut self, deadline: Instant) -> RedisResult<()> {
         let mut candidates: Vec<Addr> = self.conns.keys().cloned().collect();
         for seed in &self.nodes.seeds {
-            if let ConnectionAddr::Tcp(h, p) | ConnectionAddr::TcpTls { host: h, port: p, .. } =
-                seed.addr()
+            if let ConnectionAddr::Tcp(h, p)
+            | ConnectionAddr::TcpTls {
+                host: h, port: p, ..
+            } = seed.addr()
             {
                 candidates.push((h.clone(), *p));
             }
@@ -226,7 +231,9 @@ impl ClusterCon {
                 let t = time_left(by).ok_or_else(timed_out)?;
                 n.con.set_read_timeout(Some(t))?;
                 n.con.set_write_timeout(Some(t))?;
-                redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut n.con)
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query::<Value>(&mut n.con)
             });
             match r.and_then(|v| self.set_slots(v, &addr.0)) {
                 Ok(()) => {
@@ -371,12 +378,11 @@ impl ClusterCon {
                             Some(i) => self.addrs[usize::from(i)].clone(),
                             None => {
                                 self.stale = true;
-                                out[item.index] = Some(Err(Failure::NotConnected(
-                                    RedisError::from((
+                                out[item.index] =
+                                    Some(Err(Failure::NotConnected(RedisError::from((
                                         redis::ErrorKind::Client,
                                         "no primary serves the key's slot",
-                                    )),
-                                )));
+                                    )))));
                                 retry.push(item);
                                 continue;
                             }
@@ -404,7 +410,10 @@ impl ClusterCon {
                             }));
                             // Nothing was sent: it may go to where the new map says.
                             if !written {
-                                retry.push(Item { to: To::Slot, ..item });
+                                retry.push(Item {
+                                    to: To::Slot,
+                                    ..item
+                                });
                             }
                         }
                     }
@@ -492,7 +501,9 @@ impl ClusterCon {
                 }
             }
             todo = retry;
-            if !todo.is_empty() && round + 1 < ROUNDS && todo.iter().all(|i| matches!(i.to, To::Slot))
+            if !todo.is_empty()
+                && round + 1 < ROUNDS
+                && todo.iter().all(|i| matches!(i.to, To::Slot))
             {
                 // Only waiting for the cluster (no redirect to follow): a short pause.
                 let pause = Duration::from_millis(10 << round);
@@ -526,7 +537,10 @@ impl ClusterCon {
         loads.dedup();
         let n_loads = loads.len();
         for code in loads {
-            redis::cmd("SCRIPT").arg("LOAD").arg(code).write_packed_command(&mut bytes);
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(code)
+                .write_packed_command(&mut bytes);
         }
         for item in items {
             if matches!(item.to, To::Ask(_)) {
@@ -538,7 +552,9 @@ impl ClusterCon {
         node.con
             .set_write_timeout(Some(t))
             .map_err(|e| (e, false))?;
-        node.con.send_packed_command(&bytes).map_err(|e| (e, true))?;
+        node.con
+            .send_packed_command(&bytes)
+            .map_err(|e| (e, true))?;
         Ok((node.epoch, reused, n_loads))
     }
 
@@ -602,7 +618,9 @@ impl ClusterCon {
         let lost = |why: &'static str| {
             RedisError::from(std::io::Error::new(std::io::ErrorKind::NotConnected, why))
         };
-        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
         let mut answers: HashMap<Addr, RedisResult<usize>> = HashMap::new();
         let mut asked: Vec<Addr> = Vec::new();
         for r in ran.iter().flatten() {
@@ -613,7 +631,9 @@ impl ClusterCon {
             if !same {
                 answers.insert(
                     r.addr.clone(),
-                    Err(lost("the connection that sent the write was lost before WAIT")),
+                    Err(lost(
+                        "the connection that sent the write was lost before WAIT",
+                    )),
                 );
                 continue;
             }

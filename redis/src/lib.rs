@@ -45,8 +45,8 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod codec;
 mod cluster;
+pub mod codec;
 mod runtime;
 mod scripts;
 mod threads;

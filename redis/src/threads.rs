@@ -419,13 +419,43 @@ impl Queue {
     }
 }
 
-/// Sends a batch of calls as one pipeline on `conn` and hands each its outcome.
+/// Calls of one batch whose deadlines lie further apart than this part of the I/O
+/// timeout go out in separate pipelines (see [`run_batch`]).
+const SPREAD: u32 = 8;
+
+/// Sends a batch of calls on `conn` and hands each its outcome.
 ///
 /// Calls whose caller went away are dropped and calls whose deadline passed are
-/// failed, both without being sent. The batch is bounded by the earliest deadline of
-/// the calls sent (all calls get the same time, and the batch holds the calls that
-/// waited together, so this cuts the others' time by little).
+/// failed, both without being sent. A pipeline is bounded by the earliest deadline of
+/// its calls, so calls made far apart (one waited long for a worker, the others came
+/// just now) are not sent together: the batch is cut, in order, into runs of calls
+/// whose deadlines lie within a [`SPREAD`]th of the I/O timeout of the run's first,
+/// each run one pipeline (and its `WAIT`) with its own deadline. Otherwise one old call
+/// would leave the others a sliver of their time, and with `min_replicas` a `WAIT` of
+/// about nothing: all their claims released as unreplicated.
 fn run_batch(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
+    let io_timeout = conn.link.io_timeout;
+    let spread = io_timeout / SPREAD;
+    let mut runs: Vec<Vec<Call>> = Vec::new();
+    for call in batch {
+        match runs.last_mut() {
+            Some(run)
+                if run[0].deadline.max(call.deadline) - run[0].deadline.min(call.deadline)
+                    <= spread =>
+            {
+                run.push(call)
+            }
+            _ => runs.push(vec![call]),
+        }
+    }
+    for run in runs {
+        run_pipeline(conn, queue, run);
+    }
+}
+
+/// Sends `batch` as one pipeline on `conn`, bounded by its earliest deadline, and
+/// hands each call its outcome (see [`run_batch`]).
+fn run_pipeline(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
     let io_timeout = conn.link.io_timeout;
     let mut calls = Vec::with_capacity(batch.len());
     for call in batch {
@@ -460,9 +490,9 @@ fn run_batch(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
 
 /// The `WAIT`s the replicated writes of a batch need, on the connection that sent them
 /// (WAIT counts the replicas that acknowledged this connection's writes): on a node,
-/// one WAIT after the whole batch covers every write of it; on a Cluster, one per
-/// write, on the primary of its key. Never on a new connection (it would have written
-/// nothing, and WAIT would answer at once).
+/// one WAIT after the whole batch covers every write of it; on a Cluster, one per node
+/// that ran writes, on the connection that ran them. Never on a new connection (it
+/// would have written nothing, and WAIT would answer at once).
 fn wait_replicas(
     conn: &mut Conn,
     requests: &[&Request],
@@ -499,8 +529,10 @@ fn wait_replicas(
     };
     if let Some(Con::Cluster(c)) = conn.con.as_mut() {
         // On the connection of each node that ran a write: one WAIT per node.
-        let ran: Vec<Option<crate::cluster::Ran>> =
-            wrote.iter().map(|&i| c.ran.get(i).cloned().flatten()).collect();
+        let ran: Vec<Option<crate::cluster::Ran>> = wrote
+            .iter()
+            .map(|&i| c.ran.get(i).cloned().flatten())
+            .collect();
         let t = timeout(&conn.link);
         let answers = c.wait(&ran, n, t, deadline);
         for (i, r) in wrote.into_iter().zip(answers) {
@@ -514,16 +546,14 @@ fn wait_replicas(
         Err(lost())
     } else {
         // run_once, not run: a retry would WAIT on a fresh connection.
-        conn.run_once(deadline, &mut |c: &mut Con| {
-            c.wait_replicas(n, t)
-        })
-        .map_err(|f| match f {
-            Failure::Redis(e) | Failure::NotConnected(e) => e,
-            Failure::NotSent => redis::RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no time left for WAIT",
-            )),
-        })
+        conn.run_once(deadline, &mut |c: &mut Con| c.wait_replicas(n, t))
+            .map_err(|f| match f {
+                Failure::Redis(e) | Failure::NotConnected(e) => e,
+                Failure::NotSent => redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no time left for WAIT",
+                )),
+            })
     };
     for i in wrote {
         acked[i] = Some(r.clone());
@@ -1202,6 +1232,64 @@ mod tests {
         match std::env::var("ONCELY_REDIS_URL") {
             Ok(u) if !u.is_empty() => u,
             _ => panic!("ONCELY_REDIS_URL is not set: run scripts/test-redis"),
+        }
+    }
+
+    /// A batch holding a call that waited long for a worker (little time left) and one
+    /// made just now whose reply takes a while: the young call gets its own time, not
+    /// the old call's. (Sent as one pipeline, both were bounded by the old call's
+    /// deadline, and the young one timed out.)
+    #[test]
+    #[ignore = "needs a Redis: run scripts/test-redis"]
+    fn a_call_made_long_after_another_in_its_batch_keeps_its_own_deadline() {
+        let io_timeout = Duration::from_millis(600);
+        let link = Link {
+            topology: Topology::Single(redis::Client::open(url()).unwrap()),
+            connect_timeout: Duration::from_secs(2),
+            io_timeout,
+            min_replicas: 0,
+            min_replicas_timeout: Duration::from_millis(100),
+        };
+        let mut conn = Conn::new(link);
+        let queue = Queue {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+        };
+        // Connected first: the old call's little time goes to Redis, not to connecting.
+        let d = Instant::now() + io_timeout;
+        conn.run(d, |c| pipeline(c, &[&Request::command("PING")], d))
+            .unwrap();
+        // Busy for 200 ms inside Redis.
+        let slow = Request::command("EVAL")
+            .arg(
+                "local a = redis.call('TIME') local t0 = a[1] * 1000000 + a[2] \
+                 while true do local b = redis.call('TIME') \
+                 if b[1] * 1000000 + b[2] - t0 > 200000 then break end end return 1",
+            )
+            .arg(0);
+        let got: Arc<Mutex<Vec<(&'static str, Result<redis::Value, Failure>)>>> = Arc::default();
+        let call = |name: &'static str, request: Request, time: Duration| {
+            let got = got.clone();
+            Call {
+                request,
+                deadline: Instant::now() + time,
+                abandoned: None,
+                done: Box::new(move |r, _, _| lock(&got).push((name, r))),
+            }
+        };
+        let batch = vec![
+            call(
+                "old",
+                Request::command("PING"),
+                io_timeout / 10 + Duration::from_millis(30),
+            ),
+            call("young", slow, io_timeout),
+        ];
+        run_batch(&mut conn, &queue, batch);
+        let got = lock(&got);
+        assert_eq!(got.len(), 2);
+        for (name, r) in got.iter() {
+            assert!(r.is_ok(), "the {name} call failed: {r:?}");
         }
     }
 

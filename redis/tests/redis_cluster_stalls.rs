@@ -166,7 +166,10 @@ fn wait_synced(master: &Master) {
         if acked >= n {
             return;
         }
-        assert!(Instant::now() < deadline, "{master:?}: replicas not in sync");
+        assert!(
+            Instant::now() < deadline,
+            "{master:?}: replicas not in sync"
+        );
     }
 }
 
