@@ -217,7 +217,8 @@ impl ClusterCon {
                 candidates.push((h.clone(), *p));
             }
         }
-        candidates.dedup();
+        let mut seen = HashSet::new();
+        candidates.retain(|a| seen.insert(a.clone()));
         // The nodes that were slow last go last; each gets a share of the time left,
         // so that one stalled node leaves time to ask the next.
         candidates.sort_by_key(|a| self.slow.contains(a));
@@ -399,19 +400,27 @@ impl ClusterCon {
             for (addr, items) in groups {
                 match self.send(&addr, &items, requests, deadline) {
                     Ok((epoch, reused, loads)) => sent.push((addr, items, epoch, reused, loads)),
-                    Err((e, written)) => {
+                    Err((e, written, reused)) => {
                         self.conns.remove(&addr);
                         self.stale = true;
+                        // A connection that was open before and broke: likely stale
+                        // (see below), its requests go again once on a new one.
+                        let again = reused && e.is_io_error() && !e.is_timeout();
                         for item in items {
                             out[item.index] = Some(Err(if written {
                                 Failure::Redis(e.clone())
                             } else {
                                 Failure::NotConnected(e.clone())
                             }));
-                            // Nothing was sent: it may go to where the new map says.
                             if !written {
+                                // Nothing was sent: it may go where the new map says.
                                 retry.push(Item {
                                     to: To::Slot,
+                                    ..item
+                                });
+                            } else if again && !item.resent {
+                                retry.push(Item {
+                                    resent: true,
                                     ..item
                                 });
                             }
@@ -518,15 +527,17 @@ impl ClusterCon {
     }
 
     /// Writes `items` to `addr` as one pipeline (the scripts to load first): its
-    /// connection's epoch, whether it was open before and how many scripts it loads; or the error and whether anything may have been written.
+    /// connection's epoch, whether it was open before and how many scripts it loads;
+    /// or the error, whether anything may have been written and whether the
+    /// connection was open before.
     fn send(
         &mut self,
         addr: &Addr,
         items: &[Item],
         requests: &[&Request],
         deadline: Instant,
-    ) -> Result<(u64, bool, usize), (RedisError, bool)> {
-        let (node, reused) = self.node(addr, deadline).map_err(|e| (e, false))?;
+    ) -> Result<(u64, bool, usize), (RedisError, bool, bool)> {
+        let (node, reused) = self.node(addr, deadline).map_err(|e| (e, false, false))?;
         let mut bytes = Vec::new();
         let mut loads: Vec<&str> = items
             .iter()
@@ -548,13 +559,13 @@ impl ClusterCon {
             }
             requests[item.index].write(&mut bytes);
         }
-        let t = time_left(deadline).ok_or_else(|| (timed_out(), false))?;
+        let t = time_left(deadline).ok_or_else(|| (timed_out(), false, reused))?;
         node.con
             .set_write_timeout(Some(t))
-            .map_err(|e| (e, false))?;
+            .map_err(|e| (e, false, reused))?;
         node.con
             .send_packed_command(&bytes)
-            .map_err(|e| (e, true))?;
+            .map_err(|e| (e, true, reused))?;
         Ok((node.epoch, reused, n_loads))
     }
 

@@ -1267,7 +1267,8 @@ mod tests {
                  if b[1] * 1000000 + b[2] - t0 > 200000 then break end end return 1",
             )
             .arg(0);
-        let got: Arc<Mutex<Vec<(&'static str, Result<redis::Value, Failure>)>>> = Arc::default();
+        type Outcomes = Vec<(&'static str, Result<redis::Value, Failure>)>;
+        let got: Arc<Mutex<Outcomes>> = Arc::default();
         let call = |name: &'static str, request: Request, time: Duration| {
             let got = got.clone();
             Call {
