@@ -98,6 +98,10 @@ fn masters() -> Vec<Master> {
 }
 
 fn store(prefix: &str, min_replicas: usize) -> RedisStore<Boom> {
+    builder(prefix, min_replicas).build().unwrap()
+}
+
+fn builder(prefix: &str, min_replicas: usize) -> oncely_redis::RedisStoreBuilder<Boom> {
     let urls = urls();
     let mut b = RedisStore::builder(urls[0].clone())
         .seeds(urls[1..].to_vec())
@@ -110,7 +114,7 @@ fn store(prefix: &str, min_replicas: usize) -> RedisStore<Boom> {
             .min_replicas(min_replicas)
             .min_replicas_timeout(Duration::from_millis(150));
     }
-    b.build().unwrap()
+    b
 }
 
 fn key() -> ScopedKey {
@@ -179,6 +183,7 @@ fn on_cluster_stalled_nodes_and_migrating_slots() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         redirected_claim_is_replicated_where_it_ran();
+        connection_killed_during_wait_vouches_for_nothing();
         script_unknown_to_the_importing_node_is_loaded_there();
         paused_master_does_not_stall_renewals_elsewhere();
         call_to_paused_master_ends_by_its_deadline();
@@ -236,6 +241,57 @@ fn redirected_claim_is_replicated_where_it_ran() {
     }
     assert_eq!(ran.load(Ordering::SeqCst), 0, "the action ran unreplicated");
     wait_synced(b);
+}
+
+/// A claim's `WAIT` is waiting (the master's replica is stopped) when the master
+/// kills the store's connections (`CLIENT KILL`): the claim must count as not
+/// replicated. (A `WAIT` sent again on a new connection, which wrote nothing, would
+/// answer at once with the replicas that acknowledged nothing of it.)
+fn connection_killed_during_wait_vouches_for_nothing() {
+    let prefix = format!("k{}", &IdempotencyKey::random().as_str()[..10]);
+    // One worker, so that the warm-up below opened the connection the claim goes on.
+    let s = builder(&prefix, 1).workers(1).build().unwrap();
+    let ms = masters();
+    let a = &ms[2];
+    wait_synced(a);
+    let (warm, _) = key_in(&s, &a.slots);
+    block_on(s.execute(&warm, "f", || async { Ok(vec![0]) })).unwrap();
+    let (k, _) = key_in(&s, &a.slots);
+    for &r in &a.replicas {
+        signal(r, "-STOP");
+    }
+    let port = a.port;
+    let killer = std::thread::spawn(move || {
+        let mut c = node(port);
+        // The claim ran at once; its WAIT waits 150 ms for the stopped replica.
+        std::thread::sleep(Duration::from_millis(60));
+        let _: () = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query(&mut c)
+            .unwrap();
+    });
+    let ran = AtomicUsize::new(0);
+    let r = block_on(s.execute(&k, "f", || async {
+        ran.fetch_add(1, Ordering::SeqCst);
+        Ok(vec![1])
+    }));
+    killer.join().unwrap();
+    for &r in &a.replicas {
+        signal(r, "-CONT");
+    }
+    match r {
+        Err(ExecuteError::Store(e)) => assert_eq!(e.code(), Code::Unavailable, "{e}"),
+        other => panic!(
+            "a claim whose WAIT was cut off was vouched for: expected UNAVAILABLE, got \
+             {other:?}"
+        ),
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the action ran unreplicated");
+    wait_synced(a);
 }
 
 /// Starts moving `slot` from `a` to `b` (MIGRATING / IMPORTING); the function
