@@ -188,8 +188,8 @@ pub(crate) struct Request {
     cmd: redis::Cmd,
     /// The script's source, for a script call: loaded when Redis answers NOSCRIPT.
     script: Option<&'static str>,
-    /// The key a script call is on: a Cluster loads an unknown script on its node,
-    /// and a `WAIT` after it goes to that node.
+    /// The key a script call is on: on a Cluster the request goes to its slot's
+    /// primary (see [`crate::cluster`]).
     key: Option<String>,
     /// A write that must be on [`Link::min_replicas`] replicas when its reply passes
     /// this test: a `WAIT` follows it on the same connection (see [`run_batch`]).
