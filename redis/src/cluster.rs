@@ -219,15 +219,15 @@ impl ClusterCon {
         }
         let mut seen = HashSet::new();
         candidates.retain(|a| seen.insert(a.clone()));
-        // The nodes that were slow last go last; each gets a share of the time left,
-        // so that one stalled node leaves time to ask the next.
+        // The nodes that timed out last go last (a stalled node asked first would take
+        // the time left; in a pipeline a failed refresh keeps the map it had).
         candidates.sort_by_key(|a| self.slow.contains(a));
         let mut last = None;
-        let count = candidates.len();
-        for (i, addr) in candidates.into_iter().enumerate() {
-            let share = time_left(deadline).map(|t| t / u32::try_from(count - i).unwrap_or(1));
-            let Some(share) = share else { break };
-            let by = Instant::now() + share;
+        for addr in candidates {
+            if time_left(deadline).is_none() {
+                break;
+            }
+            let by = deadline;
             let r = self.node(&addr, by).and_then(|(n, _)| {
                 let t = time_left(by).ok_or_else(timed_out)?;
                 n.con.set_read_timeout(Some(t))?;
