@@ -282,23 +282,37 @@ fn connection_killed_during_wait_vouches_for_nothing() {
     let port = a.port;
     let killer = std::thread::spawn(move || {
         let mut c = node(port);
-        // The claim ran at once; its WAIT waits 150 ms for the stopped replica.
-        std::thread::sleep(Duration::from_millis(60));
-        let _: () = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("normal")
-            .arg("SKIPME")
-            .arg("yes")
-            .query(&mut c)
-            .unwrap();
+        // The claim ran; its WAIT waits 150 ms for the stopped replica: kill the
+        // connection it waits on.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut c).unwrap();
+            let waiting = list
+                .lines()
+                .find(|l| l.contains(" cmd=wait"))
+                .and_then(|l| {
+                    l.split_whitespace()
+                        .find_map(|f| f.strip_prefix("id="))
+                        .map(str::to_owned)
+                });
+            if let Some(id) = waiting {
+                let _: () = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("ID")
+                    .arg(id)
+                    .query(&mut c)
+                    .unwrap();
+                return true;
+            }
+        }
+        false
     });
     let ran = AtomicUsize::new(0);
     let r = block_on(s.execute(&k, "f", || async {
         ran.fetch_add(1, Ordering::SeqCst);
         Ok(vec![1])
     }));
-    killer.join().unwrap();
+    let killed = killer.join().unwrap();
     for &r in &a.replicas {
         signal(r, "-CONT");
     }
@@ -310,6 +324,7 @@ fn connection_killed_during_wait_vouches_for_nothing() {
         ),
     }
     assert_eq!(ran.load(Ordering::SeqCst), 0, "the action ran unreplicated");
+    assert!(killed, "no connection was seen waiting in WAIT");
     wait_synced(a);
 }
 
