@@ -1294,6 +1294,164 @@ mod tests {
         }
     }
 
+    /// A redis-server on a free loopback port, killed on drop.
+    struct Server(std::process::Child, u16);
+
+    impl Server {
+        fn start(args: &[&str]) -> Server {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = std::process::Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                ])
+                .args(["--appendonly", "no", "--repl-diskless-sync-delay", "0"])
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server (run scripts/test-redis, which installs it)");
+            let s = Server(child, port);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while s.con().is_err() {
+                assert!(Instant::now() < deadline, "redis-server did not start");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            s
+        }
+        fn url(&self) -> String {
+            format!("redis://127.0.0.1:{}", self.1)
+        }
+        fn con(&self) -> redis::RedisResult<redis::Connection> {
+            redis::Client::open(self.url())?.get_connection()
+        }
+        fn signal(&self, sig: &str) {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &self.0.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A pipeline whose connection breaks after Redis ran it (the replies were never
+    /// sent) goes again on a new connection; there its write finds itself done and
+    /// writes nothing (as a completion resent does), and the replica never saw the
+    /// first send (it is stopped): the `WAIT` after it must not vouch for the write.
+    /// (Redis 7 sets a connection's replication offset to the primary's after any
+    /// command, so a `WAIT` after the resend counts the first send's writes too; a
+    /// `WAIT` alone on a new connection would answer at once with every replica.)
+    ///
+    /// The break: a reply over the server's output buffer limit closes the connection
+    /// before any reply is written; the resend's reply is small.
+    #[test]
+    #[ignore = "needs redis-server: run scripts/test-redis"]
+    fn a_write_resent_on_a_new_connection_is_not_vouched_for_by_its_wait() {
+        let primary = Server::start(&[]);
+        let replica = Server::start(&["--replicaof", "127.0.0.1", &primary.1.to_string()]);
+        let mut admin = primary.con().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let _: () = redis::cmd("SET")
+                .arg("sync")
+                .arg("1")
+                .query(&mut admin)
+                .unwrap();
+            let n: usize = redis::cmd("WAIT")
+                .arg(1)
+                .arg(100)
+                .query(&mut admin)
+                .unwrap();
+            if n == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the replica did not sync");
+        }
+        let link = Link {
+            topology: Topology::Single(redis::Client::open(primary.url()).unwrap()),
+            connect_timeout: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(2),
+            min_replicas: 1,
+            min_replicas_timeout: Duration::from_millis(200),
+        };
+        let mut conn = Conn::new(link);
+        let queue = Queue {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+        };
+        // Open: the break below hits a connection used before, which is resent on.
+        let d = Instant::now() + Duration::from_secs(2);
+        conn.run(d, |c| pipeline(c, &[&Request::command("PING")], d))
+            .unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("client-output-buffer-limit")
+            .arg("normal 4096 4096 0")
+            .query(&mut admin)
+            .unwrap();
+        replica.signal("-STOP");
+        // Writes on its first run only, answers 1 both times.
+        let write = Request::command("EVAL")
+            .arg("redis.call('SET', KEYS[1], '1', 'NX') return 1")
+            .arg(1)
+            .arg("w")
+            .replicated(|v| matches!(v, redis::Value::Int(1)));
+        // A reply past the limit on its first run only.
+        let big = Request::command("EVAL")
+            .arg(
+                "if redis.call('SET', KEYS[1], '1', 'NX') then \
+                 return string.rep('x', 65536) end return 'small'",
+            )
+            .arg(1)
+            .arg("big");
+        type Outcomes = Vec<(Result<redis::Value, Failure>, Acked)>;
+        let got: Arc<Mutex<Outcomes>> = Arc::default();
+        let call = |request: Request| {
+            let got = got.clone();
+            Call {
+                request,
+                deadline: Instant::now() + Duration::from_secs(2),
+                abandoned: None,
+                done: Box::new(move |r, acked, _| lock(&got).push((r, acked))),
+            }
+        };
+        run_batch(&mut conn, &queue, vec![call(write), call(big)]);
+        replica.signal("-CONT");
+        let got = lock(&got);
+        assert!(
+            matches!(&got[1].0, Ok(redis::Value::BulkString(b)) if b == b"small"),
+            "the pipeline was not sent again: {:?}",
+            got[1].0
+        );
+        assert!(
+            matches!(got[0].0, Ok(redis::Value::Int(1))),
+            "the write: {:?}",
+            got[0].0
+        );
+        match &got[0].1 {
+            Some(Ok(n)) if *n >= 1 => panic!(
+                "WAIT on the new connection vouched for the first send's write ({n} \
+                 replica(s)); the replica was stopped before it"
+            ),
+            Some(_) => {}
+            None => panic!("no WAIT for a replicated write"),
+        }
+    }
+
     /// One pipeline of scripts Redis does not know, plain commands and a failing
     /// command: each request gets its own reply or error, the unknown scripts are
     /// loaded and sent again (once), and nothing else is sent twice.
