@@ -416,6 +416,7 @@ fn call_to_paused_master_ends_by_its_deadline() {
         Ok(vec![1])
     }));
     let took = t.elapsed();
+    println!("a call on a paused master answered after {took:?} (I/O timeout 300 ms)");
     match r {
         Err(ExecuteError::Store(e)) => assert_eq!(e.code(), Code::Unavailable, "{e}"),
         other => panic!("expected UNAVAILABLE from a paused master, got {other:?}"),
