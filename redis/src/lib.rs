@@ -45,6 +45,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod cluster;
 pub mod codec;
 mod runtime;
 mod scripts;

@@ -89,8 +89,7 @@ impl Link {
     pub(crate) fn check(&self) -> Result<(), Error> {
         let mut conn = Conn::new(self.clone());
         let deadline = self.deadline() + self.connect_timeout;
-        conn.run(deadline, |c| redis::cmd("PING").query::<String>(c))
-            .map(drop)
+        conn.run(deadline, |c| c.ping(deadline))
             .map_err(|f| f.into_error(self.io_timeout))
     }
 }
@@ -189,8 +188,8 @@ pub(crate) struct Request {
     cmd: redis::Cmd,
     /// The script's source, for a script call: loaded when Redis answers NOSCRIPT.
     script: Option<&'static str>,
-    /// The key a script call is on: a Cluster loads an unknown script on its node,
-    /// and a `WAIT` after it goes to that node.
+    /// The key a script call is on: on a Cluster the request goes to its slot's
+    /// primary (see [`crate::cluster`]).
     key: Option<String>,
     /// A write that must be on [`Link::min_replicas`] replicas when its reply passes
     /// this test: a `WAIT` follows it on the same connection (see [`run_batch`]).
@@ -225,6 +224,21 @@ impl Request {
         self
     }
 
+    /// The key the request is routed by on a Cluster (none: any node).
+    pub(crate) fn key_bytes(&self) -> &[u8] {
+        self.key.as_deref().unwrap_or("").as_bytes()
+    }
+
+    /// The script's source, for a script call.
+    pub(crate) fn script_code(&self) -> Option<&'static str> {
+        self.script
+    }
+
+    /// Appends the request, encoded, to `bytes`.
+    pub(crate) fn write(&self, bytes: &mut Vec<u8>) {
+        self.cmd.write_packed_command(bytes);
+    }
+
     /// Appends an argument.
     pub(crate) fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
         self.cmd.arg(arg);
@@ -242,8 +256,8 @@ impl Request {
 /// second pipeline; the other requests keep their first reply.
 ///
 /// This is the only way the store's threads talk to Redis, so a connection of
-/// another kind (e.g. one that routes each request to a cluster node) only needs to
-/// provide it, even by running the requests one by one.
+/// another kind only needs to provide it: on a Cluster, one pipeline per node (see
+/// [`crate::cluster::ClusterCon::pipeline`]), each request's own error.
 pub(crate) fn pipeline(
     con: &mut Con,
     requests: &[&Request],
@@ -254,52 +268,7 @@ pub(crate) fn pipeline(
             .into_iter()
             .map(|r| r.map_err(Failure::Redis))
             .collect()),
-        Con::Cluster(c) => Ok(requests
-            .iter()
-            .map(|r| cluster_request(c, r, deadline))
-            .collect()),
-    }
-}
-
-/// One request on a Cluster. The redis crate's cluster pipeline fails every command
-/// when one fails (and a NOSCRIPT is one), so the requests of a batch go one by one:
-/// each is routed by its key (MOVED / ASK followed by the crate), each read bounded by
-/// `deadline`, and a request whose time ran out before it was sent is not sent.
-fn cluster_request(
-    c: &mut redis::cluster::ClusterConnection,
-    r: &Request,
-    deadline: Instant,
-) -> Result<redis::Value, Failure> {
-    use redis::ConnectionLike;
-    let timed = |c: &mut redis::cluster::ClusterConnection| -> Result<(), Failure> {
-        let time = deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or(Failure::NotSent)?;
-        c.set_read_timeout(Some(time)).map_err(Failure::Redis)?;
-        c.set_write_timeout(Some(time)).map_err(Failure::Redis)
-    };
-    timed(c)?;
-    match c.req_command(&r.cmd) {
-        Err(e)
-            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                && r.script.is_some() =>
-        {
-            let (Some(code), Some(key)) = (r.script, r.key.as_deref()) else {
-                return Err(Failure::Redis(e));
-            };
-            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-            let route = Route::with_key(key, SlotAddr::Master);
-            timed(c)?;
-            c.route_command(
-                redis::cmd("SCRIPT").arg("LOAD").arg(code),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-            )
-            .map_err(Failure::Redis)?;
-            timed(c)?;
-            c.req_command(&r.cmd).map_err(Failure::Redis)
-        }
-        r => r.map_err(Failure::Redis),
+        Con::Cluster(c) => Ok(c.pipeline(requests, deadline)),
     }
 }
 
@@ -467,13 +436,43 @@ impl Queue {
     }
 }
 
-/// Sends a batch of calls as one pipeline on `conn` and hands each its outcome.
+/// Calls of one batch whose deadlines lie further apart than this part of the I/O
+/// timeout go out in separate pipelines (see [`run_batch`]).
+const SPREAD: u32 = 8;
+
+/// Sends a batch of calls on `conn` and hands each its outcome.
 ///
 /// Calls whose caller went away are dropped and calls whose deadline passed are
-/// failed, both without being sent. The batch is bounded by the earliest deadline of
-/// the calls sent (all calls get the same time, and the batch holds the calls that
-/// waited together, so this cuts the others' time by little).
+/// failed, both without being sent. A pipeline is bounded by the earliest deadline of
+/// its calls, so calls made far apart (one waited long for a worker, the others came
+/// just now) are not sent together: the batch is cut, in order, into runs of calls
+/// whose deadlines lie within a [`SPREAD`]th of the I/O timeout of the run's first,
+/// each run one pipeline (and its `WAIT`) with its own deadline. Otherwise one old call
+/// would leave the others a sliver of their time, and with `min_replicas` a `WAIT` of
+/// about nothing: all their claims released as unreplicated.
 fn run_batch(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
+    let io_timeout = conn.link.io_timeout;
+    let spread = io_timeout / SPREAD;
+    let mut runs: Vec<Vec<Call>> = Vec::new();
+    for call in batch {
+        match runs.last_mut() {
+            Some(run)
+                if run[0].deadline.max(call.deadline) - run[0].deadline.min(call.deadline)
+                    <= spread =>
+            {
+                run.push(call)
+            }
+            _ => runs.push(vec![call]),
+        }
+    }
+    for run in runs {
+        run_pipeline(conn, queue, run);
+    }
+}
+
+/// Sends `batch` as one pipeline on `conn`, bounded by its earliest deadline, and
+/// hands each call its outcome (see [`run_batch`]).
+fn run_pipeline(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
     let io_timeout = conn.link.io_timeout;
     let mut calls = Vec::with_capacity(batch.len());
     for call in batch {
@@ -508,9 +507,9 @@ fn run_batch(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
 
 /// The `WAIT`s the replicated writes of a batch need, on the connection that sent them
 /// (WAIT counts the replicas that acknowledged this connection's writes): on a node,
-/// one WAIT after the whole batch covers every write of it; on a Cluster, one per
-/// write, on the primary of its key. Never on a new connection (it would have written
-/// nothing, and WAIT would answer at once).
+/// one WAIT after the whole batch covers every write of it; on a Cluster, one per node
+/// that ran writes, on the connection that ran them. Never on a new connection (it
+/// would have written nothing, and WAIT would answer at once).
 fn wait_replicas(
     conn: &mut Conn,
     requests: &[&Request],
@@ -545,23 +544,26 @@ fn wait_replicas(
             .saturating_sub(link.io_timeout / 10)
             .min(link.min_replicas_timeout)
     };
-    let cluster = matches!(conn.con, Some(Con::Cluster(_)));
-    let keys: Vec<Option<String>> = if cluster {
-        wrote.iter().map(|&i| requests[i].key.clone()).collect()
-    } else {
-        // One WAIT covers the batch on a node.
-        vec![requests[wrote[0]].key.clone()]
-    };
-    let mut answers = Vec::with_capacity(keys.len());
-    for key in keys {
+    if let Some(Con::Cluster(c)) = conn.con.as_mut() {
+        // On the connection of each node that ran a write: one WAIT per node.
+        let ran: Vec<Option<crate::cluster::Ran>> = wrote
+            .iter()
+            .map(|&i| c.ran.get(i).cloned().flatten())
+            .collect();
         let t = timeout(&conn.link);
-        let r = if conn.con.is_none() {
-            Err(lost())
-        } else {
-            // run_once, not run: a retry would WAIT on a fresh connection.
-            conn.run_once(deadline, &mut |c: &mut Con| {
-                c.wait_replicas(key.as_deref().unwrap_or(""), n, t)
-            })
+        let answers = c.wait(&ran, n, t, deadline);
+        for (i, r) in wrote.into_iter().zip(answers) {
+            acked[i] = Some(r);
+        }
+        return acked;
+    }
+    // One WAIT covers the batch on a node.
+    let t = timeout(&conn.link);
+    let r = if conn.con.is_none() {
+        Err(lost())
+    } else {
+        // run_once, not run: a retry would WAIT on a fresh connection.
+        conn.run_once(deadline, &mut |c: &mut Con| c.wait_replicas(n, t))
             .map_err(|f| match f {
                 Failure::Redis(e) | Failure::NotConnected(e) => e,
                 Failure::NotSent => redis::RedisError::from(std::io::Error::new(
@@ -569,18 +571,9 @@ fn wait_replicas(
                     "no time left for WAIT",
                 )),
             })
-        };
-        answers.push(r);
-    }
-    if cluster {
-        for (i, r) in wrote.into_iter().zip(answers) {
-            acked[i] = Some(r);
-        }
-    } else {
-        let r = answers.pop().unwrap_or_else(|| Err(lost()));
-        for i in wrote {
-            acked[i] = Some(r.clone());
-        }
+    };
+    for i in wrote {
+        acked[i] = Some(r.clone());
     }
     acked
 }
@@ -1342,6 +1335,223 @@ mod tests {
         }
         assert_eq!(done.load(Ordering::SeqCst), expected);
         assert_eq!(lock(&queue.state).idle, 0);
+    }
+
+    /// A batch holding a call that waited long for a worker (little time left) and one
+    /// made just now whose reply takes a while: the young call gets its own time, not
+    /// the old call's. (Sent as one pipeline, both were bounded by the old call's
+    /// deadline, and the young one timed out.)
+    #[test]
+    #[ignore = "needs a Redis: run scripts/test-redis"]
+    fn a_call_made_long_after_another_in_its_batch_keeps_its_own_deadline() {
+        let io_timeout = Duration::from_millis(600);
+        let link = Link {
+            topology: Topology::Single(redis::Client::open(url()).unwrap()),
+            connect_timeout: Duration::from_secs(2),
+            io_timeout,
+            min_replicas: 0,
+            min_replicas_timeout: Duration::from_millis(100),
+        };
+        let mut conn = Conn::new(link);
+        let queue = Queue {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+        };
+        // Connected first: the old call's little time goes to Redis, not to connecting.
+        let d = Instant::now() + io_timeout;
+        conn.run(d, |c| pipeline(c, &[&Request::command("PING")], d))
+            .unwrap();
+        // Busy for 200 ms inside Redis.
+        let slow = Request::command("EVAL")
+            .arg(
+                "local a = redis.call('TIME') local t0 = a[1] * 1000000 + a[2] \
+                 while true do local b = redis.call('TIME') \
+                 if b[1] * 1000000 + b[2] - t0 > 200000 then break end end return 1",
+            )
+            .arg(0);
+        type Outcomes = Vec<(&'static str, Result<redis::Value, Failure>)>;
+        let got: Arc<Mutex<Outcomes>> = Arc::default();
+        let call = |name: &'static str, request: Request, time: Duration| {
+            let got = got.clone();
+            Call {
+                request,
+                deadline: Instant::now() + time,
+                abandoned: None,
+                done: Box::new(move |r, _, _| lock(&got).push((name, r))),
+            }
+        };
+        let batch = vec![
+            call(
+                "old",
+                Request::command("PING"),
+                io_timeout / 10 + Duration::from_millis(30),
+            ),
+            call("young", slow, io_timeout),
+        ];
+        run_batch(&mut conn, &queue, batch);
+        let got = lock(&got);
+        assert_eq!(got.len(), 2);
+        for (name, r) in got.iter() {
+            assert!(r.is_ok(), "the {name} call failed: {r:?}");
+        }
+    }
+
+    /// A redis-server on a free loopback port, killed on drop.
+    struct Server(std::process::Child, u16);
+
+    impl Server {
+        fn start(args: &[&str]) -> Server {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = std::process::Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                ])
+                .args(["--appendonly", "no", "--repl-diskless-sync-delay", "0"])
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server (run scripts/test-redis, which installs it)");
+            let s = Server(child, port);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while s.con().is_err() {
+                assert!(Instant::now() < deadline, "redis-server did not start");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            s
+        }
+        fn url(&self) -> String {
+            format!("redis://127.0.0.1:{}", self.1)
+        }
+        fn con(&self) -> redis::RedisResult<redis::Connection> {
+            redis::Client::open(self.url())?.get_connection()
+        }
+        fn signal(&self, sig: &str) {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &self.0.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A pipeline whose connection breaks after Redis ran it (the replies were never
+    /// sent) goes again on a new connection; there its write finds itself done and
+    /// writes nothing (as a completion resent does), and the replica never saw the
+    /// first send (it is stopped): the `WAIT` after it must not vouch for the write.
+    /// (Redis 7 sets a connection's replication offset to the primary's after any
+    /// command, so a `WAIT` after the resend counts the first send's writes too; a
+    /// `WAIT` alone on a new connection would answer at once with every replica.)
+    ///
+    /// The break: a reply over the server's output buffer limit closes the connection
+    /// before any reply is written; the resend's reply is small.
+    #[test]
+    #[ignore = "needs redis-server: run scripts/test-redis"]
+    fn a_write_resent_on_a_new_connection_is_not_vouched_for_by_its_wait() {
+        let primary = Server::start(&[]);
+        let replica = Server::start(&["--replicaof", "127.0.0.1", &primary.1.to_string()]);
+        let mut admin = primary.con().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let _: () = redis::cmd("SET")
+                .arg("sync")
+                .arg("1")
+                .query(&mut admin)
+                .unwrap();
+            let n: usize = redis::cmd("WAIT")
+                .arg(1)
+                .arg(100)
+                .query(&mut admin)
+                .unwrap();
+            if n == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the replica did not sync");
+        }
+        let link = Link {
+            topology: Topology::Single(redis::Client::open(primary.url()).unwrap()),
+            connect_timeout: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(2),
+            min_replicas: 1,
+            min_replicas_timeout: Duration::from_millis(200),
+        };
+        let mut conn = Conn::new(link);
+        let queue = Queue {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+        };
+        // Open: the break below hits a connection used before, which is resent on.
+        let d = Instant::now() + Duration::from_secs(2);
+        conn.run(d, |c| pipeline(c, &[&Request::command("PING")], d))
+            .unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("client-output-buffer-limit")
+            .arg("normal 4096 4096 0")
+            .query(&mut admin)
+            .unwrap();
+        replica.signal("-STOP");
+        // Writes on its first run only, answers 1 both times.
+        let write = Request::command("EVAL")
+            .arg("redis.call('SET', KEYS[1], '1', 'NX') return 1")
+            .arg(1)
+            .arg("w")
+            .replicated(|v| matches!(v, redis::Value::Int(1)));
+        // A reply past the limit on its first run only.
+        let big = Request::command("EVAL")
+            .arg(
+                "if redis.call('SET', KEYS[1], '1', 'NX') then \
+                 return string.rep('x', 65536) end return 'small'",
+            )
+            .arg(1)
+            .arg("big");
+        type Outcomes = Vec<(Result<redis::Value, Failure>, Acked)>;
+        let got: Arc<Mutex<Outcomes>> = Arc::default();
+        let call = |request: Request| {
+            let got = got.clone();
+            Call {
+                request,
+                deadline: Instant::now() + Duration::from_secs(2),
+                abandoned: None,
+                done: Box::new(move |r, acked, _| lock(&got).push((r, acked))),
+            }
+        };
+        run_batch(&mut conn, &queue, vec![call(write), call(big)]);
+        replica.signal("-CONT");
+        let got = lock(&got);
+        assert!(
+            matches!(&got[1].0, Ok(redis::Value::BulkString(b)) if b == b"small"),
+            "the pipeline was not sent again: {:?}",
+            got[1].0
+        );
+        assert!(
+            matches!(got[0].0, Ok(redis::Value::Int(1))),
+            "the write: {:?}",
+            got[0].0
+        );
+        match &got[0].1 {
+            Some(Ok(n)) if *n >= 1 => panic!(
+                "WAIT on the new connection vouched for the first send's write ({n} \
+                 replica(s)); the replica was stopped before it"
+            ),
+            Some(_) => {}
+            None => panic!("no WAIT for a replicated write"),
+        }
     }
 
     /// One pipeline of scripts Redis does not know, plain commands and a failing

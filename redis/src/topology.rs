@@ -2,13 +2,11 @@
 //! Sentinels names. [`Topology`] opens connections; [`Con`] is one of them, and every
 //! worker job, renewal and WAIT runs on a `Con` whatever the deployment.
 //!
-//! - A command or a script runs through [`redis::ConnectionLike`] (`Con` implements
-//!   it): on a Cluster the redis crate routes it by its key to the slot's primary and
-//!   follows MOVED / ASK (resharding, failover).
 //! - `threads::pipeline` runs a batch of requests on a `Con`: one round trip on a
-//!   node; one by one on a Cluster (each routed by its key).
-//! - [`Con::wait_replicas`] sends `WAIT` to the primary that holds a key (on a Cluster
-//!   `WAIT` without routing would go to every primary).
+//!   node; on a Cluster one pipeline per node, each request routed by its key to its
+//!   slot's primary, MOVED / ASK followed (see [`crate::cluster`]).
+//! - `WAIT` goes on the connection that ran the writes: [`Con::wait_replicas`] on a
+//!   node, [`ClusterCon::wait`] on a Cluster.
 //! - [`is_not_primary`] tells a reply from a node that is no longer the primary
 //!   (`READONLY`, `MASTERDOWN`): the connection is dropped and the next one is opened
 //!   on the current primary (a Sentinel is asked again).
@@ -16,21 +14,19 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{ConnectionInfo, ConnectionLike, RedisResult, Value};
+use redis::{ConnectionInfo, RedisResult};
+
+use crate::cluster::ClusterCon;
 
 /// Where the store's Redis is and how to open a connection to it.
 #[derive(Clone)]
 pub(crate) enum Topology {
     /// One Redis node (`redis://` or `rediss://`).
     Single(redis::Client),
-    /// A Redis Cluster reached through one or more seed nodes.
-    Cluster {
-        client: ClusterClient,
-        /// The seeds' settings, for the pub/sub connection.
-        nodes: NodeClients,
-    },
+    /// A Redis Cluster reached through one or more seed nodes (their settings are
+    /// every node's).
+    Cluster(NodeClients),
     /// The primary that the Sentinels name for a master, asked again on every new
     /// connection (so a failover is followed).
     Sentinel(Arc<Mutex<SentinelClient>>),
@@ -41,6 +37,8 @@ pub(crate) enum Topology {
 pub(crate) struct NodeClients {
     pub(crate) seeds: Vec<ConnectionInfo>,
     pub(crate) ca: Option<Vec<u8>>,
+    /// The longest wait for one node's connection.
+    pub(crate) connect_timeout: Duration,
 }
 
 /// A client for `info`, trusting only the CA certificate(s) in `ca` when given.
@@ -58,30 +56,22 @@ pub(crate) fn open_client(info: ConnectionInfo, ca: Option<Vec<u8>>) -> RedisRes
 }
 
 impl Topology {
-    /// A Cluster client on `seeds` (each already parsed, without the `CLIENT SETINFO`
-    /// handshake), trusting `ca` for `rediss://`.
+    /// A Cluster on `seeds` (each already parsed, without the `CLIENT SETINFO`
+    /// handshake), trusting `ca` for `rediss://`. Nothing is connected yet; a CA that
+    /// cannot be read fails here.
     pub(crate) fn cluster(
         seeds: Vec<ConnectionInfo>,
         ca: Option<Vec<u8>>,
         connect_timeout: Duration,
     ) -> RedisResult<Topology> {
-        let mut builder = ClusterClient::builder(seeds.clone())
-            .connection_timeout(connect_timeout)
-            // A call's deadline is the store's I/O timeout: the crate's own retries
-            // (MOVED, ASK, a node that went away) happen within it, not after it.
-            .retries(3)
-            .min_retry_wait(10)
-            .max_retry_wait(200);
-        if let Some(pem) = &ca {
-            builder = builder.certs(redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            });
+        if let Some(seed) = seeds.first() {
+            open_client(seed.clone(), ca.clone())?;
         }
-        Ok(Topology::Cluster {
-            client: builder.build()?,
-            nodes: NodeClients { seeds, ca },
-        })
+        Ok(Topology::Cluster(NodeClients {
+            seeds,
+            ca,
+            connect_timeout,
+        }))
     }
 
     /// A Sentinel-resolved primary: `sentinels` are the Sentinels' addresses, `master`
@@ -104,7 +94,7 @@ impl Topology {
     pub(crate) fn node_client(&self) -> RedisResult<Option<redis::Client>> {
         match self {
             Topology::Single(client) => Ok(Some(client.clone())),
-            Topology::Cluster { .. } => Ok(None),
+            Topology::Cluster(_) => Ok(None),
             Topology::Sentinel(sentinel) => {
                 let mut s = sentinel.lock().unwrap_or_else(|e| e.into_inner());
                 s.get_client().map(Some)
@@ -117,7 +107,7 @@ impl Topology {
     /// all its nodes, so one node hears the notifications of every slot).
     pub(crate) fn listen_connection(&self, timeout: Duration) -> RedisResult<redis::Connection> {
         match self {
-            Topology::Cluster { nodes, .. } => {
+            Topology::Cluster(nodes) => {
                 let mut last = None;
                 for seed in &nodes.seeds {
                     match open_client(seed.clone(), nodes.ca.clone())
@@ -143,9 +133,11 @@ impl Topology {
     /// Opens a connection, within `timeout` per node reached.
     pub(crate) fn connect(&self, timeout: Duration) -> RedisResult<Con> {
         match self {
-            Topology::Cluster { client, .. } => {
-                Ok(Con::Cluster(Box::new(client.get_connection()?)))
-            }
+            Topology::Cluster(nodes) => Ok(Con::Cluster(Box::new(ClusterCon::connect(
+                nodes.clone(),
+                nodes.connect_timeout,
+                timeout,
+            )?))),
             _ => {
                 let Some(client) = self.node_client()? else {
                     unreachable!("a node client for one node or a Sentinel")
@@ -161,9 +153,9 @@ impl Topology {
 pub(crate) enum Con {
     /// A connection to one node.
     Node(redis::Connection),
-    /// A Cluster connection: commands are routed by key, MOVED / ASK followed.
+    /// A Cluster connection: requests are routed by key, MOVED / ASK followed.
     /// (Boxed: it is several times the size of a node connection.)
-    Cluster(Box<ClusterConnection>),
+    Cluster(Box<ClusterCon>),
 }
 
 impl Con {
@@ -174,87 +166,30 @@ impl Con {
                 c.set_read_timeout(Some(d))?;
                 c.set_write_timeout(Some(d))
             }
-            Con::Cluster(c) => {
-                c.set_read_timeout(Some(d))?;
-                c.set_write_timeout(Some(d))
-            }
+            Con::Cluster(c) => c.set_timeouts(d),
         }
     }
 
-    /// `WAIT n timeout` on the primary that holds `key`, after this connection's
-    /// writes there: how many replicas acknowledged them.
-    pub(crate) fn wait_replicas(
-        &mut self,
-        key: &str,
-        n: usize,
-        timeout: Duration,
-    ) -> RedisResult<usize> {
+    /// `PING`, by `deadline` (on a Cluster, on one primary).
+    pub(crate) fn ping(&mut self, deadline: std::time::Instant) -> RedisResult<()> {
+        match self {
+            Con::Node(c) => redis::cmd("PING").query::<String>(c).map(drop),
+            Con::Cluster(c) => c.ping(deadline),
+        }
+    }
+
+    /// `WAIT n timeout` on a node, after this connection's writes: how many replicas
+    /// acknowledged them. (On a Cluster, see [`ClusterCon::wait`].)
+    pub(crate) fn wait_replicas(&mut self, n: usize, timeout: Duration) -> RedisResult<usize> {
         let ms = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(n).arg(ms);
         match self {
-            Con::Node(c) => wait.query(c),
-            Con::Cluster(c) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let route = Route::with_key(key, SlotAddr::Master);
-                let v = c.route_command(
-                    &wait,
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                )?;
-                Ok(redis::from_redis_value(v)?)
-            }
-        }
-    }
-}
-
-impl ConnectionLike for Con {
-    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        match self {
-            Con::Node(c) => c.req_packed_command(cmd),
-            Con::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-    fn req_packed_commands(
-        &mut self,
-        cmd: &[u8],
-        offset: usize,
-        count: usize,
-    ) -> RedisResult<Vec<Value>> {
-        match self {
-            Con::Node(c) => c.req_packed_commands(cmd, offset, count),
-            Con::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-    fn req_command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
-        match self {
-            Con::Node(c) => c.req_command(cmd),
-            Con::Cluster(c) => c.req_command(cmd),
-        }
-    }
-    fn get_db(&self) -> i64 {
-        match self {
-            Con::Node(c) => c.get_db(),
-            Con::Cluster(c) => c.get_db(),
-        }
-    }
-    fn supports_pipelining(&self) -> bool {
-        match self {
-            Con::Node(c) => c.supports_pipelining(),
-            Con::Cluster(c) => c.supports_pipelining(),
-        }
-    }
-    fn check_connection(&mut self) -> bool {
-        match self {
-            Con::Node(c) => c.check_connection(),
-            Con::Cluster(c) => c.check_connection(),
-        }
-    }
-    fn is_open(&self) -> bool {
-        match self {
-            Con::Node(c) => c.is_open(),
-            Con::Cluster(c) => c.is_open(),
+            Con::Node(c) => redis::cmd("WAIT").arg(n).arg(ms).query(c),
+            Con::Cluster(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "WAIT on a Cluster goes to the node that ran the write",
+            ))),
         }
     }
 }

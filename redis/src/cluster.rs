@@ -1,0 +1,705 @@
+//! A Redis Cluster connection of the store's own: the slot map (`CLUSTER SLOTS`), one
+//! plain connection per primary, and a batch of requests sent as one pipeline per
+//! node, all nodes written before any is read.
+//!
+//! Hand-written rather than the redis crate's `ClusterConnection`, which the store
+//! needs to do three things it cannot:
+//!
+//! - `WAIT` on the very connection that ran a write. `WAIT` counts the replicas that
+//!   acknowledged *that connection's* writes; the crate reconnects and retries by
+//!   itself, and routes `WAIT` by slot, so after a redirect (ASK) or a reconnect its
+//!   `WAIT` could vouch for a write the replicas never saw. Here every reply records
+//!   the node and the connection (its epoch) that gave it ([`Ran`]), and
+//!   [`ClusterCon::wait`] only asks that connection.
+//! - Keep a call's deadline: the crate retries timed-out reads and refreshes the slot
+//!   map outside of it; here every connect, write and read is bounded by the batch's
+//!   deadline, a timed-out node is not retried, and redirects are followed a bounded
+//!   number of rounds within the deadline.
+//! - One pipeline per node: the crate's sync cluster pipeline fails every command
+//!   when one fails (a NOSCRIPT is one), so batches went one request at a time.
+//!
+//! A node that stalls costs its own requests their deadline, not the others': all
+//! nodes are written first, then read, the nodes that timed out last time read last.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use redis::{ConnectionAddr, RedisError, RedisResult, Value};
+
+use crate::threads::{Failure, Request};
+use crate::topology::{open_client, NodeClients};
+
+/// Slots of a Redis Cluster.
+const SLOTS: usize = 16384;
+/// Rounds of one pipeline: the first send, then redirects (MOVED / ASK), unknown
+/// scripts (NOSCRIPT), a reconnect after a stale connection or a slot without a
+/// primary for a moment.
+const ROUNDS: usize = 5;
+/// A read after the deadline passed still takes a reply that is already there (the
+/// other nodes' replies, read after a stalled node's timeout) for this long at most.
+const GRACE: Duration = Duration::from_millis(1);
+
+/// A node's address.
+type Addr = (String, u16);
+
+/// Where a request ran: the node and the connection (see [`ClusterCon::wait`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Ran {
+    addr: Addr,
+    epoch: u64,
+    /// Sent again on a new connection after the first one broke: the first send may
+    /// have run it too, and `WAIT` on the new connection says nothing of that one.
+    pub(crate) resent: bool,
+}
+
+/// Where a request is to be sent.
+#[derive(Clone)]
+enum To {
+    /// The primary of its key's slot in the slot map.
+    Slot,
+    /// A node named by a `MOVED` redirect.
+    Moved(Addr),
+    /// A node named by an `ASK` redirect: `ASKING` precedes the request.
+    Ask(Addr),
+}
+
+/// A request of the pipeline still to be sent.
+#[derive(Clone)]
+struct Item {
+    index: usize,
+    to: To,
+    /// The script is to be loaded first (the node answered NOSCRIPT).
+    load: bool,
+    resent: bool,
+}
+
+struct Node {
+    con: redis::Connection,
+    epoch: u64,
+}
+
+/// A connection to a Redis Cluster (see the module documentation).
+pub(crate) struct ClusterCon {
+    nodes: NodeClients,
+    connect_timeout: Duration,
+    /// The primary of each slot, as an index into `addrs`.
+    slots: Vec<Option<u16>>,
+    addrs: Vec<Addr>,
+    conns: HashMap<Addr, Node>,
+    epochs: u64,
+    /// The slot map is to be read again before the next send.
+    stale: bool,
+    /// Nodes whose last read timed out: read after the others.
+    slow: HashSet<Addr>,
+    /// Where each request of the last [`pipeline`](Self::pipeline) ran.
+    pub(crate) ran: Vec<Option<Ran>>,
+}
+
+/// The slot of `key` (CRC16 of its hash tag, as Redis computes it).
+fn slot(key: &[u8]) -> usize {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    usize::from(crc16::State::<crc16::XMODEM>::calculate(tagged)) % SLOTS
+}
+
+/// Time left before `deadline` for a read: at least [`GRACE`].
+fn read_time(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(GRACE)
+}
+
+/// Time left before `deadline`, if any.
+fn time_left(deadline: Instant) -> Option<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+}
+
+fn timed_out() -> RedisError {
+    RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+}
+
+/// The node a redirect (`MOVED slot host:port`, `ASK slot host:port`) names.
+fn redirect(e: &RedisError) -> Option<Addr> {
+    let (node, _) = e.redirect_node()?;
+    let (host, port) = node.rsplit_once(':')?;
+    Some((host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?))
+}
+
+/// A reply from a node that did not run the request and whose slot map is to be read
+/// again: it is no longer the primary, or the cluster is reconfiguring.
+fn not_run_try_again(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("READONLY" | "MASTERDOWN" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN")
+    )
+}
+
+impl ClusterCon {
+    /// Reads the slot map from the first seed that answers within `timeout`.
+    pub(crate) fn connect(
+        nodes: NodeClients,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> RedisResult<Self> {
+        let mut c = ClusterCon {
+            nodes,
+            connect_timeout,
+            slots: vec![None; SLOTS],
+            addrs: Vec::new(),
+            conns: HashMap::new(),
+            epochs: 0,
+            stale: true,
+            slow: HashSet::new(),
+            ran: Vec::new(),
+        };
+        c.refresh(Instant::now() + timeout)?;
+        Ok(c)
+    }
+
+    /// A connection to `addr` with the seeds' settings (auth, database, TLS).
+    fn open(&self, addr: &Addr, deadline: Instant) -> RedisResult<redis::Connection> {
+        let time = time_left(deadline).ok_or_else(timed_out)?;
+        let seed =
+            self.nodes.seeds.first().ok_or_else(|| {
+                RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seed"))
+            })?;
+        let (host, port) = addr.clone();
+        let to = match seed.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        open_client(seed.clone().set_addr(to), self.nodes.ca.clone())?
+            .get_connection_with_timeout(self.connect_timeout.min(time))
+    }
+
+    /// The connection to `addr`, opened if needed; true when it was open already.
+    fn node(&mut self, addr: &Addr, deadline: Instant) -> RedisResult<(&mut Node, bool)> {
+        let reused = self.conns.contains_key(addr);
+        if !reused {
+            let con = self.open(addr, deadline)?;
+            self.epochs += 1;
+            let epoch = self.epochs;
+            self.conns.insert(addr.clone(), Node { con, epoch });
+        }
+        let Some(node) = self.conns.get_mut(addr) else {
+            unreachable!("inserted above")
+        };
+        Ok((node, reused))
+    }
+
+    /// Reads the slot map again: from a node already connected, else from a seed.
+    fn refresh(&mut self, deadline: Instant) -> RedisResult<()> {
+        let mut candidates: Vec<Addr> = self.conns.keys().cloned().collect();
+        for seed in &self.nodes.seeds {
+            if let ConnectionAddr::Tcp(h, p)
+            | ConnectionAddr::TcpTls {
+                host: h, port: p, ..
+            } = seed.addr()
+            {
+                candidates.push((h.clone(), *p));
+            }
+        }
+        let mut seen = HashSet::new();
+        candidates.retain(|a| seen.insert(a.clone()));
+        // The nodes that timed out last go last (a stalled node asked first would take
+        // the time left; in a pipeline a failed refresh keeps the map it had).
+        candidates.sort_by_key(|a| self.slow.contains(a));
+        let mut last = None;
+        for addr in candidates {
+            if time_left(deadline).is_none() {
+                break;
+            }
+            let by = deadline;
+            let r = self.node(&addr, by).and_then(|(n, _)| {
+                let t = time_left(by).ok_or_else(timed_out)?;
+                n.con.set_read_timeout(Some(t))?;
+                n.con.set_write_timeout(Some(t))?;
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query::<Value>(&mut n.con)
+            });
+            match r.and_then(|v| self.set_slots(v, &addr.0)) {
+                Ok(()) => {
+                    self.stale = false;
+                    return Ok(());
+                }
+                Err(e) => {
+                    self.conns.remove(&addr);
+                    if e.is_timeout() {
+                        self.slow.insert(addr);
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(timed_out))
+    }
+
+    /// Takes a `CLUSTER SLOTS` reply from the node at `host` as the slot map.
+    fn set_slots(&mut self, v: Value, host: &str) -> RedisResult<()> {
+        let bad = || RedisError::from((redis::ErrorKind::Parse, "unexpected CLUSTER SLOTS reply"));
+        let Value::Array(ranges) = v else {
+            return Err(bad());
+        };
+        let mut slots = vec![None; SLOTS];
+        let mut addrs: Vec<Addr> = Vec::new();
+        for range in ranges {
+            let Value::Array(r) = range else {
+                return Err(bad());
+            };
+            let (Some(Value::Int(a)), Some(Value::Int(b)), Some(Value::Array(primary))) =
+                (r.first(), r.get(1), r.get(2))
+            else {
+                return Err(bad());
+            };
+            let h = match primary.first() {
+                Some(Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
+                Some(Value::Nil) => String::new(),
+                _ => return Err(bad()),
+            };
+            if h == "?" {
+                continue;
+            }
+            // An empty host: the node that answered.
+            let h = if h.is_empty() { host.to_owned() } else { h };
+            let Some(Value::Int(p)) = primary.get(1) else {
+                return Err(bad());
+            };
+            let addr = (h, u16::try_from(*p).map_err(|_| bad())?);
+            let i = match addrs.iter().position(|x| *x == addr) {
+                Some(i) => i,
+                None => {
+                    addrs.push(addr);
+                    addrs.len() - 1
+                }
+            };
+            let i = u16::try_from(i).map_err(|_| bad())?;
+            let (a, b) = (
+                usize::try_from(*a).map_err(|_| bad())?,
+                usize::try_from(*b).map_err(|_| bad())?,
+            );
+            for s in slots.iter_mut().take((b + 1).min(SLOTS)).skip(a) {
+                *s = Some(i);
+            }
+        }
+        // Connections to nodes that are no longer primaries are closed.
+        self.conns.retain(|a, _| addrs.contains(a));
+        self.slots = slots;
+        self.addrs = addrs;
+        Ok(())
+    }
+
+    /// Sets the read and write timeouts of every open connection.
+    pub(crate) fn set_timeouts(&mut self, d: Duration) -> RedisResult<()> {
+        for n in self.conns.values() {
+            n.con.set_read_timeout(Some(d))?;
+            n.con.set_write_timeout(Some(d))?;
+        }
+        Ok(())
+    }
+
+    /// `PING` on the primary of slot 0's node, or any node reached.
+    pub(crate) fn ping(&mut self, deadline: Instant) -> RedisResult<()> {
+        let addr = self
+            .slots
+            .iter()
+            .flatten()
+            .next()
+            .map(|&i| self.addrs[usize::from(i)].clone())
+            .ok_or_else(|| RedisError::from((redis::ErrorKind::Client, "no slot is served")))?;
+        let (n, _) = self.node(&addr, deadline)?;
+        let t = time_left(deadline).ok_or_else(timed_out)?;
+        n.con.set_read_timeout(Some(t))?;
+        n.con.set_write_timeout(Some(t))?;
+        redis::cmd("PING").query::<String>(&mut n.con).map(drop)
+    }
+
+    /// Runs `requests`, each on the primary of its key's slot, as one pipeline per
+    /// node; every node is written before any is read. One result per request, in
+    /// order; [`ran`](Self::ran) tells where each that got a reply ran.
+    ///
+    /// MOVED and ASK are followed, an unknown script is loaded on the node that does
+    /// not know it and sent again, a request on a connection found broken before its
+    /// reply is sent again once on a new one (the scripts may be resent, see
+    /// `threads::Conn::run`): all within `deadline`, at most [`ROUNDS`] rounds. A node
+    /// that times out fails its own requests only, and is not retried.
+    pub(crate) fn pipeline(
+        &mut self,
+        requests: &[&Request],
+        deadline: Instant,
+    ) -> Vec<Result<Value, Failure>> {
+        let n = requests.len();
+        let mut out: Vec<Option<Result<Value, Failure>>> = vec![None; n];
+        self.ran = vec![None; n];
+        let mut todo: Vec<Item> = (0..n)
+            .map(|index| Item {
+                index,
+                to: To::Slot,
+                load: false,
+                resent: false,
+            })
+            .collect();
+        for round in 0..ROUNDS {
+            if todo.is_empty() {
+                break;
+            }
+            if time_left(deadline).is_none() {
+                break;
+            }
+            if self.stale {
+                // A failed refresh keeps the map it had: the redirects still lead.
+                let _ = self.refresh(deadline);
+            }
+            let mut groups: Vec<(Addr, Vec<Item>)> = Vec::new();
+            let mut retry = Vec::new();
+            for item in todo.drain(..) {
+                let addr = match &item.to {
+                    To::Moved(a) | To::Ask(a) => a.clone(),
+                    To::Slot => {
+                        let key = requests[item.index].key_bytes();
+                        match self.slots[slot(key)] {
+                            Some(i) => self.addrs[usize::from(i)].clone(),
+                            None => {
+                                self.stale = true;
+                                out[item.index] =
+                                    Some(Err(Failure::NotConnected(RedisError::from((
+                                        redis::ErrorKind::Client,
+                                        "no primary serves the key's slot",
+                                    )))));
+                                retry.push(item);
+                                continue;
+                            }
+                        }
+                    }
+                };
+                match groups.iter_mut().find(|(a, _)| *a == addr) {
+                    Some((_, g)) => g.push(item),
+                    None => groups.push((addr, vec![item])),
+                }
+            }
+            // Write every node first.
+            let mut sent: Vec<(Addr, Vec<Item>, u64, bool, usize)> = Vec::new();
+            for (addr, items) in groups {
+                match self.send(&addr, &items, requests, deadline) {
+                    Ok((epoch, reused, loads)) => sent.push((addr, items, epoch, reused, loads)),
+                    Err((e, written, reused)) => {
+                        self.conns.remove(&addr);
+                        self.stale = true;
+                        // A connection that was open before and broke: likely stale
+                        // (see below), its requests go again once on a new one.
+                        let again = reused && e.is_io_error() && !e.is_timeout();
+                        for item in items {
+                            out[item.index] = Some(Err(if written {
+                                Failure::Redis(e.clone())
+                            } else {
+                                Failure::NotConnected(e.clone())
+                            }));
+                            if !written {
+                                // Nothing was sent: it may go where the new map says.
+                                retry.push(Item {
+                                    to: To::Slot,
+                                    ..item
+                                });
+                            } else if again && !item.resent {
+                                retry.push(Item {
+                                    resent: true,
+                                    ..item
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            // Then read them, the nodes that were slow last time last.
+            sent.sort_by_key(|(addr, ..)| self.slow.contains(addr));
+            for (addr, items, epoch, reused, loads) in sent {
+                let r = self.read(&addr, &items, loads, deadline);
+                let (replies, broken) = match r {
+                    Ok(replies) => (replies, None),
+                    Err((replies, e)) => (replies, Some(e)),
+                };
+                if broken.is_none() {
+                    self.slow.remove(&addr);
+                }
+                let got = replies.len();
+                for (item, reply) in items.iter().zip(replies) {
+                    match reply {
+                        Ok(v) => {
+                            out[item.index] = Some(Ok(v));
+                            self.ran[item.index] = Some(Ran {
+                                addr: addr.clone(),
+                                epoch,
+                                resent: item.resent,
+                            });
+                        }
+                        Err(e) => {
+                            let next = if e.kind()
+                                == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                                && !item.load
+                            {
+                                Some(Item {
+                                    load: true,
+                                    ..item.clone()
+                                })
+                            } else if e.kind()
+                                == redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
+                            {
+                                self.stale = true;
+                                redirect(&e).map(|a| Item {
+                                    to: To::Moved(a),
+                                    ..item.clone()
+                                })
+                            } else if e.kind()
+                                == redis::ErrorKind::Server(redis::ServerErrorKind::Ask)
+                            {
+                                redirect(&e).map(|a| Item {
+                                    to: To::Ask(a),
+                                    ..item.clone()
+                                })
+                            } else if not_run_try_again(&e) {
+                                self.stale = true;
+                                Some(Item {
+                                    to: To::Slot,
+                                    ..item.clone()
+                                })
+                            } else {
+                                None
+                            };
+                            out[item.index] = Some(Err(Failure::Redis(e)));
+                            retry.extend(next);
+                        }
+                    }
+                }
+                if let Some(e) = broken {
+                    self.conns.remove(&addr);
+                    self.stale = true;
+                    if e.is_timeout() {
+                        self.slow.insert(addr.clone());
+                    }
+                    // A connection that was open before and broke (not timed out):
+                    // likely stale (the node restarted); its requests go again, once,
+                    // on a new connection.
+                    let again = reused && e.is_io_error() && !e.is_timeout();
+                    for item in &items[got..] {
+                        out[item.index] = Some(Err(Failure::Redis(e.clone())));
+                        if again && !item.resent {
+                            retry.push(Item {
+                                resent: true,
+                                ..item.clone()
+                            });
+                        }
+                    }
+                }
+            }
+            todo = retry;
+            if !todo.is_empty()
+                && round + 1 < ROUNDS
+                && todo.iter().all(|i| matches!(i.to, To::Slot))
+            {
+                // Only waiting for the cluster (no redirect to follow): a short pause.
+                let pause = Duration::from_millis(10 << round);
+                if let Some(t) = time_left(deadline) {
+                    std::thread::sleep(pause.min(t));
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or(Err(Failure::NotSent)))
+            .collect()
+    }
+
+    /// Writes `items` to `addr` as one pipeline (the scripts to load first): its
+    /// connection's epoch, whether it was open before and how many scripts it loads;
+    /// or the error, whether anything may have been written and whether the
+    /// connection was open before.
+    fn send(
+        &mut self,
+        addr: &Addr,
+        items: &[Item],
+        requests: &[&Request],
+        deadline: Instant,
+    ) -> Result<(u64, bool, usize), (RedisError, bool, bool)> {
+        let (node, reused) = self.node(addr, deadline).map_err(|e| (e, false, false))?;
+        let mut bytes = Vec::new();
+        let mut loads: Vec<&str> = items
+            .iter()
+            .filter(|i| i.load)
+            .filter_map(|i| requests[i.index].script_code())
+            .collect();
+        loads.sort_unstable();
+        loads.dedup();
+        let n_loads = loads.len();
+        for code in loads {
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(code)
+                .write_packed_command(&mut bytes);
+        }
+        for item in items {
+            if matches!(item.to, To::Ask(_)) {
+                redis::cmd("ASKING").write_packed_command(&mut bytes);
+            }
+            requests[item.index].write(&mut bytes);
+        }
+        let t = time_left(deadline).ok_or_else(|| (timed_out(), false, reused))?;
+        node.con
+            .set_write_timeout(Some(t))
+            .map_err(|e| (e, false, reused))?;
+        node.con
+            .send_packed_command(&bytes)
+            .map_err(|e| (e, true, reused))?;
+        Ok((node.epoch, reused, n_loads))
+    }
+
+    /// Reads the replies of what [`send`](Self::send) wrote for `items` (after `loads`
+    /// replies of `SCRIPT LOAD`): the replies
+    /// in order, and the connection's error if it broke or timed out before the last.
+    #[allow(clippy::type_complexity)]
+    fn read(
+        &mut self,
+        addr: &Addr,
+        items: &[Item],
+        loads: usize,
+        deadline: Instant,
+    ) -> Result<Vec<RedisResult<Value>>, (Vec<RedisResult<Value>>, RedisError)> {
+        let mut out = Vec::with_capacity(items.len());
+        let Some(node) = self.conns.get_mut(addr) else {
+            return Err((out, timed_out()));
+        };
+        let recv = |con: &mut redis::Connection| -> RedisResult<RedisResult<Value>> {
+            loop {
+                con.set_read_timeout(Some(read_time(deadline)))?;
+                match con.recv_response()? {
+                    Value::Push { .. } => {}
+                    Value::ServerError(e) => return Ok(Err(e.into())),
+                    v => return Ok(Ok(v)),
+                }
+            }
+        };
+        for _ in 0..loads {
+            if let Err(e) = recv(&mut node.con) {
+                return Err((out, e));
+            }
+        }
+        for item in items {
+            if matches!(item.to, To::Ask(_)) {
+                match recv(&mut node.con) {
+                    Ok(_) => {}
+                    Err(e) => return Err((out, e)),
+                }
+            }
+            match recv(&mut node.con) {
+                Ok(r) => out.push(r),
+                Err(e) => return Err((out, e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// `WAIT n timeout` on each connection that ran one of `ran` (one `WAIT` per
+    /// connection covers all its writes), all sent before any is read: per entry, how
+    /// many replicas acknowledged its connection's writes. A write whose connection
+    /// was closed since, or that was resent on a new connection, gets an error: no
+    /// `WAIT` can vouch for it any more.
+    pub(crate) fn wait(
+        &mut self,
+        ran: &[Option<Ran>],
+        n: usize,
+        timeout: Duration,
+        deadline: Instant,
+    ) -> Vec<RedisResult<usize>> {
+        let lost = |why: &'static str| {
+            RedisError::from(std::io::Error::new(std::io::ErrorKind::NotConnected, why))
+        };
+        let ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut answers: HashMap<Addr, RedisResult<usize>> = HashMap::new();
+        let mut asked: Vec<Addr> = Vec::new();
+        for r in ran.iter().flatten() {
+            if r.resent || answers.contains_key(&r.addr) || asked.contains(&r.addr) {
+                continue;
+            }
+            let same = self.conns.get(&r.addr).is_some_and(|c| c.epoch == r.epoch);
+            if !same {
+                answers.insert(
+                    r.addr.clone(),
+                    Err(lost(
+                        "the connection that sent the write was lost before WAIT",
+                    )),
+                );
+                continue;
+            }
+            let Some(node) = self.conns.get_mut(&r.addr) else {
+                unreachable!("checked above")
+            };
+            let sent = time_left(deadline)
+                .ok_or_else(timed_out)
+                .and_then(|t| node.con.set_write_timeout(Some(t)))
+                .and_then(|()| {
+                    let mut bytes = Vec::new();
+                    redis::cmd("WAIT")
+                        .arg(n)
+                        .arg(ms)
+                        .write_packed_command(&mut bytes);
+                    node.con.send_packed_command(&bytes)
+                });
+            match sent {
+                Ok(()) => asked.push(r.addr.clone()),
+                Err(e) => {
+                    self.conns.remove(&r.addr);
+                    answers.insert(r.addr.clone(), Err(e));
+                }
+            }
+        }
+        for addr in asked {
+            let Some(node) = self.conns.get_mut(&addr) else {
+                continue;
+            };
+            let r = node
+                .con
+                .set_read_timeout(Some(read_time(deadline)))
+                .and_then(|()| node.con.recv_response())
+                .and_then(|v| match v {
+                    Value::ServerError(e) => Err(e.into()),
+                    v => Ok(redis::from_redis_value::<usize>(v)?),
+                });
+            if r.as_ref().is_err_and(|e| e.is_io_error() || e.is_timeout()) {
+                self.conns.remove(&addr);
+                self.stale = true;
+            }
+            answers.insert(addr, r);
+        }
+        ran.iter()
+            .map(|r| match r {
+                None => Err(lost("the write got no reply")),
+                Some(r) if r.resent => Err(lost(
+                    "the write was sent again on a new connection: WAIT there cannot vouch \
+                     for the first send",
+                )),
+                Some(r) => answers
+                    .get(&r.addr)
+                    .cloned()
+                    .unwrap_or_else(|| Err(lost("no WAIT"))),
+            })
+            .collect()
+    }
+}
