@@ -1406,6 +1406,9 @@ mod tests {
                 .local_addr()
                 .unwrap()
                 .port();
+            // Its own dir: a replica writes the primary's snapshot there.
+            let dir = std::env::temp_dir().join(format!("oncely-threads-test-{port}"));
+            std::fs::create_dir_all(&dir).unwrap();
             let child = std::process::Command::new("redis-server")
                 .args([
                     "--port",
@@ -1414,6 +1417,8 @@ mod tests {
                     "127.0.0.1",
                     "--save",
                     "",
+                    "--dir",
+                    dir.to_str().unwrap(),
                 ])
                 .args(["--appendonly", "no", "--repl-diskless-sync-delay", "0"])
                 .args(args)
@@ -1447,6 +1452,8 @@ mod tests {
         fn drop(&mut self) {
             let _ = self.0.kill();
             let _ = self.0.wait();
+            let dir = std::env::temp_dir().join(format!("oncely-threads-test-{}", self.1));
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 
