@@ -116,10 +116,12 @@ function wrap(s, grpc, def, handler) {
       : http.requestFingerprint('POST', path, 'application/grpc', frame(message))
 
     let cancelled = false
-    const gone = goneOf(call, 'cancelled', () => {
+    call.once('cancelled', () => {
       cancelled = true
-      return false
     })
+    // Asked for only by a call that waits for another.
+    let goneOnce
+    const gone = () => (goneOnce ??= goneOf(call, 'cancelled'))
     // The answer is sent once the store has settled the key (see oncely/express).
     let finish = null
     const lead = (owner) =>
@@ -172,7 +174,7 @@ function wrap(s, grpc, def, handler) {
         // The handler ran (whatever the store said after): its answer is the one to send.
         if (outcome.led || finish) return finish?.()
         if (outcome.problem) return refuse(outcome.problem)
-        const r = outcome.replay
+        const r = outcome.shared ?? http.decodeResponse(Buffer.from(outcome.stored))
         replayed(s, call, scoped)
         const t = Object.fromEntries([...r.headers, ...r.trailers].map((f) => [f.name, f.value]))
         const md = new grpc.Metadata()
