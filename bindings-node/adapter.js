@@ -159,7 +159,11 @@ function isEventStream(s, contentType) {
  * body is a view of the record, not a copy): `{ status, fields, body }`, `fields` flat.
  */
 function answerOf(bytes) {
-  const record = Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  const record = Buffer.isBuffer(bytes)
+    ? bytes
+    : ArrayBuffer.isView(bytes)
+      ? Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+      : Buffer.from(bytes)
   const flat = http.decodeRecord(record)
   return { status: flat[0], fields: flat.slice(4, 4 + 2 * flat[3]), body: record.subarray(flat[1], flat[2]) }
 }
@@ -218,12 +222,12 @@ function isOncelyError(e) {
  * resolves with the record bytes to store, or rejects with Unstored / Released (carrying
  * `owner`). `gone()` makes the Promise that resolves with GONE once the client has gone
  * away; it is asked for only when this caller waits for another (a leader's own answer
- * settles its wait). Resolves with what the caller must answer: `{ led: true }` (the
- * handler answered), `{ stored: bytes }` (a stored answer to replay), `{ shared: record }`
- * (a leader's answer that is not stored, as its adapter made it), or `{ problem }`;
- * rejects with a foreign error.
+ * settles its wait). `decode` reads stored record bytes into the adapter's answer form
+ * (that of its Unstored records). Resolves with what the caller must answer:
+ * `{ led: true }` (the handler answered), `{ replay: answer }`, or `{ problem }`; rejects
+ * with a foreign error.
  */
-async function dedup(s, scoped, fingerprint, lead, gone) {
+async function dedup(s, scoped, fingerprint, lead, gone, decode) {
   const options = s.executeOptions
   for (;;) {
     const owner = { leads: false }
@@ -253,11 +257,11 @@ async function dedup(s, scoped, fingerprint, lead, gone) {
         s.counters.stored++
         return LED
       }
-      return { stored: r.value }
+      return { replay: decode(r.value) }
     } catch (e) {
       if (e instanceof Unstored) {
         if (e.owner === owner) return LED
-        return { shared: e.record }
+        return { replay: e.record }
       }
       if (e instanceof Released) {
         if (e.owner === owner) return LED

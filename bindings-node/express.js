@@ -279,7 +279,7 @@ function idempotency(options) {
 
     let outcome
     try {
-      outcome = await dedup(s, scoped, fp, lead, gone)
+      outcome = await dedup(s, scoped, fp, lead, gone, answerOf)
     } catch (e) {
       if (finish) return finish()
       // The client has gone (the response closed unfinished), or the answer began.
@@ -289,7 +289,7 @@ function idempotency(options) {
     // The handler ran (whatever the store said after): its answer is the one to send.
     if (outcome.led || finish) return finish?.()
     if (outcome.problem) return sendProblem(res, outcome.problem)
-    const a = outcome.shared ?? answerOf(outcome.stored)
+    const a = outcome.replay
     replayed(s, req, scoped)
     res.statusCode = a.status
     setAnswerHeaders(res, a.fields)

@@ -147,13 +147,13 @@ async function idempotency(fastify, options) {
         })
         started('lead')
       })
-    st.run = dedup(s, scoped, fp, lead, gone)
+    st.run = dedup(s, scoped, fp, lead, gone, answerOf)
     st.run.catch(() => {})
     const first = await Promise.race([leading, st.run])
     if (first === 'lead') return
     request[STATE] = undefined
     if (first.problem) return sendProblem(reply, first.problem)
-    const a = first.shared ?? answerOf(first.stored)
+    const a = first.replay
     replayed(s, request, scoped)
     // Grouped by name: Fastify's `header` replaces a value (and appends a set-cookie).
     const headers = {}

@@ -85,6 +85,11 @@ function withIdempotency(service, implementation, options) {
   return out
 }
 
+/** Stored record bytes as the answer form of this adapter (that of its Unstored records). */
+function decodeRecord(bytes) {
+  return http.decodeResponse(Buffer.from(bytes))
+}
+
 function trailer(grpc, extra) {
   const m = new grpc.Metadata()
   for (const [n, v] of extra) m.set(n, v)
@@ -169,12 +174,12 @@ function wrap(s, grpc, def, handler) {
         }
       })
 
-    dedup(s, scoped, fp, lead, gone).then(
+    dedup(s, scoped, fp, lead, gone, decodeRecord).then(
       (outcome) => {
         // The handler ran (whatever the store said after): its answer is the one to send.
         if (outcome.led || finish) return finish?.()
         if (outcome.problem) return refuse(outcome.problem)
-        const r = outcome.shared ?? http.decodeResponse(Buffer.from(outcome.stored))
+        const r = outcome.replay
         replayed(s, call, scoped)
         const t = Object.fromEntries([...r.headers, ...r.trailers].map((f) => [f.name, f.value]))
         const md = new grpc.Metadata()
