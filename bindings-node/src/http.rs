@@ -498,7 +498,10 @@ fn not_a_string(env: sys::napi_env, v: sys::napi_value, field: &str) -> Error {
     type_error(
         env,
         field,
-        &format!("{field} must be a string, got {}", convert::type_name(env, v)),
+        &format!(
+            "{field} must be a string, got {}",
+            convert::type_name(env, v)
+        ),
     )
 }
 
@@ -549,7 +552,12 @@ fn with_bytes<R>(
 
 /// The Latin-1 bytes of the string `v` (a header value: one byte per character, as
 /// `Buffer.from(value, 'latin1')` gives them), or a Buffer's bytes, appended to `out`.
-fn push_latin1(env: sys::napi_env, v: sys::napi_value, field: &str, out: &mut Vec<u8>) -> Result<()> {
+fn push_latin1(
+    env: sys::napi_env,
+    v: sys::napi_value,
+    field: &str,
+    out: &mut Vec<u8>,
+) -> Result<()> {
     if let Some(b) = buffer_bytes(env, v) {
         out.extend_from_slice(b);
         return Ok(());
@@ -662,7 +670,14 @@ fn js_call(
     // SAFETY: a callback of a function made by `plain_function`; missing arguments are
     // `undefined`.
     unsafe {
-        sys::napi_get_cb_info(env, info, &mut argc, argv.as_mut_ptr(), ptr::null_mut(), &mut data)
+        sys::napi_get_cb_info(
+            env,
+            info,
+            &mut argc,
+            argv.as_mut_ptr(),
+            ptr::null_mut(),
+            &mut data,
+        )
     };
     match f(&argv, data) {
         Ok(v) => v,
@@ -689,11 +704,23 @@ fn plain_function<'env>(
     let mut f = ptr::null_mut();
     // SAFETY: on the JS thread; `data` lives until `finalize` runs.
     unsafe {
-        if sys::napi_create_function(raw, name.as_ptr(), name.count_bytes() as isize, Some(cb), data, &mut f)
-            != sys::Status::napi_ok
+        if sys::napi_create_function(
+            raw,
+            name.as_ptr(),
+            name.count_bytes() as isize,
+            Some(cb),
+            data,
+            &mut f,
+        ) != sys::Status::napi_ok
             || (finalize.is_some()
-                && sys::napi_add_finalizer(raw, f, data, finalize, ptr::null_mut(), ptr::null_mut())
-                    != sys::Status::napi_ok)
+                && sys::napi_add_finalizer(
+                    raw,
+                    f,
+                    data,
+                    finalize,
+                    ptr::null_mut(),
+                    ptr::null_mut(),
+                ) != sys::Status::napi_ok)
         {
             if let Some(fin) = finalize {
                 fin(raw, data, ptr::null_mut());
@@ -708,12 +735,20 @@ fn plain_function<'env>(
 }
 
 /// `(method, values)` of `HttpConfig.keyReader()`.
-unsafe extern "C" fn key_reader_fn(env: sys::napi_env, info: sys::napi_callback_info) -> sys::napi_value {
+unsafe extern "C" fn key_reader_fn(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
     js_call(env, info, |argv, data| {
         // SAFETY: the data of a key reader: a boxed `ServerConfig` freed by its finalizer.
         let config = unsafe { &*(data as *const ServerConfig) };
         let values = argv[1];
-        let n = array_len(env, values, "values", "an array of the Idempotency-Key values")?;
+        let n = array_len(
+            env,
+            values,
+            "values",
+            "an array of the Idempotency-Key values",
+        )?;
         let decision = lossy_str(env, argv[0], "method", |method| -> Result<_> {
             Ok(match n {
                 0 => config.read_key(method, &[]),
@@ -761,7 +796,13 @@ impl HttpConfig {
     )]
     pub fn key_reader<'env>(&self, env: &'env Env) -> Result<Unknown<'env>> {
         let data = Box::into_raw(Box::new(self.inner.clone()));
-        plain_function(env, c"readKey", key_reader_fn, data.cast(), Some(finalize_config))
+        plain_function(
+            env,
+            c"readKey",
+            key_reader_fn,
+            data.cast(),
+            Some(finalize_config),
+        )
     }
 }
 
@@ -776,6 +817,8 @@ impl HttpConfig {
     ts_args_type = "tenant: string, method: string, route: string, key: string, target?: string | null, contentType?: string | null, body?: string | Buffer",
     ts_return_type = "[string, string] | [string] | HttpProblem"
 )]
+// Positional arguments: an options object would cost a property lookup per field.
+#[allow(clippy::too_many_arguments)]
 pub fn http_request<'env>(
     env: &'env Env,
     tenant: Unknown<'env>,
@@ -800,7 +843,8 @@ pub fn http_request<'env>(
         // SAFETY: a live value of this call.
         Err(p) => return Ok(unsafe { Unknown::from_raw_unchecked(raw, problem_value(raw, &p)?) }),
     };
-    let present = |v: Option<Unknown<'env>>| v.map(|v| v.raw()).filter(|v| !convert::is_nullish(raw, *v));
+    let present =
+        |v: Option<Unknown<'env>>| v.map(|v| v.raw()).filter(|v| !convert::is_nullish(raw, *v));
     let out = match present(target) {
         None => js_array(raw, &[js_str(raw, &scoped)]),
         Some(t) => {
@@ -835,8 +879,8 @@ fn scoped_or_problem(
     route: &str,
     key: &str,
 ) -> std::result::Result<String, Problem> {
-    let scoped = IdempotencyKey::parse(key)
-        .and_then(|key| contract::scope(tenant, method, route, &key));
+    let scoped =
+        IdempotencyKey::parse(key).and_then(|key| contract::scope(tenant, method, route, &key));
     match scoped {
         Ok(s) => Ok(s.as_str().to_owned()),
         Err(CoreError::InvalidArgument { field, reason }) => {
@@ -882,16 +926,29 @@ pub fn http_encode_record<'env>(
     }
     let mut headers = Vec::with_capacity(n as usize / 2);
     for i in (0..n).step_by(2) {
-        let name = lossy_str(raw, element(raw, fields.raw(), i)?, "fields", str::to_ascii_lowercase)?;
+        let name = lossy_str(
+            raw,
+            element(raw, fields.raw(), i)?,
+            "fields",
+            str::to_ascii_lowercase,
+        )?;
         let mut value = Vec::new();
-        push_latin1(raw, element(raw, fields.raw(), i + 1)?, "fields", &mut value)?;
+        push_latin1(
+            raw,
+            element(raw, fields.raw(), i + 1)?,
+            "fields",
+            &mut value,
+        )?;
         headers.push((name, value));
     }
     let Some(body) = buffer_bytes(raw, body.raw()) else {
         return Err(type_error(
             raw,
             "body",
-            &format!("body must be a Buffer, got {}", convert::type_name(raw, body.raw())),
+            &format!(
+                "body must be a Buffer, got {}",
+                convert::type_name(raw, body.raw())
+            ),
         ));
     };
     let record = StoredResponse {
@@ -925,7 +982,10 @@ pub fn http_decode_record<'env>(env: &'env Env, record: Unknown<'env>) -> Result
         return Err(type_error(
             raw,
             "record",
-            &format!("record must be a Buffer, got {}", convert::type_name(raw, record.raw())),
+            &format!(
+                "record must be a Buffer, got {}",
+                convert::type_name(raw, record.raw())
+            ),
         ));
     };
     let r = StoredResponse::decode(bytes).or_throw(raw)?;
