@@ -58,9 +58,13 @@ function settings(options) {
     settlesAtOnce: store instanceof IdempotencyStore,
     // Read once: a getter of the native config costs a call into Rust per request.
     executeOptions: { wait: config.wait },
+    // `readKey` as a plain function: no class-method dispatch, no decision object.
+    readKey: config.keyReader(),
     // The core's header decisions by name, remembered: a handler sets the same few
     // headers on every response, and each decision is otherwise a call into Rust.
     headerRules: new Map(),
+    // The core's event-stream decision by content type, remembered likewise.
+    eventStreams: new Map(),
     requestCap,
     tenant: typeof tenant === 'function' ? tenant : () => tenant ?? http.DEFAULT_TENANT,
     route,
@@ -119,33 +123,69 @@ function keepsHeader(s, name, stored) {
 }
 
 /**
- * The headers of a response as record fields: those the core stores, or, for a response
- * that is not stored (`stored === false`: it only reaches the duplicates waiting now),
- * every header it shares.
+ * The headers of a response as a flat list `[name, value, ...]` (the form
+ * `http.encodeRecord` takes): those the core stores, or, for a response that is not
+ * stored (`stored === false`: it only reaches the duplicates waiting now), every header
+ * it shares. Nothing is done for a header that is not kept.
  */
-function storedFields(s, headers, stored = true) {
+function recordFields(s, headers, stored = true) {
   const out = []
   for (const name in headers) {
     const value = headers[name]
     if (value === undefined || !keepsHeader(s, name, stored)) continue
     if (Array.isArray(value)) {
-      for (const v of value) out.push({ name: name.toLowerCase(), value: Buffer.from(String(v), 'latin1') })
+      for (const v of value) out.push(name, String(v))
     } else {
-      out.push({ name: name.toLowerCase(), value: Buffer.from(String(value), 'latin1') })
+      out.push(name, String(value))
     }
   }
   return out
 }
 
-/** Groups record fields by name for `setHeader`. */
-function headerObject(fields) {
-  const out = {}
-  for (const { name, value } of fields) {
-    const v = value.toString('latin1')
-    if (out[name] === undefined) out[name] = v
-    else out[name] = [].concat(out[name], v)
+/** Whether a response with this content type is an event stream (the core's decision, remembered). */
+function isEventStream(s, contentType) {
+  if (contentType === undefined) return false
+  const ct = String(contentType)
+  let rule = s.eventStreams.get(ct)
+  if (rule === undefined) {
+    rule = http.isEventStream(ct)
+    if (s.eventStreams.size < HEADER_RULES_MAX) s.eventStreams.set(ct, rule)
   }
-  return out
+  return rule
+}
+
+/**
+ * An answer to replay, from the record bytes a store gave (`http.decodeRecord`: the
+ * body is a view of the record, not a copy): `{ status, fields, body }`, `fields` flat.
+ */
+function answerOf(bytes) {
+  const record = Buffer.isBuffer(bytes)
+    ? bytes
+    : ArrayBuffer.isView(bytes)
+      ? Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+      : Buffer.from(bytes)
+  const flat = http.decodeRecord(record)
+  return { status: flat[0], fields: flat.slice(4, 4 + 2 * flat[3]), body: record.subarray(flat[1], flat[2]) }
+}
+
+/**
+ * Sets the headers of a replayed answer (repeated names kept, in order) and the
+ * replay mark on `res`, a Node ServerResponse.
+ */
+function setAnswerHeaders(res, fields) {
+  for (let i = 0; i < fields.length; i += 2) {
+    const name = fields[i]
+    let again = false
+    for (let j = 0; j < i; j += 2) {
+      if (fields[j] === name) {
+        again = true
+        break
+      }
+    }
+    if (again) res.appendHeader(name, fields[i + 1])
+    else res.setHeader(name, fields[i + 1])
+  }
+  res.setHeader(http.REPLAYED_HEADER, 'true')
 }
 
 /**
@@ -154,19 +194,23 @@ function headerObject(fields) {
  * client's.
  */
 function scopeOf(s, req, method, route, key) {
-  let tenant
-  try {
-    tenant = s.tenant(req)
-    if (typeof tenant !== 'string') {
-      const what = tenant === null ? 'null' : typeof tenant
-      return { problem: http.problem({ kind: 'tenant_unusable', message: `the tenant is ${what}, not a string` }) }
-    }
-    return { scoped: http.scope(tenant, method, route, key) }
-  } catch (e) {
-    if (!isOncelyError(e)) throw e
-    if (e.field === 'tenant') return { problem: http.problem({ kind: 'tenant_unusable', message: e.message }) }
-    return { problem: http.problem(e) }
+  const r = requestOf(s, req, method, route, key)
+  return Array.isArray(r) ? { scoped: r[0] } : { problem: r }
+}
+
+/**
+ * The scoped key and the fingerprint of a request in one call into the core
+ * (`http.request`): `[scoped, fingerprint]` (`[scoped]` without `target`), or the
+ * problem to answer. The tenant comes from the tenant function; one that is not a
+ * string is the server's fault (500 tenant-unusable).
+ */
+function requestOf(s, req, method, route, key, target, contentType, body) {
+  const tenant = s.tenant(req)
+  if (typeof tenant !== 'string') {
+    const what = tenant === null ? 'null' : typeof tenant
+    return http.problem({ kind: 'tenant_unusable', message: `the tenant is ${what}, not a string` })
   }
+  return http.request(tenant, method, route, key, target, contentType, body)
 }
 
 function isOncelyError(e) {
@@ -176,39 +220,51 @@ function isOncelyError(e) {
 /**
  * Runs a covered request through the store. `lead(owner)` calls the handler and
  * resolves with the record bytes to store, or rejects with Unstored / Released (carrying
- * `owner`). Resolves with what the caller must answer: `{ led: true }` (the handler
- * answered), `{ replay: record }`, or `{ problem }`; rejects with a foreign error.
+ * `owner`). `gone()` makes the Promise that resolves with GONE once the client has gone
+ * away; it is asked for only when this caller waits for another (a leader's own answer
+ * settles its wait). `decode` reads stored record bytes into the adapter's answer form
+ * (that of its Unstored records). Resolves with what the caller must answer:
+ * `{ led: true }` (the handler answered), `{ replay: answer }`, or `{ problem }`; rejects
+ * with a foreign error.
  */
-async function dedup(s, scoped, fingerprint, lead, gone) {
+async function dedup(s, scoped, fingerprint, lead, gone, decode) {
   const options = s.executeOptions
   for (;;) {
-    const owner = {}
+    const owner = { leads: false }
     try {
-      const run = s.store.execute(scoped, fingerprint, () => lead(owner), options)
+      const run = s.store.execute(
+        scoped,
+        fingerprint,
+        () => {
+          owner.leads = true
+          return lead(owner)
+        },
+        options,
+      )
       // Not the store's `signal`: an AbortSignal and its listener cost more than the rest
       // of a first call in the store. A caller whose client has gone stops waiting here;
       // the store's waiter goes on until the first request ends (a leader keeps the key
       // until its handler settles either way).
       let r
-      if (gone === undefined) {
+      if (gone === undefined || owner.leads) {
         r = await run
       } else {
         run.catch(noop)
-        r = await Promise.race([run, gone])
+        r = await Promise.race([run, gone()])
         if (r === GONE) throw new Error('the client went away')
       }
       if (r.source === 'led') {
         s.counters.stored++
-        return { led: true }
+        return LED
       }
-      return { replay: http.decodeResponse(Buffer.from(r.value)) }
+      return { replay: decode(r.value) }
     } catch (e) {
       if (e instanceof Unstored) {
-        if (e.owner === owner) return { led: true }
+        if (e.owner === owner) return LED
         return { replay: e.record }
       }
       if (e instanceof Released) {
-        if (e.owner === owner) return { led: true }
+        if (e.owner === owner) return LED
         // The first request ended without an answer to share: lead (or wait) again.
         continue
       }
@@ -220,6 +276,8 @@ async function dedup(s, scoped, fingerprint, lead, gone) {
     }
   }
 }
+
+const LED = Object.freeze({ led: true })
 
 function noop() {}
 
@@ -254,9 +312,12 @@ module.exports = {
   keyValues,
   declaredOver,
   tooLarge,
-  storedFields,
-  headerObject,
+  recordFields,
+  isEventStream,
+  answerOf,
+  setAnswerHeaders,
   scopeOf,
+  requestOf,
   dedup,
   goneOf,
   replayed,

@@ -8,9 +8,11 @@ const {
   keyValues,
   declaredOver,
   tooLarge,
-  storedFields,
-  headerObject,
-  scopeOf,
+  recordFields,
+  isEventStream,
+  answerOf,
+  setAnswerHeaders,
+  requestOf,
   dedup,
   goneOf,
   replayed,
@@ -38,31 +40,31 @@ function readBody(req, cap) {
   })
 }
 
-/** The raw body of a request a body parser has already read. */
+/**
+ * The raw body of a request a body parser has already read: its bytes, or the text of a
+ * parsed body (a parsed JSON body as JSON text: its canonical form is the same as the
+ * bytes', SPEC §8).
+ */
 function parsedBody(req) {
   if (Buffer.isBuffer(req.rawBody)) return req.rawBody
   const b = req.body
-  if (b === undefined || b === null) return Buffer.alloc(0)
-  if (Buffer.isBuffer(b)) return b
-  if (typeof b === 'string') return Buffer.from(b, 'utf8')
-  // A parsed JSON body: its canonical form is the same as the bytes' (SPEC §8).
-  return Buffer.from(JSON.stringify(b), 'utf8')
+  if (b === undefined || b === null) return ''
+  if (Buffer.isBuffer(b) || typeof b === 'string') return b
+  return JSON.stringify(b)
 }
 
 function noop() {}
+
+const EMPTY = Buffer.alloc(0)
 
 function bodyless(method, status) {
   return method === 'HEAD' || status < 200 || status === 204 || status === 304
 }
 
-function send(res, status, headers, body) {
-  res.statusCode = status
-  for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
-  res.end(body)
-}
-
 function sendProblem(res, p) {
-  send(res, p.status, Object.fromEntries(p.headers), p.body)
+  res.statusCode = p.status
+  for (const [n, v] of p.headers) res.setHeader(n, v)
+  res.end(p.body)
 }
 
 /**
@@ -74,14 +76,14 @@ function idempotency(options) {
   const cap = s.config.bodyCap
 
   async function middleware(req, res, next) {
-    const decision = s.config.readKey(req.method, keyValues(req))
-    if (decision.passThrough) {
+    const key = s.readKey(req.method, keyValues(req))
+    if (key === null) {
       s.counters.passedThrough++
       return next()
     }
-    if (decision.problem) {
+    if (typeof key !== 'string') {
       s.counters.refused++
-      return sendProblem(res, decision.problem)
+      return sendProblem(res, key)
     }
     let body
     if (req._body || req.readableEnded) {
@@ -114,23 +116,21 @@ function idempotency(options) {
       // Body parsers mounted after this middleware see the body as read.
       req._body = true
     }
-    const path = req.originalUrl.split('?')[0]
-    const route = (s.route && s.route(req)) ?? (req.route ? req.baseUrl + req.route.path : path)
-    const sc = scopeOf(s, req, req.method, String(route), decision.key)
-    if (sc.problem) {
+    const route = String((s.route && s.route(req)) ?? (req.route ? req.baseUrl + req.route.path : req.originalUrl.split('?')[0]))
+    const own = s.fingerprint !== undefined
+    const r = own
+      ? requestOf(s, req, req.method, route, key)
+      : requestOf(s, req, req.method, route, key, req.originalUrl, req.headers['content-type'], body)
+    if (!Array.isArray(r)) {
       s.counters.refused++
-      return sendProblem(res, sc.problem)
+      return sendProblem(res, r)
     }
-    const scoped = sc.scoped
-    const fp = s.fingerprint
-      ? s.fingerprint(req, body)
-      : http.requestFingerprint(req.method, req.originalUrl, req.headers['content-type'], body)
+    const scoped = r[0]
+    const fp = own ? s.fingerprint(req, typeof body === 'string' ? Buffer.from(body, 'utf8') : body) : r[1]
 
-    let left = false
-    const gone = goneOf(res, 'close', () => {
-      left = !res.writableFinished
-      return !left
-    })
+    // Asked for only by a request that waits for another.
+    let goneOnce
+    const gone = () => (goneOnce ??= goneOf(res, 'close', () => res.writableFinished))
 
     // Set once the led response has ended: sends it (when it was held), or does nothing.
     let finish = null
@@ -238,24 +238,19 @@ function idempotency(options) {
             s.counters.notStored++
             return new Released(owner, 'the body is over the cap')
           }
-          const ct = res.getHeader('content-type')
-          if (ct !== undefined && http.isEventStream(String(ct))) {
+          if (isEventStream(s, res.getHeader('content-type'))) {
             // Sent as produced; the key was held until its end and is released now.
             s.counters.notStored++
             return new Released(owner, 'an event stream is not stored')
           }
           const status = res.statusCode
           const stored = http.storableStatus(status)
-          const record = {
-            status,
-            headers: storedFields(s, res.getHeaders(), stored),
-            // What was sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
-            body: bodyless(req.method, status) ? Buffer.alloc(0) : Buffer.concat(chunks, size),
-            trailers: [],
-          }
-          if (stored) return http.encodeResponse(record)
+          const fields = recordFields(s, res.getHeaders(), stored)
+          // What was sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
+          const body = bodyless(req.method, status) ? EMPTY : chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size)
+          if (stored) return http.encodeRecord(status, fields, body)
           s.counters.notStored++
-          return new Unstored(owner, record)
+          return new Unstored(owner, { status, fields, body })
         }
         // A client that goes away mid-response (a stream under way): the handler still
         // runs, so it keeps the key until it ends its response; that response is then not
@@ -284,20 +279,21 @@ function idempotency(options) {
 
     let outcome
     try {
-      outcome = await dedup(s, scoped, fp, lead, gone)
+      outcome = await dedup(s, scoped, fp, lead, gone, answerOf)
     } catch (e) {
       if (finish) return finish()
-      if (left || res.headersSent) return
+      // The client has gone (the response closed unfinished), or the answer began.
+      if ((res.closed && !res.writableFinished) || res.headersSent) return
       return next(e)
     }
     // The handler ran (whatever the store said after): its answer is the one to send.
     if (outcome.led || finish) return finish?.()
     if (outcome.problem) return sendProblem(res, outcome.problem)
-    const r = outcome.replay
+    const a = outcome.replay
     replayed(s, req, scoped)
-    const headers = headerObject(r.headers)
-    headers[http.REPLAYED_HEADER] = 'true'
-    send(res, r.status, headers, r.body)
+    res.statusCode = a.status
+    setAnswerHeaders(res, a.fields)
+    res.end(a.body)
   }
 
   function handler(req, res, next) {

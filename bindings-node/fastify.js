@@ -1,7 +1,7 @@
 'use strict'
 // oncely/fastify: the server contract (SPEC §8) as a Fastify plugin.
 
-const { Readable, finished } = require('node:stream')
+const { PassThrough, finished } = require('node:stream')
 const {
   Unstored,
   Released,
@@ -9,9 +9,10 @@ const {
   keyValues,
   declaredOver,
   tooLarge,
-  storedFields,
-  headerObject,
-  scopeOf,
+  recordFields,
+  isEventStream,
+  answerOf,
+  requestOf,
   dedup,
   goneOf,
   replayed,
@@ -19,20 +20,43 @@ const {
 } = require('./adapter.js')
 
 const STATE = Symbol('oncely.idempotency')
+const EMPTY = Buffer.alloc(0)
 
-/** Reads a request payload whole, up to `cap` bytes: the bytes, or `null` when over. */
-async function readAll(stream, cap) {
-  const chunks = []
-  let size = 0
-  for await (const c of stream) {
-    size += c.length
-    if (size > cap) {
-      stream.resume?.()
-      return null
+/**
+ * Reads a request payload whole, up to `cap` bytes: the bytes, or `null` when over (the
+ * payload is then destroyed). Listeners, not `for await`: its iterator costs more than
+ * the rest of reading a small body.
+ */
+function readAll(stream, cap) {
+  return new Promise((resolve, reject) => {
+    const chunks = []
+    let size = 0
+    let done = false
+    const onData = (c) => {
+      if (done) return
+      size += c.length
+      if (size > cap) {
+        done = true
+        chunks.length = 0
+        stream.removeListener('data', onData)
+        stream.destroy()
+        resolve(null)
+        return
+      }
+      chunks.push(c)
     }
-    chunks.push(c)
-  }
-  return Buffer.concat(chunks, size)
+    stream.on('data', onData)
+    stream.once('end', () => {
+      if (done) return
+      done = true
+      resolve(Buffer.concat(chunks, size))
+    })
+    stream.on('error', (e) => {
+      if (done) return
+      done = true
+      reject(e)
+    })
+  })
 }
 
 function sendProblem(reply, p) {
@@ -60,14 +84,14 @@ async function idempotency(fastify, options) {
 
   fastify.addHook('onRequest', async (request, reply) => {
     if (!enabled(request)) return
-    const decision = s.config.readKey(request.method, keyValues(request.raw))
-    if (decision.passThrough) {
+    const key = s.readKey(request.method, keyValues(request.raw))
+    if (key === null) {
       s.counters.passedThrough++
       return
     }
-    if (decision.problem) {
+    if (typeof key !== 'string') {
       s.counters.refused++
-      return sendProblem(reply, decision.problem)
+      return sendProblem(reply, key)
     }
     if (declaredOver(request.headers, s.requestCap)) {
       s.counters.refused++
@@ -75,7 +99,7 @@ async function idempotency(fastify, options) {
       reply.header('connection', 'close')
       return sendProblem(reply, tooLarge(s))
     }
-    request[STATE] = { key: decision.key, body: Buffer.alloc(0) }
+    request[STATE] = { key, body: EMPTY }
   })
 
   fastify.addHook('preParsing', async (request, reply, payload) => {
@@ -86,11 +110,12 @@ async function idempotency(fastify, options) {
       s.counters.refused++
       request[STATE] = undefined
       sendProblem(reply, tooLarge(s))
-      return Readable.from([])
+      return new PassThrough().end()
     }
     st.body = body
-    // The body parsers read the same bytes.
-    const again = Readable.from(body.length ? [body] : [])
+    // The body parsers read the same bytes (a PassThrough ended with them costs a third
+    // of `Readable.from([body])`).
+    const again = body.length ? new PassThrough().end(body) : new PassThrough().end()
     again.receivedEncodedLength = body.length
     return again
   })
@@ -98,19 +123,22 @@ async function idempotency(fastify, options) {
   fastify.addHook('preHandler', async (request, reply) => {
     const st = request[STATE]
     if (!st || reply.sent) return
-    const route = (s.route && s.route(request)) ?? request.routeOptions?.url ?? request.url.split('?')[0]
-    const sc = scopeOf(s, request, request.method, String(route), st.key)
-    if (sc.problem) {
+    const route = String((s.route && s.route(request)) ?? request.routeOptions?.url ?? request.url.split('?')[0])
+    const own = s.fingerprint !== undefined
+    const r = own
+      ? requestOf(s, request, request.method, route, st.key)
+      : requestOf(s, request, request.method, route, st.key, request.url, request.headers['content-type'], st.body)
+    if (!Array.isArray(r)) {
       s.counters.refused++
       request[STATE] = undefined
-      return sendProblem(reply, sc.problem)
+      return sendProblem(reply, r)
     }
-    const scoped = sc.scoped
-    const fp = s.fingerprint
-      ? s.fingerprint(request, st.body)
-      : http.requestFingerprint(request.method, request.url, request.headers['content-type'], st.body)
+    const scoped = r[0]
+    const fp = own ? s.fingerprint(request, st.body) : r[1]
 
-    const gone = goneOf(reply.raw, 'close', () => reply.raw.writableFinished)
+    // Asked for only by a request that waits for another.
+    let goneOnce
+    const gone = () => (goneOnce ??= goneOf(reply.raw, 'close', () => reply.raw.writableFinished))
     let started
     const leading = new Promise((resolve) => {
       started = resolve
@@ -142,29 +170,34 @@ async function idempotency(fastify, options) {
         })
         started('lead')
       })
-    st.run = dedup(s, scoped, fp, lead, gone)
+    st.run = dedup(s, scoped, fp, lead, gone, answerOf)
     st.run.catch(() => {})
     const first = await Promise.race([leading, st.run])
     if (first === 'lead') return
     request[STATE] = undefined
     if (first.problem) return sendProblem(reply, first.problem)
-    const r = first.replay
+    const a = first.replay
     replayed(s, request, scoped)
-    return reply
-      .code(r.status)
-      .headers({ ...headerObject(r.headers), [http.REPLAYED_HEADER]: 'true' })
-      .send(r.body)
+    // Grouped by name: Fastify's `header` replaces a value (and appends a set-cookie).
+    const headers = {}
+    const fields = a.fields
+    for (let i = 0; i < fields.length; i += 2) {
+      const name = fields[i]
+      const v = fields[i + 1]
+      headers[name] = headers[name] === undefined ? v : [].concat(headers[name], v)
+    }
+    headers[http.REPLAYED_HEADER] = 'true'
+    return reply.code(a.status).headers(headers).send(a.body)
   })
 
   fastify.addHook('onSend', async (request, reply, payload) => {
     const st = request[STATE]
     if (!st || !st.settle || st.settled) return payload
     let body
-    if (payload === null || payload === undefined) body = Buffer.alloc(0)
+    if (payload === null || payload === undefined) body = EMPTY
     else if (Buffer.isBuffer(payload)) body = payload
     else if (typeof payload === 'string') body = Buffer.from(payload, 'utf8')
-    const ct = reply.getHeader('content-type')
-    const eventStream = ct !== undefined && http.isEventStream(String(ct))
+    const eventStream = isEventStream(s, reply.getHeader('content-type'))
     if (eventStream || body === undefined) {
       // A stream or an event stream is sent as it comes and not stored; the key is
       // released once it ends. A Node stream keeps it until its producer has stopped
@@ -182,18 +215,13 @@ async function idempotency(fastify, options) {
     }
     // What is sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
     const status = reply.statusCode
-    if (request.method === 'HEAD' || status < 200 || status === 204 || status === 304) body = Buffer.alloc(0)
+    if (request.method === 'HEAD' || status < 200 || status === 204 || status === 304) body = EMPTY
     if (body.length > cap) {
       st.settle(new Released(st.owner, 'the body is over the cap'))
     } else {
-      const stored = http.storableStatus(reply.statusCode)
-      const record = {
-        status: reply.statusCode,
-        headers: storedFields(s, reply.getHeaders(), stored),
-        body,
-        trailers: [],
-      }
-      st.settle(stored ? http.encodeResponse(record) : new Unstored(st.owner, record))
+      const stored = http.storableStatus(status)
+      const fields = recordFields(s, reply.getHeaders(), stored)
+      st.settle(stored ? http.encodeRecord(status, fields, body) : new Unstored(st.owner, { status, fields, body }))
     }
     // The answer is sent once the store has settled the key: a retry sent after it
     // finds the key stored or released.

@@ -85,6 +85,11 @@ function withIdempotency(service, implementation, options) {
   return out
 }
 
+/** Stored record bytes as the answer form of this adapter (that of its Unstored records). */
+function decodeRecord(bytes) {
+  return http.decodeResponse(Buffer.from(bytes))
+}
+
 function trailer(grpc, extra) {
   const m = new grpc.Metadata()
   for (const [n, v] of extra) m.set(n, v)
@@ -116,10 +121,12 @@ function wrap(s, grpc, def, handler) {
       : http.requestFingerprint('POST', path, 'application/grpc', frame(message))
 
     let cancelled = false
-    const gone = goneOf(call, 'cancelled', () => {
+    call.once('cancelled', () => {
       cancelled = true
-      return false
     })
+    // Asked for only by a call that waits for another.
+    let goneOnce
+    const gone = () => (goneOnce ??= goneOf(call, 'cancelled'))
     // The answer is sent once the store has settled the key (see oncely/express).
     let finish = null
     const lead = (owner) =>
@@ -167,7 +174,7 @@ function wrap(s, grpc, def, handler) {
         }
       })
 
-    dedup(s, scoped, fp, lead, gone).then(
+    dedup(s, scoped, fp, lead, gone, decodeRecord).then(
       (outcome) => {
         // The handler ran (whatever the store said after): its answer is the one to send.
         if (outcome.led || finish) return finish?.()

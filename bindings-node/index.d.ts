@@ -542,6 +542,21 @@ export declare const http: {
   scope(tenant: string, method: string, route: string, key: string): string
   /** SHA-256 (hex) of method, target (path and query), and the body (canonical JSON when the content type is JSON). */
   requestFingerprint(method: string, target: string, contentType: string | null | undefined, body: string | Buffer): string
+  /**
+   * `scope` and `requestFingerprint` of one request in one call: `[scoped, fingerprint]`
+   * (`[scoped]` when `target` is null or undefined), or the problem to answer when the
+   * parts cannot scope a key (a tenant: 500 tenant-unusable; a method or key: 400).
+   * Arguments of the wrong type throw a TypeError (INVALID_ARGUMENT).
+   */
+  request(
+    tenant: string,
+    method: string,
+    route: string,
+    key: string,
+    target?: string | null,
+    contentType?: string | null,
+    body?: string | Buffer,
+  ): [string, string] | [string] | HttpProblem
   /** 2xx, and 4xx except 408/409/425/429. */
   storableStatus(status: number): boolean
   /** Whether a gRPC answer with this `grpc-status` value is stored. */
@@ -556,6 +571,18 @@ export declare const http: {
   encodeResponse(response: HttpStoredResponse): Buffer
   /** Reads record bytes back; anything else throws UNAVAILABLE. */
   decodeResponse(record: Buffer): HttpStoredResponse
+  /**
+   * The record bytes of an HTTP response (no trailers) from its status, its stored headers
+   * as one flat list `[name, value, ...]` (values as Latin-1 strings, as Node keeps them,
+   * or Buffers) and its body: the bytes `encodeResponse` makes of the same response.
+   */
+  encodeRecord(status: number, fields: Array<string | Buffer>, body: Buffer): Buffer
+  /**
+   * Record bytes read back flat: `[status, bodyStart, bodyEnd, headerCount, name, value,
+   * ...]` (headers, then trailers; values as Latin-1 strings); the body is
+   * `record.subarray(bodyStart, bodyEnd)`. Anything else throws UNAVAILABLE.
+   */
+  decodeRecord(record: Buffer): Array<number | string>
   /**
    * The problem answer for an error of oncely, by its `kind`; also `'request_too_large'`,
    * `'body_unreadable'` and `'tenant_unusable'` (500: the tenant function gave a tenant

@@ -59,6 +59,13 @@ export declare class HttpConfig {
   get wait(): boolean
   /** The body cap, bytes. */
   get bodyCap(): number
+  /**
+   * `readKey` as a plain function bound to these settings, for a server's hot path:
+   * `(method, values)` gives `null` (pass the request through), the validated key
+   * (a string), or the problem to answer (an object: `HttpProblem`). `values` is an
+   * array of the `Idempotency-Key` values (strings or Buffers; empty: no header).
+   */
+  keyReader(): (method: string, values: Array<string | Buffer>) => string | null | HttpProblem
 }
 
 /**
@@ -408,8 +415,25 @@ export interface HttpConfigOptions {
   grpcMethods?: Array<string>
 }
 
+/**
+ * Reads record bytes back in one call, flat: `[status, bodyStart, bodyEnd, headerCount,
+ * name, value, ...]`, the headers then the trailers as names and Latin-1 string values;
+ * the body is `record.subarray(bodyStart, bodyEnd)` (not copied). Anything but a record
+ * throws UNAVAILABLE, as `decodeResponse`.
+ */
+export declare function httpDecodeRecord(record: Buffer): Array<number | string>
+
 /** Reads record bytes back; anything else throws UNAVAILABLE. */
 export declare function httpDecodeResponse(record: Buffer): HttpStoredResponse
+
+/**
+ * The record bytes (`OHR1`) of an HTTP response in one call: `status`, `fields` the
+ * stored headers as one flat array `[name, value, name, value, ...]` (values as
+ * Latin-1 strings, one byte per character as Node keeps header values, or Buffers),
+ * and the body. What `encodeResponse` makes of the same response, without trailers.
+ * A status outside 100..=999 or a malformed field list throws INVALID_ARGUMENT.
+ */
+export declare function httpEncodeRecord(status: number, fields: Array<string | Buffer>, body: Buffer): Buffer
 
 /** The record bytes of a stored response (the format every adapter shares). */
 export declare function httpEncodeResponse(response: HttpStoredResponse): Buffer
@@ -492,6 +516,17 @@ export interface HttpProblemSource {
   /** `result_not_stored`: the type name. */
   typeName?: string
 }
+
+/**
+ * The scoped key and the fingerprint of a request in one call (SPEC §8): what
+ * `scope(tenant, method, route, key)` and `requestFingerprint(method, target,
+ * contentType, body)` give, as `[scoped, fingerprint]`; `target` null or undefined
+ * skips the fingerprint (`[scoped]`). A tenant, method or key that cannot scope a key
+ * gives the problem to answer instead (an object: 500 tenant-unusable for the tenant,
+ * else 400): the tenant comes from the server's own function, not from the client.
+ * Arguments of the wrong type throw a TypeError (INVALID_ARGUMENT).
+ */
+export declare function httpRequest(tenant: string, method: string, route: string, key: string, target?: string | null, contentType?: string | null, body?: string | Buffer): [string, string] | [string] | HttpProblem
 
 /**
  * The fingerprint of a request (SPEC §8): method, target (path and query as sent),

@@ -2,15 +2,19 @@
 //! (`oncely/express`, `oncely/fastify`): thin conversions only, every decision is the
 //! core's.
 
+use std::ffi::c_void;
+use std::ptr;
 use std::time::Duration;
 
 use napi::bindgen_prelude::*;
+use napi::sys;
 use napi_derive::napi;
 
 use oncely::http::{self as contract, KeyDecision, Problem, ServerConfig, StoredResponse};
 use oncely::{Error as CoreError, IdempotencyKey};
 
-use crate::errors::{core_error, OrThrow};
+use crate::convert;
+use crate::errors::{core_error, js_field, range_error, type_error, OrThrow};
 
 /// The settings of a server adapter (all optional; the defaults are the core's).
 #[napi(object)]
@@ -445,4 +449,558 @@ fn static_field(field: &str) -> &'static str {
         "method" => "method",
         _ => "argument",
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The adapters' hot path: one call per step of a request (its key; its scope and
+// fingerprint; its record), arguments read straight from the napi values and results
+// given as strings and flat arrays. The object forms above (`readKey`, `scope` +
+// `requestFingerprint`, `encodeResponse` / `decodeResponse`) build a JavaScript object
+// and a Buffer per field, which cost more than the rest of a replay.
+// ---------------------------------------------------------------------------------------
+
+/// Runs `f` on the UTF-8 text of the string `v`, read as napi-rs reads a `String`
+/// argument (a lone surrogate becomes U+FFFD, no length limit), in one call when it
+/// fits the stack buffer; anything but a string is a TypeError naming `field`.
+fn lossy_str<R>(
+    env: sys::napi_env,
+    v: sys::napi_value,
+    field: &str,
+    f: impl FnOnce(&str) -> R,
+) -> Result<R> {
+    let mut buf = [0u8; 256];
+    let mut written = 0usize;
+    // SAFETY: `buf` has room for 255 bytes and the NUL.
+    let status = unsafe {
+        sys::napi_get_value_string_utf8(env, v, buf.as_mut_ptr().cast(), buf.len(), &mut written)
+    };
+    if status != sys::Status::napi_ok {
+        return Err(not_a_string(env, v, field));
+    }
+    // napi writes whole characters only: less than one character (4 bytes) of room
+    // left unused means it all fit.
+    if written + 4 < buf.len() {
+        return Ok(f(std::str::from_utf8(&buf[..written]).unwrap_or_default()));
+    }
+    let mut len = 0usize;
+    // SAFETY: `v` is a string; a null buffer asks for its UTF-8 length.
+    unsafe { sys::napi_get_value_string_utf8(env, v, ptr::null_mut(), 0, &mut len) };
+    let mut heap = vec![0u8; len + 1];
+    // SAFETY: `heap` has room for `len` bytes and the NUL.
+    unsafe {
+        sys::napi_get_value_string_utf8(env, v, heap.as_mut_ptr().cast(), len + 1, &mut written)
+    };
+    heap.truncate(written);
+    Ok(f(std::str::from_utf8(&heap).unwrap_or_default()))
+}
+
+fn not_a_string(env: sys::napi_env, v: sys::napi_value, field: &str) -> Error {
+    type_error(
+        env,
+        field,
+        &format!(
+            "{field} must be a string, got {}",
+            convert::type_name(env, v)
+        ),
+    )
+}
+
+/// The bytes of a Buffer (or any Uint8Array) `v`, borrowed for this call, or `None`
+/// when `v` is not one.
+fn buffer_bytes<'a>(env: sys::napi_env, v: sys::napi_value) -> Option<&'a [u8]> {
+    let mut is_buffer = false;
+    // SAFETY: a live value of this call.
+    unsafe { sys::napi_is_buffer(env, v, &mut is_buffer) };
+    if !is_buffer {
+        return None;
+    }
+    let mut p = ptr::null_mut();
+    let mut len = 0usize;
+    // SAFETY: `v` is a Buffer; its bytes stay alive and unmoved for this call (no
+    // JavaScript runs before the borrow ends).
+    unsafe { sys::napi_get_buffer_info(env, v, &mut p, &mut len) };
+    Some(if len == 0 {
+        &[]
+    } else {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(p as *const u8, len) }
+    })
+}
+
+/// Runs `f` on the bytes of `v`: a Buffer's, or a string's UTF-8.
+fn with_bytes<R>(
+    env: sys::napi_env,
+    v: sys::napi_value,
+    field: &str,
+    f: impl FnOnce(&[u8]) -> R,
+) -> Result<R> {
+    if let Some(b) = buffer_bytes(env, v) {
+        return Ok(f(b));
+    }
+    if convert::type_of(env, v) != sys::ValueType::napi_string {
+        return Err(type_error(
+            env,
+            field,
+            &format!(
+                "{field} must be a string or a Buffer, got {}",
+                convert::type_name(env, v)
+            ),
+        ));
+    }
+    lossy_str(env, v, field, |s| f(s.as_bytes()))
+}
+
+/// The Latin-1 bytes of the string `v` (a header value: one byte per character, as
+/// `Buffer.from(value, 'latin1')` gives them), or a Buffer's bytes, appended to `out`.
+fn push_latin1(
+    env: sys::napi_env,
+    v: sys::napi_value,
+    field: &str,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    if let Some(b) = buffer_bytes(env, v) {
+        out.extend_from_slice(b);
+        return Ok(());
+    }
+    let mut len = 0usize;
+    // SAFETY: a null buffer asks for the length (in Latin-1 bytes: one per character).
+    let status = unsafe { sys::napi_get_value_string_latin1(env, v, ptr::null_mut(), 0, &mut len) };
+    if status != sys::Status::napi_ok {
+        return Err(type_error(
+            env,
+            field,
+            &format!(
+                "{field} must be a string or a Buffer, got {}",
+                convert::type_name(env, v)
+            ),
+        ));
+    }
+    let start = out.len();
+    out.resize(start + len + 1, 0);
+    let mut written = 0usize;
+    // SAFETY: `out` has room for `len` bytes and the NUL from `start`.
+    unsafe {
+        sys::napi_get_value_string_latin1(
+            env,
+            v,
+            out.as_mut_ptr().add(start).cast(),
+            len + 1,
+            &mut written,
+        )
+    };
+    out.truncate(start + written);
+    Ok(())
+}
+
+fn js_str(env: sys::napi_env, s: &str) -> sys::napi_value {
+    let mut v = ptr::null_mut();
+    // SAFETY: on the JS thread; `s` is valid UTF-8 for its length.
+    unsafe { sys::napi_create_string_utf8(env, s.as_ptr().cast(), s.len() as isize, &mut v) };
+    v
+}
+
+fn js_latin1(env: sys::napi_env, b: &[u8]) -> sys::napi_value {
+    let mut v = ptr::null_mut();
+    // SAFETY: on the JS thread; one character per byte.
+    unsafe { sys::napi_create_string_latin1(env, b.as_ptr().cast(), b.len() as isize, &mut v) };
+    v
+}
+
+fn js_u32(env: sys::napi_env, n: u32) -> sys::napi_value {
+    let mut v = ptr::null_mut();
+    // SAFETY: on the JS thread.
+    unsafe { sys::napi_create_uint32(env, n, &mut v) };
+    v
+}
+
+fn js_array(env: sys::napi_env, items: &[sys::napi_value]) -> sys::napi_value {
+    let mut a = ptr::null_mut();
+    // SAFETY: on the JS thread; every item is a live value of this call.
+    unsafe {
+        sys::napi_create_array_with_length(env, items.len(), &mut a);
+        for (i, v) in items.iter().enumerate() {
+            sys::napi_set_element(env, a, i as u32, *v);
+        }
+    }
+    a
+}
+
+fn array_len(env: sys::napi_env, v: sys::napi_value, field: &str, what: &str) -> Result<u32> {
+    let mut is_array = false;
+    // SAFETY: a live value of this call.
+    unsafe { sys::napi_is_array(env, v, &mut is_array) };
+    if !is_array {
+        return Err(type_error(
+            env,
+            field,
+            &format!("{field} must be {what}, got {}", convert::type_name(env, v)),
+        ));
+    }
+    let mut len = 0u32;
+    // SAFETY: `v` is an array.
+    unsafe { sys::napi_get_array_length(env, v, &mut len) };
+    Ok(len)
+}
+
+fn element(env: sys::napi_env, v: sys::napi_value, i: u32) -> Result<sys::napi_value> {
+    let mut item = ptr::null_mut();
+    // SAFETY: `v` is an array of this call.
+    if unsafe { sys::napi_get_element(env, v, i, &mut item) } != sys::Status::napi_ok {
+        // A getter threw: its exception is pending and propagates.
+        return Err(Error::new(Status::PendingException, "a getter threw"));
+    }
+    Ok(item)
+}
+
+fn problem_value(env: sys::napi_env, p: &Problem) -> Result<sys::napi_value> {
+    // SAFETY: on the JS thread.
+    unsafe { HttpProblem::to_napi_value(env, problem_js(p)) }
+}
+
+/// The calls of one request, their arguments read from `argv`; `Ok(value)` is the
+/// function's result. Errors carry a pending exception or a message to throw.
+fn js_call(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+    f: impl FnOnce(&[sys::napi_value], *mut c_void) -> Result<sys::napi_value>,
+) -> sys::napi_value {
+    let mut argc = 8usize;
+    let mut argv = [ptr::null_mut(); 8];
+    let mut data = ptr::null_mut();
+    // SAFETY: a callback of a function made by `plain_function`; missing arguments are
+    // `undefined`.
+    unsafe {
+        sys::napi_get_cb_info(
+            env,
+            info,
+            &mut argc,
+            argv.as_mut_ptr(),
+            ptr::null_mut(),
+            &mut data,
+        )
+    };
+    match f(&argv, data) {
+        Ok(v) => v,
+        Err(e) => {
+            if e.status != Status::PendingException {
+                let msg = std::ffi::CString::new(e.reason.replace('\0', "")).unwrap_or_default();
+                // SAFETY: on the JS thread.
+                unsafe { sys::napi_throw_error(env, ptr::null(), msg.as_ptr()) };
+            }
+            ptr::null_mut()
+        }
+    }
+}
+
+/// A JavaScript function calling `cb`, with `data` (freed by `finalize`, if given).
+fn plain_function<'env>(
+    env: &'env Env,
+    name: &std::ffi::CStr,
+    cb: unsafe extern "C" fn(sys::napi_env, sys::napi_callback_info) -> sys::napi_value,
+    data: *mut c_void,
+    finalize: Option<unsafe extern "C" fn(sys::napi_env, *mut c_void, *mut c_void)>,
+) -> Result<Unknown<'env>> {
+    let raw = env.raw();
+    let mut f = ptr::null_mut();
+    // SAFETY: on the JS thread; `data` lives until `finalize` runs.
+    unsafe {
+        if sys::napi_create_function(
+            raw,
+            name.as_ptr(),
+            name.count_bytes() as isize,
+            Some(cb),
+            data,
+            &mut f,
+        ) != sys::Status::napi_ok
+            || (finalize.is_some()
+                && sys::napi_add_finalizer(
+                    raw,
+                    f,
+                    data,
+                    finalize,
+                    ptr::null_mut(),
+                    ptr::null_mut(),
+                ) != sys::Status::napi_ok)
+        {
+            if let Some(fin) = finalize {
+                fin(raw, data, ptr::null_mut());
+            }
+            return Err(Error::new(
+                Status::GenericFailure,
+                "oncely: could not make a function",
+            ));
+        }
+        Ok(Unknown::from_raw_unchecked(raw, f))
+    }
+}
+
+/// `(method, values)` of `HttpConfig.keyReader()`.
+unsafe extern "C" fn key_reader_fn(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
+    js_call(env, info, |argv, data| {
+        // SAFETY: the data of a key reader: a boxed `ServerConfig` freed by its finalizer.
+        let config = unsafe { &*(data as *const ServerConfig) };
+        let values = argv[1];
+        let n = array_len(
+            env,
+            values,
+            "values",
+            "an array of the Idempotency-Key values",
+        )?;
+        let decision = lossy_str(env, argv[0], "method", |method| -> Result<_> {
+            Ok(match n {
+                0 => config.read_key(method, &[]),
+                1 => {
+                    let v = element(env, values, 0)?;
+                    with_bytes(env, v, "values", |b| config.read_key(method, &[b]))?
+                }
+                _ => {
+                    let mut owned = Vec::with_capacity(n as usize);
+                    for i in 0..n {
+                        let v = element(env, values, i)?;
+                        owned.push(with_bytes(env, v, "values", <[u8]>::to_vec)?);
+                    }
+                    let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+                    config.read_key(method, &refs)
+                }
+            })
+        })??;
+        match decision {
+            Ok(KeyDecision::PassThrough) => {
+                let mut null = ptr::null_mut();
+                // SAFETY: on the JS thread.
+                unsafe { sys::napi_get_null(env, &mut null) };
+                Ok(null)
+            }
+            Ok(KeyDecision::Dedup(key)) => Ok(js_str(env, key.as_str())),
+            Err(p) => problem_value(env, &p),
+        }
+    })
+}
+
+unsafe extern "C" fn finalize_config(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
+    // SAFETY: the `ServerConfig` boxed by `key_reader`; finalized once.
+    drop(unsafe { Box::from_raw(data as *mut ServerConfig) });
+}
+
+#[napi]
+impl HttpConfig {
+    /// `readKey` as a plain function bound to these settings, for a server's hot path:
+    /// `(method, values)` gives `null` (pass the request through), the validated key
+    /// (a string), or the problem to answer (an object: `HttpProblem`). `values` is an
+    /// array of the `Idempotency-Key` values (strings or Buffers; empty: no header).
+    #[napi(
+        ts_return_type = "(method: string, values: Array<string | Buffer>) => string | null | HttpProblem"
+    )]
+    pub fn key_reader<'env>(&self, env: &'env Env) -> Result<Unknown<'env>> {
+        let data = Box::into_raw(Box::new(self.inner.clone()));
+        plain_function(
+            env,
+            c"readKey",
+            key_reader_fn,
+            data.cast(),
+            Some(finalize_config),
+        )
+    }
+}
+
+/// The scoped key and the fingerprint of a request in one call (SPEC §8): what
+/// `scope(tenant, method, route, key)` and `requestFingerprint(method, target,
+/// contentType, body)` give, as `[scoped, fingerprint]`; `target` null or undefined
+/// skips the fingerprint (`[scoped]`). A tenant, method or key that cannot scope a key
+/// gives the problem to answer instead (an object: 500 tenant-unusable for the tenant,
+/// else 400): the tenant comes from the server's own function, not from the client.
+/// Arguments of the wrong type throw a TypeError (INVALID_ARGUMENT).
+#[napi(
+    ts_args_type = "tenant: string, method: string, route: string, key: string, target?: string | null, contentType?: string | null, body?: string | Buffer",
+    ts_return_type = "[string, string] | [string] | HttpProblem"
+)]
+// Positional arguments: an options object would cost a property lookup per field.
+#[allow(clippy::too_many_arguments)]
+pub fn http_request<'env>(
+    env: &'env Env,
+    tenant: Unknown<'env>,
+    method: Unknown<'env>,
+    route: Unknown<'env>,
+    key: Unknown<'env>,
+    target: Option<Unknown<'env>>,
+    content_type: Option<Unknown<'env>>,
+    body: Option<Unknown<'env>>,
+) -> Result<Unknown<'env>> {
+    let raw = env.raw();
+    let text = |v: Unknown<'env>, field: &str| lossy_str(raw, v.raw(), field, str::to_owned);
+    let method = text(method, "method")?;
+    let scoped = scoped_or_problem(
+        &text(tenant, "tenant")?,
+        &method,
+        &text(route, "route")?,
+        &text(key, "key")?,
+    );
+    let scoped = match scoped {
+        Ok(s) => s,
+        // SAFETY: a live value of this call.
+        Err(p) => return Ok(unsafe { Unknown::from_raw_unchecked(raw, problem_value(raw, &p)?) }),
+    };
+    let present =
+        |v: Option<Unknown<'env>>| v.map(|v| v.raw()).filter(|v| !convert::is_nullish(raw, *v));
+    let out = match present(target) {
+        None => js_array(raw, &[js_str(raw, &scoped)]),
+        Some(t) => {
+            let target = lossy_str(raw, t, "target", str::to_owned)?;
+            let ct = match present(content_type) {
+                None => None,
+                Some(c) => Some(lossy_str(raw, c, "contentType", str::to_owned)?),
+            };
+            let Some(body) = present(body) else {
+                return Err(type_error(
+                    raw,
+                    "body",
+                    "body must be a string or a Buffer, got nothing",
+                ));
+            };
+            let fp = with_bytes(raw, body, "body", |b| {
+                contract::request_fingerprint(&method, &target, ct.as_deref(), b)
+            })?;
+            js_array(raw, &[js_str(raw, &scoped), js_str(raw, &fp)])
+        }
+    };
+    // SAFETY: a live value of this call.
+    Ok(unsafe { Unknown::from_raw_unchecked(raw, out) })
+}
+
+/// The scoped key, or the problem to answer when the parts cannot make one: what the
+/// adapters answered when `scope` threw (a tenant: 500 tenant-unusable; a method or a
+/// key: 400 with the error's message).
+fn scoped_or_problem(
+    tenant: &str,
+    method: &str,
+    route: &str,
+    key: &str,
+) -> std::result::Result<String, Problem> {
+    let scoped =
+        IdempotencyKey::parse(key).and_then(|key| contract::scope(tenant, method, route, &key));
+    match scoped {
+        Ok(s) => Ok(s.as_str().to_owned()),
+        Err(CoreError::InvalidArgument { field, reason }) => {
+            let field = js_field(field);
+            let message = format!("invalid {field}: {reason}");
+            Err(if field == "tenant" {
+                Problem::tenant_unusable(message)
+            } else {
+                Problem::from_error(&CoreError::InvalidArgument {
+                    field: static_field(field),
+                    reason: message,
+                })
+            })
+        }
+        Err(e) => Err(Problem::from_error(&e)),
+    }
+}
+
+/// The record bytes (`OHR1`) of an HTTP response in one call: `status`, `fields` the
+/// stored headers as one flat array `[name, value, name, value, ...]` (values as
+/// Latin-1 strings, one byte per character as Node keeps header values, or Buffers),
+/// and the body. What `encodeResponse` makes of the same response, without trailers.
+/// A status outside 100..=999 or a malformed field list throws INVALID_ARGUMENT.
+#[napi(
+    ts_args_type = "status: number, fields: Array<string | Buffer>, body: Buffer",
+    ts_return_type = "Buffer"
+)]
+pub fn http_encode_record<'env>(
+    env: &'env Env,
+    status: Unknown<'env>,
+    fields: Unknown<'env>,
+    body: Unknown<'env>,
+) -> Result<Unknown<'env>> {
+    let raw = env.raw();
+    let status = convert::integer(raw, status.raw(), "status", 100.0, 999.0)? as u16;
+    let n = array_len(raw, fields.raw(), "fields", "an array of names and values")?;
+    if n % 2 != 0 {
+        return Err(range_error(
+            raw,
+            "fields",
+            &format!("must hold a value for every name, got {n} items"),
+        ));
+    }
+    let mut headers = Vec::with_capacity(n as usize / 2);
+    for i in (0..n).step_by(2) {
+        let name = lossy_str(
+            raw,
+            element(raw, fields.raw(), i)?,
+            "fields",
+            str::to_ascii_lowercase,
+        )?;
+        let mut value = Vec::new();
+        push_latin1(
+            raw,
+            element(raw, fields.raw(), i + 1)?,
+            "fields",
+            &mut value,
+        )?;
+        headers.push((name, value));
+    }
+    let Some(body) = buffer_bytes(raw, body.raw()) else {
+        return Err(type_error(
+            raw,
+            "body",
+            &format!(
+                "body must be a Buffer, got {}",
+                convert::type_name(raw, body.raw())
+            ),
+        ));
+    };
+    let record = StoredResponse {
+        status,
+        headers,
+        body: body.to_vec(),
+        trailers: Vec::new(),
+    }
+    .encode();
+    let mut v = ptr::null_mut();
+    let mut data = ptr::null_mut();
+    // SAFETY: on the JS thread; `record` is valid for its length.
+    unsafe {
+        sys::napi_create_buffer_copy(raw, record.len(), record.as_ptr().cast(), &mut data, &mut v)
+    };
+    // SAFETY: a live value of this call.
+    Ok(unsafe { Unknown::from_raw_unchecked(raw, v) })
+}
+
+/// Reads record bytes back in one call, flat: `[status, bodyStart, bodyEnd, headerCount,
+/// name, value, ...]`, the headers then the trailers as names and Latin-1 string values;
+/// the body is `record.subarray(bodyStart, bodyEnd)` (not copied). Anything but a record
+/// throws UNAVAILABLE, as `decodeResponse`.
+#[napi(
+    ts_args_type = "record: Buffer",
+    ts_return_type = "Array<number | string>"
+)]
+pub fn http_decode_record<'env>(env: &'env Env, record: Unknown<'env>) -> Result<Unknown<'env>> {
+    let raw = env.raw();
+    let Some(bytes) = buffer_bytes(raw, record.raw()) else {
+        return Err(type_error(
+            raw,
+            "record",
+            &format!(
+                "record must be a Buffer, got {}",
+                convert::type_name(raw, record.raw())
+            ),
+        ));
+    };
+    let r = StoredResponse::decode(bytes).or_throw(raw)?;
+    // The body is the record's last part (`decode` refuses trailing bytes).
+    let end = bytes.len();
+    let start = end - r.body.len();
+    let mut items = Vec::with_capacity(4 + 2 * (r.headers.len() + r.trailers.len()));
+    items.push(js_u32(raw, u32::from(r.status)));
+    items.push(js_u32(raw, start as u32));
+    items.push(js_u32(raw, end as u32));
+    items.push(js_u32(raw, r.headers.len() as u32));
+    for (name, value) in r.headers.iter().chain(&r.trailers) {
+        items.push(js_str(raw, name));
+        items.push(js_latin1(raw, value));
+    }
+    // SAFETY: a live value of this call.
+    Ok(unsafe { Unknown::from_raw_unchecked(raw, js_array(raw, &items)) })
 }

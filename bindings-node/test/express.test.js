@@ -581,3 +581,31 @@ test('a tenant function that gives no string, or an unusable one: 500 tenant-unu
     }
   }
 })
+
+test('a stored value that is not a response record: 503 problem for express and fastify, the handler not run', async () => {
+  const store = new IdempotencyStore()
+  // Another program's value under the key a request scopes to.
+  const fp = oncelyHttp.requestFingerprint('POST', '/orders', 'application/json', '{}')
+  await store.execute(oncelyHttp.scope('default', 'POST', '/orders', 'order-alien'), fp, () => 'not a record')
+  const e = await start(EXPRESSES['express 5'], { store })
+  const fastify = require('fastify')()
+  let fastifyCalls = 0
+  await fastify.register(require('oncely/fastify').idempotency, { store })
+  fastify.post('/orders', async () => {
+    fastifyCalls++
+    return {}
+  })
+  await fastify.listen({ port: 0, host: '127.0.0.1' })
+  try {
+    for (const url of [e.url, `http://127.0.0.1:${fastify.server.address().port}`]) {
+      const r = await send(url, { method: 'POST', path: '/orders', headers: { 'idempotency-key': 'order-alien', 'content-type': 'application/json' }, body: '{}' })
+      assert.equal(r.status, 503, url)
+      assert.equal(JSON.parse(r.body.toString()).code, 'UNAVAILABLE')
+    }
+    assert.equal(e.calls(), 0)
+    assert.equal(fastifyCalls, 0)
+  } finally {
+    await e.close()
+    await fastify.close()
+  }
+})

@@ -25,6 +25,11 @@ const run = {
   covers: (c) => assert.equal(config(c).covers(c.method), c.covered),
   covers_grpc: (c) => assert.equal(config(c).coversGrpc(c.full_method), c.covered),
   read_key: (c) => {
+    // The hot-path form: null, the key, or the problem.
+    const fast = config(c).keyReader()(c.method, c.values)
+    if (c.expect.pass_through) assert.equal(fast, null)
+    else if (c.expect.dedup) assert.equal(fast, c.expect.dedup)
+    else assert.deepEqual([fast.status, fast.type, fast.code], [c.expect.problem.status, c.expect.problem.type, c.expect.problem.code])
     const d = config(c).readKey(c.method, c.values)
     if (c.expect.pass_through) {
       assert.deepEqual(d, { passThrough: true })
@@ -38,9 +43,14 @@ const run = {
       assert.equal(d.problem.code, c.expect.problem.code)
     }
   },
-  scope: (c) => assert.equal(http.scope(c.tenant, c.method, c.route, c.key), c.scoped),
+  scope: (c) => {
+    assert.equal(http.scope(c.tenant, c.method, c.route, c.key), c.scoped)
+    assert.deepEqual(http.request(c.tenant, c.method, c.route, c.key), [c.scoped])
+  },
   fingerprint: (c) => {
     assert.equal(http.requestFingerprint(c.method, c.target, c.content_type, bodyOf(c)), c.fingerprint)
+    const [, fp] = http.request('t', c.method, '/r', 'order-0001', c.target, c.content_type, bodyOf(c))
+    assert.equal(fp, c.fingerprint)
     if (c.body !== undefined) {
       assert.equal(http.requestFingerprint(c.method, c.target, c.content_type, c.body), c.fingerprint)
     }
@@ -60,9 +70,22 @@ const run = {
     }
     assert.equal(http.encodeResponse(response).toString('hex'), c.hex)
     assert.deepEqual(http.decodeResponse(Buffer.from(c.hex, 'hex')), response)
+    // The flat forms: header values as Latin-1 strings, the body a view of the record.
+    const latin1 = ([name, value]) => [name, Buffer.from(value, 'utf8').toString('latin1')]
+    const fields = c.response.headers.flatMap(latin1)
+    if (c.response.trailers.length === 0) {
+      assert.equal(http.encodeRecord(c.response.status, fields, response.body).toString('hex'), c.hex)
+    }
+    const record = Buffer.from(c.hex, 'hex')
+    const flat = http.decodeRecord(record)
+    assert.deepEqual(flat.slice(0, 1), [c.response.status])
+    assert.deepEqual(record.subarray(flat[1], flat[2]), response.body)
+    assert.equal(flat[3], c.response.headers.length)
+    assert.deepEqual(flat.slice(4), [...fields, ...c.response.trailers.flatMap(latin1)])
   },
   record_decode: (c) => {
     assert.throws(() => http.decodeResponse(Buffer.from(c.hex, 'hex')), (e) => e.code === Code[c.error] || e.code === c.error)
+    assert.throws(() => http.decodeRecord(Buffer.from(c.hex, 'hex')), (e) => e.code === Code[c.error] || e.code === c.error)
   },
   problem: (c) => {
     const p = http.problem(errorSource(c.error))
@@ -119,4 +142,59 @@ test('bad settings and records are refused by the core', () => {
   assert.throws(() => new http.HttpConfig({ storedHeaders: [''] }), { code: 'INVALID_ARGUMENT' })
   assert.throws(() => http.encodeResponse({ status: 70, headers: [], body: Buffer.alloc(0) }), { code: 'INVALID_ARGUMENT' })
   assert.throws(() => http.scope('t', 'POST', '/x', 'bad key!'), { code: 'INVALID_ARGUMENT' })
+})
+
+test('the hot-path forms: problems the client or the server caused, and bad arguments', () => {
+  const read = new http.HttpConfig({}).keyReader()
+  assert.equal(read('GET', ['order-0001']), null)
+  assert.equal(read('POST', [Buffer.from('order-0001')]), 'order-0001')
+  assert.equal(read('POST', []).status, 400)
+  assert.equal(read('POST', ['order-0001', 'order-0001']).status, 400)
+  assert.equal(read('POST', ['bad key!']).type, new http.HttpConfig({}).readKey('POST', ['bad key!']).problem.type)
+  assert.throws(() => read('POST', 'order-0001'), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => read(7, []), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => read('POST', [7]), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+
+  // A tenant that cannot scope a key is the server's fault; a method or key the client's.
+  for (const tenant of ['', 'x'.repeat(2000)]) {
+    const p = http.request(tenant, 'POST', '/orders', 'order-0001', '/orders', null, '')
+    assert.equal(p.status, 500)
+    assert.equal(p.type, 'urn:oncely:problem:tenant-unusable')
+    assert.match(p.detail, /tenant/)
+  }
+  assert.equal(http.request('t', 'POST', '/orders', 'bad key!').status, 400)
+  assert.equal(http.request('t', 'POST', '/orders', '').status, 400)
+  assert.equal(http.request('t', 'POST', 'x'.repeat(2000), 'order-0001').status, 400)
+  const [scoped, fp] = http.request('t', 'POST', '/orders', 'order-0001', '/orders?a=1', 'application/json', '{"b":1, "a":2}')
+  assert.equal(scoped, http.scope('t', 'POST', '/orders', 'order-0001'))
+  assert.equal(fp, http.requestFingerprint('POST', '/orders?a=1', 'application/json', Buffer.from('{"a":2,"b":1}')))
+  for (const args of [
+    [1, 'POST', '/orders', 'order-0001'],
+    ['t', null, '/orders', 'order-0001'],
+    ['t', 'POST', '/orders', 42],
+    ['t', 'POST', '/orders', 'order-0001', '/orders', 'application/json'],
+    ['t', 'POST', '/orders', 'order-0001', '/orders', 'application/json', 12],
+    ['t', 'POST', '/orders', 'order-0001', {}, null, ''],
+  ]) {
+    assert.throws(() => http.request(...args), { name: 'TypeError', code: 'INVALID_ARGUMENT' }, String(args))
+  }
+
+  const body = Buffer.from('{}')
+  assert.throws(() => http.encodeRecord(70, [], body), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.encodeRecord(200.5, [], body), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.encodeRecord('200', [], body), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.encodeRecord(200, ['etag'], body), { name: 'RangeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.encodeRecord(200, ['etag', 1], body), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.encodeRecord(200, {}, body), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.encodeRecord(200, [], '{}'), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.decodeRecord('OHR1'), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.decodeRecord(Buffer.from('OHR1')), { code: 'UNAVAILABLE' })
+  // Names any case (stored lower-case), values one byte per character, repeats kept.
+  const fields = ['ETag', '"\xe9"', 'link', '<a>', 'link', Buffer.from('<b>')]
+  const record = http.encodeRecord(201, fields, body)
+  assert.deepEqual(
+    http.decodeResponse(record).headers.map((f) => [f.name, f.value.toString('latin1')]),
+    [['etag', '"\xe9"'], ['link', '<a>'], ['link', '<b>']],
+  )
+  assert.deepEqual(http.decodeRecord(record).slice(3), [3, 'etag', '"\xe9"', 'link', '<a>', 'link', '<b>'])
 })

@@ -12,6 +12,13 @@ const fp: string = http.requestFingerprint('POST', '/orders', 'application/json'
 const record: Buffer = http.encodeResponse({ status: 201, headers: [{ name: 'etag', value: Buffer.from('"1"') }], body: Buffer.alloc(0) })
 const back: HttpStoredResponse = http.decodeResponse(record)
 const problemBody: Buffer = http.problem({ kind: 'in_progress', retryAfterMs: 1000 }).body
+const readKey = config.keyReader()
+const read: string | null | { status: number } = readKey('POST', ['order-0001'])
+const req = http.request('acme', 'POST', '/orders', 'order-0001', '/orders', 'application/json', Buffer.from('{}'))
+const scopedFp: string | undefined = Array.isArray(req) ? req[1] : undefined
+const flatRecord: Buffer = http.encodeRecord(201, ['etag', '"1"'], Buffer.alloc(0))
+const flat: Array<number | string> = http.decodeRecord(flatRecord)
+export { read, scopedFp, flat }
 
 const mw = idempotency({
   store: new IdempotencyStore(),
