@@ -332,24 +332,26 @@ fn reshard_under_load() {
 fn failover_under_load(min_replicas: usize) -> Load {
     let prefix = format!("f{}", &IdempotencyKey::random().as_str()[..10]);
     let probe = store(&prefix, 0);
-    let victim = nodes()
-        .into_iter()
-        .find(|n| n.master && !n.failed && !n.slots.is_empty())
-        .unwrap();
-    // Its replica is in sync before the kill (WAIT 1 on the master); after an earlier
-    // failover the restarted node may still be catching up.
-    let mut c = node(victim.port).unwrap();
+    // A master whose replica is in sync before the kill (WAIT 1 on the master); after
+    // an earlier failover the restarted node may still be catching up, and a node seen
+    // as a master may have just been demoted (WAIT then fails): look again.
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let synced: i64 = redis::cmd("WAIT").arg(1).arg(200).query(&mut c).unwrap();
-        if synced == 1 {
-            break;
+    let victim = loop {
+        let victim = nodes()
+            .into_iter()
+            .find(|n| n.master && !n.failed && !n.slots.is_empty())
+            .unwrap();
+        let synced: redis::RedisResult<i64> = node(victim.port)
+            .and_then(|mut c| redis::cmd("WAIT").arg(1).arg(200).query(&mut c));
+        if synced == Ok(1) {
+            break victim;
         }
         assert!(
             Instant::now() < deadline,
-            "the master's replica is not in sync"
+            "no master with its replica in sync: {synced:?}"
         );
-    }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let (a, b) = victim.slots[0];
     let keys = keys_in(&probe, a..=b, 40);
     let dir = cluster_dir();
