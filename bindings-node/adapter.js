@@ -4,6 +4,7 @@
 // Every rule is the core's (`oncely.http`); this file only drives it.
 
 const { http, IdempotencyStore, OncelyError } = require('./index.js')
+const { invalid, mustBe } = require('./lib/errors.js')
 
 const KEY = http.KEY_HEADER
 
@@ -24,25 +25,42 @@ class Released extends Error {
   }
 }
 
+/** The adapters' options, checked when the adapter is built: each bad one is an
+ * INVALID_ARGUMENT `TypeError`/`RangeError` naming it, not a failure at the first request. */
 function settings(options) {
   if (options === null || typeof options !== 'object') {
-    throw new TypeError('idempotency options must be an object with a `store`')
+    throw mustBe('an object with a `store` (an IdempotencyStore or a RedisStore)', 'options', options)
   }
   const { store } = options
   if (!store || typeof store.execute !== 'function') {
-    throw new TypeError('idempotency needs `store`: an IdempotencyStore or a RedisStore')
+    throw mustBe('an IdempotencyStore or a RedisStore', 'store', store)
   }
   const { tenant, route, fingerprint, onReplay } = options
   for (const [name, f] of Object.entries({ route, fingerprint, onReplay })) {
-    if (f !== undefined && typeof f !== 'function') throw new TypeError(`${name} must be a function`)
+    if (f !== undefined && typeof f !== 'function') throw mustBe('a function', name, f)
   }
   if (tenant !== undefined && typeof tenant !== 'function' && typeof tenant !== 'string') {
-    throw new TypeError('tenant must be a string or a function of the request')
+    throw mustBe('a string or a function of the request', 'tenant', tenant)
+  }
+  for (const name of ['methods', 'storedHeaders']) {
+    const v = options[name]
+    if (v !== undefined && !(Array.isArray(v) && v.every((m) => typeof m === 'string'))) {
+      throw mustBe('an array of strings', name, v)
+    }
+  }
+  for (const name of ['required', 'wait']) {
+    const v = options[name]
+    if (v !== undefined && typeof v !== 'boolean') throw mustBe('a boolean', name, v)
+  }
+  for (const name of ['bodyCap', 'requestCap']) {
+    const v = options[name]
+    if (v === undefined) continue
+    if (typeof v !== 'number') throw mustBe('a whole number of bytes', name, v)
+    if (!Number.isSafeInteger(v) || v < 0) {
+      throw invalid(RangeError, name, `${name} must be a whole number of bytes (at least 0), e.g. 1048576, got ${v}`)
+    }
   }
   const requestCap = options.requestCap ?? http.DEFAULT_REQUEST_CAP
-  if (!Number.isSafeInteger(requestCap) || requestCap < 0) {
-    throw new RangeError('requestCap must be a whole number of bytes')
-  }
   const config = new http.HttpConfig({
     methods: options.methods,
     required: options.required,

@@ -304,6 +304,25 @@ test('bad options are refused when the middleware is made', () => {
   assert.throws(() => idempotency({ store: {} }), TypeError)
   assert.throws(() => idempotency({ store: new IdempotencyStore(), methods: ['PO ST'] }), { code: 'INVALID_ARGUMENT' })
   assert.throws(() => idempotency({ store: new IdempotencyStore(), tenant: 3 }), TypeError)
+  // Each bad option is named, with the oncely code, when the middleware is made (not at
+  // its first request); a lone string is not read as a list of methods.
+  const store = new IdempotencyStore()
+  const bad = [
+    [{ store: null }, 'store', TypeError],
+    [{ methods: 'POST' }, 'methods', TypeError],
+    [{ methods: ['POST', 1] }, 'methods', TypeError],
+    [{ storedHeaders: 'etag' }, 'storedHeaders', TypeError],
+    [{ required: 'yes' }, 'required', TypeError],
+    [{ wait: 0 }, 'wait', TypeError],
+    [{ bodyCap: '1MiB' }, 'bodyCap', TypeError],
+    [{ bodyCap: -1 }, 'bodyCap', RangeError],
+    [{ requestCap: 1.5 }, 'requestCap', RangeError],
+    [{ onReplay: 'log' }, 'onReplay', TypeError],
+    [{ route: 4 }, 'route', TypeError],
+  ]
+  for (const [options, field, Kind] of bad) {
+    assert.throws(() => idempotency({ store, ...options }), (e) => e instanceof Kind && e.code === 'INVALID_ARGUMENT' && e.field === field, JSON.stringify(options))
+  }
 })
 
 test('on a RedisStore, a retry sent once an unstored answer arrived runs the handler again', { skip: !REDIS && 'ONCELY_REDIS_URL not set' }, async () => {
