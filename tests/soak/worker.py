@@ -3,6 +3,9 @@ worker, soak/src/main.rs, and worker.js).
 
     python worker.py NAME REDIS_URL PREFIX LEASE_MS LEDGER_PATH
 
+With ONCELY_SOAK_CLUSTER=1, REDIS_URL is a Redis Cluster's node URLs (space-separated);
+ONCELY_SOAK_MIN_REPLICAS sets the store's min_replicas.
+
 Job (one JSON line on stdin): {"id", "key", "payload", "kind": ok|none|big|flaky|perm,
 "dur_ms", "size", "pfail", "cancel_ms", "deadline_ms"}. Each job is one caller:
 ``oncely.retry`` around ``RedisStore.execute``, cancelled after ``cancel_ms`` if set.
@@ -156,7 +159,11 @@ async def run_job(store: oncely.RedisStore, job: dict[str, Any]) -> None:
 
 
 async def main() -> None:
-    store = oncely.RedisStore(URL, lease=int(LEASE_MS) / 1000, prefix=PREFIX)
+    # ONCELY_SOAK_CLUSTER=1: URL is a Redis Cluster's node URLs, space-separated.
+    cluster = os.environ.get("ONCELY_SOAK_CLUSTER") == "1"
+    store = oncely.RedisStore(URL.split() if cluster else URL, lease=int(LEASE_MS) / 1000,
+                              prefix=PREFIX, cluster=cluster,
+                              min_replicas=int(os.environ.get("ONCELY_SOAK_MIN_REPLICAS") or 0))
     loop = asyncio.get_running_loop()
     eof = asyncio.Event()
     tasks: set[asyncio.Task[None]] = set()
