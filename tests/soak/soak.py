@@ -910,13 +910,15 @@ class Soak:
         hit a's process or the store between a lease before a started and b's start, and
         long enough to fail a renewal (a third of a lease; a lease only lapses after
         renewals failed for that long). Cutting pub/sub never touches renewals."""
-        for f in self.timeline:
-            if f["end"] < a["start"] - self.lease or f["start"] > b["start"]:
-                continue
-            if f["fault"] == "cut pub/sub" or (renewals and
-                    f["fault"] != "SIGKILL" and f["end"] - f["start"] < self.lease / 3):
-                continue
-            if f["target"] in ("store", a["w"]):
+        # A fault on a's own process first: a store fault in the window may be a
+        # bystander (on a Cluster, often on another shard).
+        for target in (a["w"], "store"):
+            for f in self.timeline:
+                if f["target"] != target or f["end"] < a["start"] - self.lease or f["start"] > b["start"]:
+                    continue
+                if f["fault"] == "cut pub/sub" or (renewals and
+                        f["fault"] != "SIGKILL" and f["end"] - f["start"] < self.lease / 3):
+                    continue
                 return f"{f['fault']} {f['target']} at {self.rel(f['start']):.1f}s"
         return None
 
@@ -1089,6 +1091,12 @@ class Soak:
             print(f"soak: FAILED (seed {self.seed}; ledgers kept in {self.workdir})")
             return 1
         if self.a.timeline:
+            for title, group in (("overlaps", overlaps), ("successes not recorded", unrecorded),
+                                 ("re-executions after a failover lost it", lost_to_failover)):
+                if group:
+                    print(f"\n{title} (key: executions: attributed fault):")
+                    for line in group[:50]:
+                        print("  " + line)
             self.print_timeline()
         print(f"soak: passed (seed {self.seed})")
         return 0
@@ -1130,7 +1138,8 @@ def main() -> int:
     p.add_argument("--min-replicas", type=int, default=None,
                    help="the store's min_replicas (default 1 with --cluster, else 0)")
     p.add_argument("--rust-bin", default=os.path.join(ROOT, "target", "debug", "oncely-soak-worker"))
-    p.add_argument("--timeline", action="store_true", help="print the fault timeline on success too")
+    p.add_argument("--timeline", action="store_true",
+                   help="print the fault timeline, the overlaps and the unrecorded successes on success too")
     p.add_argument("--keep", action="store_true", help="keep the ledgers and Redis dir")
     a = p.parse_args()
     kinds = CLUSTER_FAULTS if a.cluster else FAULTS
