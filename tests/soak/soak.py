@@ -171,9 +171,35 @@ class StoreCluster:
                 err = exc
         raise RuntimeError(f"no cluster node answered {args[:2]}: {err}")
 
-    def nodes(self) -> list[Node]:
+    def diagnose(self, keys: list[str]) -> list[str]:
+        """Each live node's role and its view of who serves each key's slot, and the
+        key's record where the cluster routes it: for a failure report."""
         out = []
-        for line in self.any_node("CLUSTER", "NODES").decode().splitlines():
+        slots = {k: self.keyslot(k) for k in keys}
+        for port in self.ports:
+            try:
+                role = resp(port, "ROLE", timeout=1.0)[0].decode()
+                view = self.nodes(port)
+            except (OSError, RuntimeError) as exc:
+                out.append(f"node {port}: {exc}")
+                continue
+            owners = {k: next((n.port for n in view if n.master and not n.failed
+                               and any(a <= sl <= b for a, b in n.slots)), None)
+                      for k, sl in slots.items()}
+            out.append(f"node {port} ({role}): " + ", ".join(
+                f"slot {slots[k]} -> {o}" for k, o in owners.items()))
+        for k in keys:
+            try:
+                rec = self.cmd(k, "HGETALL", k)
+                out.append(f"{k}: {dict(zip(rec[::2], rec[1::2])) if rec else {}}")
+            except (OSError, RuntimeError) as exc:
+                out.append(f"{k}: {exc}")
+        return out
+
+    def nodes(self, port: int | None = None) -> list[Node]:
+        out = []
+        reply = resp(port, "CLUSTER", "NODES", timeout=2.0) if port else self.any_node("CLUSTER", "NODES")
+        for line in reply.decode().splitlines():
             f = line.split()
             slots = []
             for r in f[8:]:
@@ -1088,6 +1114,12 @@ class Soak:
                 for line in group[:20]:
                     print("  " + line)
             self.print_timeline()
+            if self.cluster:
+                bad_keys = sorted({line.split(":")[0] for group in (reexec, unattributed, lost, mismatched)
+                                   for line in group})[:10]
+                print("\ncluster state now:")
+                for line in self.cluster.diagnose([f"{{{self.prefix}:v1:soak:Soak:{k}}}" for k in bad_keys]):
+                    print("  " + line[:2000])
             print(f"soak: FAILED (seed {self.seed}; ledgers kept in {self.workdir})")
             return 1
         if self.a.timeline:

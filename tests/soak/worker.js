@@ -93,6 +93,8 @@ async function runJob (job) {
         return await store.execute(scoped, fp, fn, { signal: AbortSignal.any([ac.signal, timeout]) })
       } catch (err) {
         if (timeout.aborted && !ac.signal.aborted) throw new DeadlineExceeded(job.key)
+        // Each failed attempt's store error, for a failure report (the checker skips it).
+        if (err && err.kind) ledger({ ev: 'err', k: job.key, x: '', t: Date.now(), err: `${err.kind} ${err.code}: ${err.message}` })
         throw err
       }
     }

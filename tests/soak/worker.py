@@ -136,6 +136,11 @@ async def run_job(store: oncely.RedisStore, job: dict[str, Any]) -> None:
             return await asyncio.wait_for(store.execute(scoped, fp, action), max(remaining, 0.001))
         except TimeoutError:
             raise DeadlineExceeded(job["key"]) from None
+        except oncely.OncelyError as exc:
+            # Each failed attempt's store error, for a failure report (the checker skips it).
+            ledger({"ev": "err", "k": job["key"], "x": "", "t": time.time() * 1000,
+                    "err": f"{type(exc).__name__}: {exc}"})
+            raise
 
     policy = oncely.RetryPolicy(max_attempts=1000, base_delay=0.05, max_delay=1.0)
     task = asyncio.ensure_future(
