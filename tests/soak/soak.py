@@ -1103,7 +1103,8 @@ class Soak:
         print(f"\n{'check':<40} {'count':>8}  note")
         for name, n, note in rows:
             print(f"{name:<40} {n:>8}  {note}")
-        print(f"\n{'worker':<10} {'replies':>8} {'rss first MB':>13} {'rss last MB':>12} {'MB/100k ops':>12}")
+        print(f"\n{'worker':<10} {'replies':>8} {'rss first MB':>13} {'rss last MB':>12} {'MB/100k ops':>12}"
+              f"  store counters at the end")
         for ws in self.slots.values():
             for w in ws:
                 # From a quarter into the process's life (after its warm-up) to its end.
@@ -1113,9 +1114,9 @@ class Soak:
                 if first and last and last[2] > first[2]:
                     per = (last[1] - first[1]) / 1024 / (last[2] - first[2]) * 100000
                     print(f"{w.name:<10} {w.replies:>8} {first[1] / 1024:>13.1f} "
-                          f"{last[1] / 1024:>12.1f} {per:>12.1f}")
+                          f"{last[1] / 1024:>12.1f} {per:>12.1f}  {self.counters(w)}")
                 else:
-                    print(f"{w.name:<10} {w.replies:>8} {'-':>13} {'-':>12} {'-':>12}")
+                    print(f"{w.name:<10} {w.replies:>8} {'-':>13} {'-':>12} {'-':>12}  {self.counters(w)}")
         bad = [reexec, unattributed, lost, mismatched, hung, unavailable_outside, unexpected,
                counter_errs, self.violations]
         if any(bad):
@@ -1142,6 +1143,14 @@ class Soak:
             self.print_timeline()
         print(f"soak: passed (seed {self.seed})")
         return 0
+
+    @staticmethod
+    def counters(w: Worker) -> str:
+        """The store counters a worker printed at its end (none if it was killed)."""
+        if w.ended is None:
+            return "-"
+        c = w.ended["counters"]
+        return " ".join(f"{k}={c[k]}" for k in ("leads", "takeovers", "leases_lost") if k in c)
 
     def print_timeline(self) -> None:
         print("\nfault timeline (seconds from the start):")
