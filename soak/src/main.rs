@@ -2,6 +2,9 @@
 //!
 //! `oncely-soak-worker NAME REDIS_URL PREFIX LEASE_MS LEDGER_PATH`
 //!
+//! With `ONCELY_SOAK_CLUSTER=1`, REDIS_URL is a Redis Cluster's node URLs
+//! (space-separated); `ONCELY_SOAK_MIN_REPLICAS` sets the store's `min_replicas`.
+//!
 //! Reads jobs as JSON lines on stdin and runs each on a thread of its own through one
 //! shared `RedisStore`, wrapped in `retry` as a client would; writes one JSON line per
 //! job on stdout. Every execution of an action appends a `start` and an `end` line to
@@ -247,7 +250,22 @@ fn main() {
         std::process::exit(2);
     }
     let lease = Duration::from_millis(args[4].parse().expect("LEASE_MS"));
-    let store = RedisStore::builder(args[2].clone())
+    // ONCELY_SOAK_CLUSTER=1: REDIS_URL is a Redis Cluster's node URLs, space-separated.
+    let cluster = std::env::var("ONCELY_SOAK_CLUSTER").is_ok_and(|v| v == "1");
+    let min_replicas = std::env::var("ONCELY_SOAK_MIN_REPLICAS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut urls = args[2].split_whitespace().map(str::to_owned);
+    let first = if cluster {
+        urls.next().expect("REDIS_URL")
+    } else {
+        args[2].clone()
+    };
+    let store = RedisStore::builder(first)
+        .cluster(cluster)
+        .seeds(if cluster { urls.collect() } else { Vec::new() })
+        .min_replicas(min_replicas)
         .prefix(args[3].clone())
         .lease(lease)
         .build()
@@ -287,7 +305,8 @@ fn main() {
         "end": w.name,
         "counters": {"claims": c.claims, "leads": c.leads, "takeovers": c.takeovers,
                      "replays": c.replays, "remote_waits": c.remote_waits,
-                     "leases_lost": c.leases_lost},
+                     "leases_lost": c.leases_lost,
+                     "completions_unreplicated": c.completions_unreplicated},
         "calls": {"led": w.calls[0].load(Ordering::Relaxed),
                   "joined": w.calls[1].load(Ordering::Relaxed),
                   "replayed": w.calls[2].load(Ordering::Relaxed)},

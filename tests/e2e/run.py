@@ -1,8 +1,9 @@
 """oncely end-to-end tests: Python and Node worker processes sharing one Redis.
 
-    python run.py [fleet] [fencing] [kill]      (default: all)
+    python run.py [fleet] [fencing] [kill] [fleet-cluster]      (default: all)
 
-Needs ONCELY_REDIS_URL (scripts/test-e2e runs this under scripts/with-redis), the oncely
+Needs ONCELY_REDIS_URL (scripts/test-e2e runs this under scripts/with-redis), for
+fleet-cluster also ONCELY_REDIS_CLUSTER_URLS (scripts/with-redis-cluster), the oncely
 wheel in the running Python (the .venv made by scripts/test-python) and the built Node
 addon in bindings-node. Standard library only. Each test prints one summary line; the
 last line is "e2e: N passed, M failed" and the exit status is non-zero on any failure.
@@ -25,6 +26,8 @@ from urllib.parse import urlparse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 URL = os.environ.get("ONCELY_REDIS_URL", "")
+# Masters first (scripts/with-redis-cluster).
+CLUSTER_URLS = os.environ.get("ONCELY_REDIS_CLUSTER_URLS", "").split()
 RUN = uuid.uuid4().hex[:10]
 PREFIX = f"e2e-{RUN}"
 
@@ -73,8 +76,15 @@ class Redis:
 class Worker:
     """One worker process (worker.py or worker.js) fed job lines on stdin."""
 
-    def __init__(self, name: str, lang: str, lease: float, prefix: str = PREFIX) -> None:
+    def __init__(self, name: str, lang: str, lease: float, prefix: str = PREFIX,
+                 cluster: bool = False) -> None:
+        """With `cluster`, the worker's store is on the Redis Cluster (its effect
+        counters stay on the one Redis at URL)."""
         self.name, self.lang = name, lang
+        env = dict(os.environ)
+        env.pop("ONCELY_E2E_CLUSTER_URLS", None)
+        if cluster:
+            env["ONCELY_E2E_CLUSTER_URLS"] = " ".join(CLUSTER_URLS)
         if lang == "py":
             cmd = [sys.executable, os.path.join(HERE, "worker.py")]
         else:
@@ -82,6 +92,7 @@ class Worker:
         self.proc = subprocess.Popen(
             cmd + [name, URL, prefix, str(lease)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env,
         )
         self.replies: "queue.Queue[dict]" = queue.Queue()
         self.stderr: list[str] = []
@@ -179,11 +190,11 @@ def wait_until(cond, timeout: float, what: str) -> None:
 
 # --- 1. fleet ---------------------------------------------------------------------------
 
-def test_fleet() -> str:
+def test_fleet(cluster: bool = False) -> str:
     r = Redis(URL)
-    keys = [f"fleet-{RUN}-{i:04d}" for i in range(300)]
-    workers = [Worker("py1", "py", 5.0), Worker("py2", "py", 5.0),
-               Worker("node1", "node", 5.0), Worker("node2", "node", 5.0)]
+    keys = [f"fleet-{RUN}{'-c' if cluster else ''}-{i:04d}" for i in range(300)]
+    workers = [Worker(f"{lang}{i}", lang, 5.0, cluster=cluster)
+               for lang in ("py", "node") for i in (1, 2)]
     try:
         replies = Replies(workers)
         rng = random.Random(RUN)
@@ -266,15 +277,43 @@ def test_fleet() -> str:
                     problems.append(f"{k}: unexpected error from {x['worker']} (wait={x['wait']}): {x}")
             if any(x["attempt"] > 1 and x["ok"] and x["source"] == "led" for x in by_key[k]):
                 problems.append(f"{k}: a retry led (ran the action again)")
+        spread = ""
+        if cluster:
+            per_master = [done_records(u) for u in CLUSTER_URLS[:3]]
+            if sum(per_master) != len(keys) or 0 in per_master:
+                problems.append(f"done records per master {per_master}: expected {len(keys)} "
+                                f"spread over all 3")
+            spread = f", records on the 3 masters {'/'.join(map(str, per_master))}"
         if problems:
             raise AssertionError(f"{len(problems)} problems, e.g.:\n  " + "\n  ".join(problems[:10]))
-        return (f"{len(all_jobs)} requests over {len(keys)} keys to 4 workers (2 Python, 2 Node), "
+        return (f"{'on a 3-master Redis Cluster: ' if cluster else ''}"
+                f"{len(all_jobs)} requests over {len(keys)} keys to 4 workers (2 Python, 2 Node){spread}, "
                 f"every effect exactly once, one value per key, {cross} keys served to both languages, "
                 f"{in_progress} no-wait in-progress refusals, "
                 f"sources {', '.join(f'{n} {s}' for s, n in sorted(sources.items()))}, {elapsed:.1f}s")
     finally:
         for w in workers:
             w.stop()
+
+
+def done_records(url: str) -> int:
+    """The completed records of this run that one Cluster node holds (the node's own
+    keys: SCAN and HGET need no redirection)."""
+    r = Redis(url)
+    n, cursor = 0, b"0"
+    while True:
+        reply = r("SCAN", cursor, "MATCH", f"{{{PREFIX}:*", "COUNT", "1000")
+        assert isinstance(reply, list), reply
+        cursor, keys = reply
+        n += sum(1 for k in keys if r("HGET", k, "state") == b"done")
+        if cursor == b"0":
+            return n
+
+
+def test_fleet_cluster() -> str:
+    if not CLUSTER_URLS:
+        raise AssertionError("ONCELY_REDIS_CLUSTER_URLS is not set (run under scripts/with-redis-cluster)")
+    return test_fleet(cluster=True)
 
 
 # --- 2. fencing: SIGSTOP the leader past its lease, SIGCONT after a takeover -------------
@@ -373,7 +412,8 @@ def test_kill() -> str:
     return " | ".join([kill_case("node"), kill_case("py")])
 
 
-TESTS = {"fleet": test_fleet, "fencing": test_fencing, "kill": test_kill}
+TESTS = {"fleet": test_fleet, "fencing": test_fencing, "kill": test_kill,
+         "fleet-cluster": test_fleet_cluster}
 
 
 def main() -> int:

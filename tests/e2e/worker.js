@@ -2,6 +2,8 @@
 // An oncely fleet worker (Node): reads jobs as JSON lines on stdin, runs each through one
 // shared RedisStore, writes one JSON line per job on stdout. Same protocol as worker.py.
 //   node worker.js NAME REDIS_URL PREFIX LEASE_S
+// The store is on REDIS_URL, or on the Redis Cluster whose node URLs (space-separated)
+// are in ONCELY_E2E_CLUSTER_URLS (cluster: true); the effect counters stay on REDIS_URL.
 // Run from anywhere; the addon is loaded from bindings-node (ONCELY_NODE_DIR overrides).
 const net = require('node:net')
 const path = require('node:path')
@@ -40,7 +42,11 @@ function incr (counter) {
 const emit = (obj) => process.stdout.write(JSON.stringify(obj) + '\n')
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
-const store = new RedisStore({ url: REDIS_URL, leaseMs: Math.round(Number(LEASE) * 1000), prefix: PREFIX })
+const CLUSTER_URLS = (process.env.ONCELY_E2E_CLUSTER_URLS || '').split(' ').filter(Boolean)
+const leaseMs = Math.round(Number(LEASE) * 1000)
+const store = CLUSTER_URLS.length
+  ? new RedisStore({ urls: CLUSTER_URLS, cluster: true, leaseMs, prefix: PREFIX })
+  : new RedisStore({ url: REDIS_URL, leaseMs, prefix: PREFIX })
 
 async function runJob (job) {
   const action = async () => {

@@ -3,6 +3,9 @@ one shared oncely.RedisStore, writes one JSON line per job on stdout.
 
     python worker.py NAME REDIS_URL PREFIX LEASE_S
 
+The store is on REDIS_URL, or on the Redis Cluster whose node URLs (space-separated)
+are in ONCELY_E2E_CLUSTER_URLS (cluster=True); the effect counters stay on REDIS_URL.
+
 Job:    {"id", "key", "payload", "wait", "effect", "hold_ms"}
 Action: INCR <effect> on Redis (raw RESP over a socket), then sleep hold_ms, then
         return {"key", "by": NAME, "n": <the INCR reply>}.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 from urllib.parse import urlparse
@@ -20,6 +24,7 @@ from urllib.parse import urlparse
 import oncely
 
 NAME, URL, PREFIX, LEASE = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+CLUSTER_URLS = os.environ.get("ONCELY_E2E_CLUSTER_URLS", "").split()
 _u = urlparse(URL)
 HOST, PORT = _u.hostname or "127.0.0.1", _u.port or 6379
 
@@ -62,7 +67,10 @@ async def run_job(store: oncely.RedisStore, job: dict) -> None:
 
 
 async def main() -> None:
-    store = oncely.RedisStore(URL, lease=LEASE, prefix=PREFIX)
+    if CLUSTER_URLS:
+        store = oncely.RedisStore(CLUSTER_URLS, lease=LEASE, prefix=PREFIX, cluster=True)
+    else:
+        store = oncely.RedisStore(URL, lease=LEASE, prefix=PREFIX)
     loop = asyncio.get_running_loop()
     eof = asyncio.Event()
     tasks: set[asyncio.Task] = set()

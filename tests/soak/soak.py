@@ -19,8 +19,12 @@ Pieces:
 - the checker, which prints a table and exits non-zero on any violation, with the seed
   and the fault timeline.
 
-The store is one redis-server today; a cluster run would replace `StoreRedis` (and the
-proxy's single upstream) with one per node.
+With --cluster the store is a Redis Cluster (3 masters, 3 replicas) that
+scripts/with-redis-cluster started (ONCELY_REDIS_CLUSTER_URLS, ONCELY_REDIS_CLUSTER_DIR):
+the workers connect to its nodes directly (MOVED and ASK name the nodes' own ports, so
+no proxy can sit between them), and the store faults are a master SIGKILLed (its replica
+is promoted; the node is started again and rejoins as a replica), CLIENT PAUSE of a
+master, and slots of keys in use migrated to another master while workers run.
 """
 from __future__ import annotations
 
@@ -44,6 +48,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 FAULTS = ["kill", "kill_leader", "kill_completing", "stop", "reset", "delay", "blackhole",
           "cut_pubsub", "restart", "pause"]
+CLUSTER_FAULTS = ["kill", "kill_leader", "kill_completing", "stop", "kill_master", "pause_master",
+                  "migrate"]
 RETRYABLE = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "RESOURCE_EXHAUSTED"}
 
 
@@ -134,6 +140,142 @@ class StoreRedis:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+# --- a Redis Cluster ------------------------------------------------------------------------
+
+@dataclass
+class Node:
+    id: str
+    port: int
+    master: bool
+    failed: bool
+    master_id: str
+    slots: list[tuple[int, int]]
+
+
+class StoreCluster:
+    """The Redis Cluster of scripts/with-redis-cluster, and the faults the soak injects
+    into it. The driver talks to the nodes directly, following MOVED."""
+
+    def __init__(self, urls: list[str], cluster_dir: str) -> None:
+        self.ports = [int(u.rsplit(":", 1)[1].split("/")[0]) for u in urls]
+        self.dir = cluster_dir
+
+    def any_node(self, *args: str) -> Any:
+        err: Exception | None = None
+        for port in self.ports:
+            try:
+                return resp(port, *args, timeout=2.0)
+            except (OSError, RuntimeError) as exc:
+                err = exc
+        raise RuntimeError(f"no cluster node answered {args[:2]}: {err}")
+
+    def diagnose(self, keys: list[str]) -> list[str]:
+        """Each live node's role and its view of who serves each key's slot, and the
+        key's record where the cluster routes it: for a failure report."""
+        out = []
+        slots = {k: self.keyslot(k) for k in keys}
+        for port in self.ports:
+            try:
+                role = resp(port, "ROLE", timeout=1.0)[0].decode()
+                view = self.nodes(port)
+            except (OSError, RuntimeError) as exc:
+                out.append(f"node {port}: {exc}")
+                continue
+            owners = {k: next((n.port for n in view if n.master and not n.failed
+                               and any(a <= sl <= b for a, b in n.slots)), None)
+                      for k, sl in slots.items()}
+            out.append(f"node {port} ({role}): " + ", ".join(
+                f"slot {slots[k]} -> {o}" for k, o in owners.items()))
+        for k in keys:
+            try:
+                rec = self.cmd(k, "HGETALL", k)
+                out.append(f"{k}: {dict(zip(rec[::2], rec[1::2])) if rec else {}}")
+            except (OSError, RuntimeError) as exc:
+                out.append(f"{k}: {exc}")
+        return out
+
+    def nodes(self, port: int | None = None) -> list[Node]:
+        out = []
+        reply = resp(port, "CLUSTER", "NODES", timeout=2.0) if port else self.any_node("CLUSTER", "NODES")
+        for line in reply.decode().splitlines():
+            f = line.split()
+            slots = []
+            for r in f[8:]:
+                if r.startswith("["):
+                    continue  # a slot being migrated or imported
+                a, _, b = r.partition("-")
+                slots.append((int(a), int(b or a)))
+            flags = f[2].split(",")
+            out.append(Node(f[0], int(f[1].split(":")[1].split("@")[0]), "master" in flags,
+                            "fail" in flags or "fail?" in flags, f[3], slots))
+        return out
+
+    def masters(self) -> list[Node]:
+        return [n for n in self.nodes() if n.master and not n.failed and n.slots]
+
+    def owner(self, slot: int) -> Node:
+        for n in self.masters():
+            if any(a <= slot <= b for a, b in n.slots):
+                return n
+        raise RuntimeError(f"no master serves slot {slot}")
+
+    def keyslot(self, key: str) -> int:
+        return int(self.any_node("CLUSTER", "KEYSLOT", key))
+
+    def cmd(self, key: str, *args: str) -> Any:
+        """A command on the node that holds `key`, following MOVED."""
+        port = self.owner(self.keyslot(key)).port
+        for _ in range(5):
+            try:
+                return resp(port, *args)
+            except RuntimeError as exc:
+                if not str(exc).startswith("MOVED"):
+                    raise
+                port = int(str(exc).split()[2].rsplit(":", 1)[1])
+        raise RuntimeError(f"{args[:2]}: redirected too often")
+
+    def healthy(self) -> bool:
+        """Every live node sees every slot served (cluster_state:ok)."""
+        for port in self.ports:
+            try:
+                info = resp(port, "CLUSTER", "INFO", timeout=1.0)
+            except (OSError, RuntimeError):
+                continue  # a killed node has no say
+            if b"cluster_state:ok" not in info:
+                return False
+        return True
+
+    def in_sync(self, port: int) -> bool:
+        """The master's replica has acknowledged everything it wrote (WAIT 1)."""
+        try:
+            return resp(port, "WAIT", "1", "200") == 1
+        except (OSError, RuntimeError):
+            return False
+
+    def replica_up(self, port: int) -> bool:
+        try:
+            info = resp(port, "INFO", "replication", timeout=1.0)
+        except (OSError, RuntimeError):
+            return False
+        return b"role:slave" in info and b"master_link_status:up" in info
+
+    def pid(self, port: int) -> int:
+        with open(os.path.join(self.dir, str(port), "redis.pid")) as f:
+            return int(f.read().strip())
+
+    def start(self, port: int) -> None:
+        subprocess.run(["redis-server", os.path.join(self.dir, str(port), "redis.conf"),
+                        "--daemonize", "yes"], check=True, stdout=subprocess.DEVNULL)
+
+
+def wait_for(cond: Any, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
 
 
 # --- the fault proxy -----------------------------------------------------------------------
@@ -300,6 +442,16 @@ class Soak:
         self.deadline_ms = a.deadline_ms
         self.workdir = tempfile.mkdtemp(prefix="oncely-soak-")
         self.prefix = f"soak{a.seed}"
+        self.cluster: StoreCluster | None = None
+        self.min_replicas = a.min_replicas
+        if a.cluster:
+            urls = os.environ.get("ONCELY_REDIS_CLUSTER_URLS", "").split()
+            cdir = os.environ.get("ONCELY_REDIS_CLUSTER_DIR", "")
+            if not urls or not cdir:
+                raise SystemExit("soak --cluster: run under scripts/with-redis-cluster "
+                                 "(ONCELY_REDIS_CLUSTER_URLS, ONCELY_REDIS_CLUSTER_DIR)")
+            self.cluster = StoreCluster(urls, cdir)
+            self.cluster_urls = urls
         self.redis = StoreRedis(self.workdir)
         self.proxy: Proxy
         self.slots: dict[str, list[Worker]] = {}
@@ -314,6 +466,8 @@ class Soak:
     # -- setup --------------------------------------------------------------------------
 
     def url(self) -> str:
+        if self.cluster:
+            return " ".join(self.cluster_urls)
         return f"redis://127.0.0.1:{self.proxy.port}"
 
     def cmd(self, lang: str) -> list[str]:
@@ -327,10 +481,12 @@ class Soak:
         n = len(self.slots.setdefault(slot, []))
         name = f"{slot}.{n}"
         ledger = os.path.join(self.workdir, f"ledger-{name}.jsonl")
+        env = dict(os.environ, ONCELY_SOAK_CLUSTER="1" if self.cluster else "",
+                   ONCELY_SOAK_MIN_REPLICAS=str(self.min_replicas))
         proc = await asyncio.create_subprocess_exec(
             *self.cmd(lang), name, self.url(), self.prefix, str(self.lease), ledger,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, limit=1 << 20,
+            stderr=asyncio.subprocess.PIPE, limit=1 << 20, env=env,
         )
         w = Worker(slot, lang, name, proc, ledger, now_ms())
         self.slots[slot].append(w)
@@ -536,6 +692,38 @@ class Soak:
                 await asyncio.sleep(r.uniform(0.1, 1.0))
                 await asyncio.get_running_loop().run_in_executor(None, self.redis.start)
                 self.log("redis SIGKILL+restart", "store", start, now_ms())
+            elif kind == "kill_master":
+                loop = asyncio.get_running_loop()
+                try:
+                    killed, note = await loop.run_in_executor(None, self.kill_master, r.random())
+                    self.log("master SIGKILL", "store", killed, now_ms(), note)
+                except RuntimeError as exc:
+                    self.violations.append(f"master SIGKILL at {self.rel(start):.1f}s: {exc}")
+                    return
+            elif kind == "pause_master":
+                assert self.cluster is not None
+                ms = int(r.uniform(0.3, 1.5) * self.lease)
+                victim = r.choice(self.cluster.masters())
+                try:
+                    resp(victim.port, "CLIENT", "PAUSE", str(ms), "ALL")
+                    await asyncio.sleep(ms / 1000)
+                    self.log("CLIENT PAUSE master", "store", start, now_ms(), f"{victim.port} {ms} ms")
+                except (OSError, RuntimeError) as exc:
+                    self.log("CLIENT PAUSE master", "store", start, now_ms(), f"not sent: {exc}")
+            elif kind == "migrate":
+                keys = list({j.intent.key for w in self.live() for j in w.jobs.values()})
+                if not keys:
+                    continue
+                picked = r.sample(keys, min(len(keys), r.choice([1, 2, 3])))
+                hold = r.uniform(0.1, 1.0)
+                seed = r.random()
+                loop = asyncio.get_running_loop()
+                try:
+                    note = await loop.run_in_executor(None, self.migrate, picked, hold, seed)
+                    self.log("slot migration", "store", start, now_ms(), note)
+                except RuntimeError as exc:
+                    self.violations.append(f"slot migration at {self.rel(start):.1f}s: {exc}")
+                    return
             elif kind == "pause":
                 ms = int(r.uniform(0.3, 1.5) * self.lease)
                 try:
@@ -544,6 +732,68 @@ class Soak:
                     self.log("CLIENT PAUSE", "store", start, now_ms(), f"{ms} ms")
                 except (OSError, RuntimeError) as exc:
                     self.log("CLIENT PAUSE", "store", start, now_ms(), f"not sent: {exc}")
+
+    def kill_master(self, u: float) -> tuple[float, str]:
+        """SIGKILLs a master whose replica is in sync, waits until the replica has taken
+        over and every node sees the cluster up, then starts the node again and waits
+        until it has rejoined as a replica (so that WAIT can be met again). Returns the
+        time of the kill and a note."""
+        c = self.cluster
+        assert c is not None
+        masters = c.masters()
+        victim = masters[int(u * len(masters))]
+        # A replica that is not in sync would lose more than the writes in flight, or
+        # not be elected at all.
+        wait_for(lambda: c.in_sync(victim.port), 30, f"{victim.port}'s replica to be in sync")
+        first = victim.slots[0][0]
+        os.kill(c.pid(victim.port), signal.SIGKILL)
+        killed = now_ms()
+
+        def promoted() -> bool:
+            try:
+                return c.owner(first).port != victim.port
+            except RuntimeError:
+                return False
+
+        wait_for(promoted, 30, f"a replica of {victim.port} to take over")
+        new = c.owner(first).port
+        took = now_ms() - killed
+        wait_for(c.healthy, 30, "every node to see the cluster up after the failover")
+        c.start(victim.port)
+        wait_for(lambda: c.replica_up(victim.port), 30, f"{victim.port} to rejoin as a replica")
+        return killed, (f"{victim.port} killed, {new} promoted after {took / 1000:.1f}s, "
+                        f"{victim.port} back as its replica")
+
+    def migrate(self, keys: list[str], hold: float, u: float) -> str:
+        """Moves the slots of `keys` (keys in use) each to another master, as
+        `redis-cli --cluster reshard` does: IMPORTING on the target, MIGRATING on the
+        source, `hold` seconds in that state (callers meet ASK), MIGRATE of the slot's
+        keys, then SETSLOT NODE on every master."""
+        c = self.cluster
+        assert c is not None
+        notes = []
+        for key in keys:
+            slot = c.keyslot(f"{{{self.prefix}:v1:soak:Soak:{key}}}")
+            src = c.owner(slot)
+            others = [m for m in c.masters() if m.id != src.id]
+            dst = others[int(u * len(others))]
+            s = str(slot)
+            resp(dst.port, "CLUSTER", "SETSLOT", s, "IMPORTING", src.id)
+            resp(src.port, "CLUSTER", "SETSLOT", s, "MIGRATING", dst.id)
+            time.sleep(hold)
+            moved = 0
+            while True:
+                got = resp(src.port, "CLUSTER", "GETKEYSINSLOT", s, "100")
+                if not got:
+                    break
+                resp(src.port, "MIGRATE", "127.0.0.1", str(dst.port), "", "0", "5000", "KEYS",
+                     *[k.decode() for k in got])
+                moved += len(got)
+            for n in [dst, src] + [m for m in c.masters() if m.id not in (src.id, dst.id)]:
+                resp(n.port, "CLUSTER", "SETSLOT", s, "NODE", dst.id)
+            notes.append(f"slot {slot} ({moved} keys) {src.port}->{dst.port}")
+        wait_for(c.healthy, 30, "every node to see the cluster up after the migration")
+        return ", ".join(notes) + f", {hold:.2f}s migrating"
 
     async def watch_ledgers(self, what: str) -> tuple[Worker, str] | None:
         """Polls the live workers' ledgers for up to 3 s for a new execution `start`, or
@@ -584,9 +834,13 @@ class Soak:
     # -- the run --------------------------------------------------------------------------
 
     async def run(self) -> int:
-        self.redis.start()
-        self.proxy = Proxy(self.redis.port, self.fault_rng)
-        await self.proxy.start()
+        if self.cluster:
+            where = f"a Redis Cluster ({' '.join(self.cluster_urls)}), min_replicas {self.min_replicas}"
+        else:
+            self.redis.start()
+            self.proxy = Proxy(self.redis.port, self.fault_rng)
+            await self.proxy.start()
+            where = f"redis 127.0.0.1:{self.redis.port} via proxy {self.proxy.port}"
         for spec in self.a.workers.split(","):
             lang, _, count = spec.partition("=")
             lang = {"py": "python", "js": "node"}.get(lang, lang)
@@ -595,8 +849,7 @@ class Soak:
             for i in range(int(count or 1)):
                 await self.spawn(f"{lang[:2]}{i + 1}", lang)
         print(f"soak: seed {self.seed}, {self.a.duration:.0f} s, workers {self.a.workers}, "
-              f"lease {self.lease} ms, redis 127.0.0.1:{self.redis.port} via proxy "
-              f"{self.proxy.port}, dir {self.workdir}", flush=True)
+              f"lease {self.lease} ms, {where}, dir {self.workdir}", flush=True)
         self.t0 = now_ms()
         until = self.t0 + self.a.duration * 1000
         rss = asyncio.ensure_future(self.sample_rss())
@@ -658,7 +911,8 @@ class Soak:
         return by_key
 
     def record(self, key: str) -> dict[bytes, bytes]:
-        rec = resp(self.redis.port, "HGETALL", f"{{{self.prefix}:v1:soak:Soak:{key}}}")
+        name = f"{{{self.prefix}:v1:soak:Soak:{key}}}"
+        rec = self.cluster.cmd(name, "HGETALL", name) if self.cluster else resp(self.redis.port, "HGETALL", name)
         return dict(zip(rec[::2], rec[1::2])) if rec else {}
 
     @staticmethod
@@ -682,14 +936,27 @@ class Soak:
         hit a's process or the store between a lease before a started and b's start, and
         long enough to fail a renewal (a third of a lease; a lease only lapses after
         renewals failed for that long). Cutting pub/sub never touches renewals."""
-        for f in self.timeline:
-            if f["end"] < a["start"] - self.lease or f["start"] > b["start"]:
-                continue
-            if f["fault"] == "cut pub/sub" or (renewals and
-                    f["fault"] != "SIGKILL" and f["end"] - f["start"] < self.lease / 3):
-                continue
-            if f["target"] in ("store", a["w"]):
+        # A fault on a's own process first: a store fault in the window may be a
+        # bystander (on a Cluster, often on another shard).
+        for target in (a["w"], "store"):
+            for f in self.timeline:
+                if f["target"] != target or f["end"] < a["start"] - self.lease or f["start"] > b["start"]:
+                    continue
+                if f["fault"] == "cut pub/sub" or (renewals and
+                        f["fault"] != "SIGKILL" and f["end"] - f["start"] < self.lease / 3):
+                    continue
                 return f"{f['fault']} {f['target']} at {self.rel(f['start']):.1f}s"
+        return None
+
+    def failover(self, completed: float, start: float) -> str | None:
+        """Without min_replicas a master SIGKILLed after a completion may lose it (its
+        replica had not yet received it): the master kill between the completion and
+        the execution that ran again, if any. With min_replicas none is allowed."""
+        if not self.cluster or self.min_replicas > 0:
+            return None
+        for f in self.timeline:
+            if f["fault"] == "master SIGKILL" and completed - 2 * self.lease <= f["start"] <= start:
+                return f"{f['fault']} at {self.rel(f['start']):.1f}s"
         return None
 
     def check(self) -> int:
@@ -697,17 +964,32 @@ class Soak:
         rows: list[tuple[str, int, str]] = []
         reexec, overlaps, unattributed, lost, mismatched, hung = [], [], [], [], [], []
         unavailable_outside, unexpected, unrecorded = [], [], []
+        lost_to_failover: list[str] = []
         for it in self.intents:
             execs = sorted(by_key.get(it.key, []), key=lambda e: e["start"])
             rec = self.record(it.key)
             stored = None
+            # Completed: the record says so (done_at, Redis time), or a caller got a
+            # value (the driver's clock; the same machine) — the second still holds
+            # when a failover lost the record.
+            served = min((j.replied for j in it.jobs if j.replied is not None and j.reply
+                          and j.reply.get("ok")), default=None)
+            done_at = int(rec[b"done_at"]) + 1 if rec.get(b"state") == b"done" else None
+            completed = min(t for t in (done_at, served) if t is not None) \
+                if done_at is not None or served is not None else None
+            failover_lost = False
+            for e in execs:
+                if completed is not None and e["start"] > completed:
+                    what = (f"{it.key}: {e['x']} started {e['start'] - completed:.0f} ms after "
+                            f"{'completion' if completed == done_at else 'a caller was served'}")
+                    cause = self.failover(completed, e["start"])
+                    if cause:
+                        failover_lost = True
+                        lost_to_failover.append(f"{what}: {cause}")
+                    else:
+                        reexec.append(what)
             if rec.get(b"state") == b"done":
                 stored = self.stored_summary(rec.get(b"result", b""))
-                done_at = int(rec[b"done_at"])
-                for e in execs:
-                    if e["start"] > done_at + 1:
-                        reexec.append(f"{it.key}: {e['x']} started {e['start'] - done_at:.0f} ms "
-                                      f"after completion")
                 if stored.startswith(("x:", "big:")):
                     x = stored.split(":")[1]
                     if not any(e["x"] == x and e["st"] in ("ok", "killed") for e in execs):
@@ -724,7 +1006,9 @@ class Soak:
                                             f"{self.rel(e['end']):.2f} and was not recorded")
             for i, a in enumerate(execs):
                 for b in execs[i + 1:]:
-                    if b["start"] < a["end"]:
+                    # 1 ms of slack: Node's Date.now() is whole milliseconds (floored),
+                    # so a run that started just after another ended may read earlier.
+                    if b["start"] < a["end"] - 1:
                         cause = self.attribute(a, b)
                         overlaps.append(f"{it.key}: {a['x']} / {b['x']}: {cause}")
                         if cause is None:
@@ -733,8 +1017,17 @@ class Soak:
                                                 f"{self.rel(b['start']):.2f}")
             if it.kind != "perm" and it.outcome != "ok":
                 lost.append(f"{it.key} ({it.kind}): last replies {[j.reply for j in it.jobs][-2:]}")
+            if stored is None and served is not None and not failover_lost:
+                # Served, and no completed record now: without min_replicas a failover
+                # after the completion may have lost it (nobody ran the key again).
+                cause = self.failover(served, self.run_end)
+                if cause:
+                    failover_lost = True
+                    lost_to_failover.append(f"{it.key}: served at {self.rel(served):.2f}s, no "
+                                            f"completed record at the end: {cause}")
             for v in it.values:
-                if stored is None or v != stored:
+                # A value whose record a failover lost (min_replicas 0) is counted there.
+                if (stored is None or v != stored) and not failover_lost:
                     mismatched.append(f"{it.key}: caller got {v}, stored {stored}")
             unexpected += [f"{it.key}: {u}" for u in it.unexpected]
             for j in it.jobs:
@@ -768,6 +1061,8 @@ class Soak:
                     counter_errs.append(f"{w.name}: leads {c['leads']} != executions {starts}")
                 if calls != w.ok_by_src:
                     counter_errs.append(f"{w.name}: own count {calls} != replies {w.ok_by_src}")
+        unreplicated = sum(w.ended["counters"].get("completions_unreplicated", 0)
+                           for ws in self.slots.values() for w in ws if w.ended is not None)
         if total_src != total_ok:
             counter_errs.append(f"led+joined+replayed {total_src} != successful calls {total_ok}")
 
@@ -786,6 +1081,12 @@ class Soak:
             ("executions (ledger)", execs_total, ""),
             ("faults injected", len(self.timeline), ""),
             ("re-executions after completion", len(reexec), "must be 0"),
+            *([("completions a failover lost", len(lost_to_failover),
+                "min_replicas 0: not yet on the killed master's replica; run again or no record")]
+              if self.cluster and self.min_replicas == 0 else []),
+            *([("completions not acknowledged by replicas", unreplicated,
+                f"min_replicas {self.min_replicas} (workers that ran to the end)")]
+              if self.min_replicas > 0 else []),
             ("overlapping executions", len(overlaps), "each after an injected fault"
              + "".join(f"; {n} after {c}" for c, n in sorted(causes.items()))),
             ("successes not recorded (run again)", len(unrecorded),
@@ -802,7 +1103,8 @@ class Soak:
         print(f"\n{'check':<40} {'count':>8}  note")
         for name, n, note in rows:
             print(f"{name:<40} {n:>8}  {note}")
-        print(f"\n{'worker':<10} {'replies':>8} {'rss first MB':>13} {'rss last MB':>12} {'MB/100k ops':>12}")
+        print(f"\n{'worker':<10} {'replies':>8} {'rss first MB':>13} {'rss last MB':>12} {'MB/100k ops':>12}"
+              f"  store counters at the end")
         for ws in self.slots.values():
             for w in ws:
                 # From a quarter into the process's life (after its warm-up) to its end.
@@ -812,9 +1114,9 @@ class Soak:
                 if first and last and last[2] > first[2]:
                     per = (last[1] - first[1]) / 1024 / (last[2] - first[2]) * 100000
                     print(f"{w.name:<10} {w.replies:>8} {first[1] / 1024:>13.1f} "
-                          f"{last[1] / 1024:>12.1f} {per:>12.1f}")
+                          f"{last[1] / 1024:>12.1f} {per:>12.1f}  {self.counters(w)}")
                 else:
-                    print(f"{w.name:<10} {w.replies:>8} {'-':>13} {'-':>12} {'-':>12}")
+                    print(f"{w.name:<10} {w.replies:>8} {'-':>13} {'-':>12} {'-':>12}  {self.counters(w)}")
         bad = [reexec, unattributed, lost, mismatched, hung, unavailable_outside, unexpected,
                counter_errs, self.violations]
         if any(bad):
@@ -823,12 +1125,32 @@ class Soak:
                 for line in group[:20]:
                     print("  " + line)
             self.print_timeline()
+            if self.cluster:
+                bad_keys = sorted({line.split(":")[0] for group in (reexec, unattributed, lost, mismatched)
+                                   for line in group})[:10]
+                print("\ncluster state now:")
+                for line in self.cluster.diagnose([f"{{{self.prefix}:v1:soak:Soak:{k}}}" for k in bad_keys]):
+                    print("  " + line[:2000])
             print(f"soak: FAILED (seed {self.seed}; ledgers kept in {self.workdir})")
             return 1
         if self.a.timeline:
+            for title, group in (("overlaps", overlaps), ("successes not recorded", unrecorded),
+                                 ("completions a failover lost", lost_to_failover)):
+                if group:
+                    print(f"\n{title} (key: executions: attributed fault):")
+                    for line in group[:50]:
+                        print("  " + line)
             self.print_timeline()
         print(f"soak: passed (seed {self.seed})")
         return 0
+
+    @staticmethod
+    def counters(w: Worker) -> str:
+        """The store counters a worker printed at its end (none if it was killed)."""
+        if w.ended is None:
+            return "-"
+        c = w.ended["counters"]
+        return " ".join(f"{k}={c[k]}" for k in ("leads", "takeovers", "leases_lost") if k in c)
 
     def print_timeline(self) -> None:
         print("\nfault timeline (seconds from the start):")
@@ -859,13 +1181,23 @@ def main() -> int:
     p.add_argument("--deadline-ms", type=int, default=15000, help="each caller's retry deadline")
     p.add_argument("--inflight", type=int, default=6, help="intents in flight per worker")
     p.add_argument("--fault-every", type=float, default=2.5, help="mean seconds between faults (0: none)")
-    p.add_argument("--faults", default=",".join(FAULTS),
-                   help="the fault kinds to inject (comma-separated; default all: %(default)s)")
+    p.add_argument("--faults", default=None,
+                   help="the fault kinds to inject (comma-separated; default all: "
+                        f"{','.join(FAULTS)}; with --cluster {','.join(CLUSTER_FAULTS)})")
+    p.add_argument("--cluster", action="store_true",
+                   help="the store on a Redis Cluster (run under scripts/with-redis-cluster)")
+    p.add_argument("--min-replicas", type=int, default=None,
+                   help="the store's min_replicas (default 1 with --cluster, else 0)")
     p.add_argument("--rust-bin", default=os.path.join(ROOT, "target", "debug", "oncely-soak-worker"))
-    p.add_argument("--timeline", action="store_true", help="print the fault timeline on success too")
+    p.add_argument("--timeline", action="store_true",
+                   help="print the fault timeline, the overlaps and the unrecorded successes on success too")
     p.add_argument("--keep", action="store_true", help="keep the ledgers and Redis dir")
     a = p.parse_args()
-    unknown = set(a.faults.split(",")) - set(FAULTS)
+    kinds = CLUSTER_FAULTS if a.cluster else FAULTS
+    a.faults = a.faults or ",".join(kinds)
+    if a.min_replicas is None:
+        a.min_replicas = 1 if a.cluster else 0
+    unknown = set(a.faults.split(",")) - set(kinds)
     if unknown:
         p.error(f"unknown fault kinds: {', '.join(sorted(unknown))}")
     soak = Soak(a)

@@ -2,6 +2,8 @@
 // The Node worker of the chaos soak (driven by soak.py; same protocol as worker.py and
 // the Rust worker, soak/src/main.rs).
 //   node worker.js NAME REDIS_URL PREFIX LEASE_MS LEDGER_PATH
+// With ONCELY_SOAK_CLUSTER=1, REDIS_URL is a Redis Cluster's node URLs (space-separated);
+// ONCELY_SOAK_MIN_REPLICAS sets the store's minReplicas.
 // Each job is one caller: `retry` around `RedisStore.execute`, aborted after
 // `cancel_ms` if set. Every execution of the action appends `start` and `end` lines to
 // the ledger. The addon is loaded from bindings-node (ONCELY_NODE_DIR overrides).
@@ -65,7 +67,14 @@ function action (job) {
   }
 }
 
-const store = new RedisStore({ url: URL, leaseMs: Number(LEASE_MS), prefix: PREFIX })
+// ONCELY_SOAK_CLUSTER=1: URL is a Redis Cluster's node URLs, space-separated.
+const cluster = process.env.ONCELY_SOAK_CLUSTER === '1'
+const store = new RedisStore({
+  ...(cluster ? { urls: URL.split(' ').filter(Boolean), cluster } : { url: URL }),
+  leaseMs: Number(LEASE_MS),
+  prefix: PREFIX,
+  minReplicas: Number(process.env.ONCELY_SOAK_MIN_REPLICAS || 0),
+})
 const policy = new RetryPolicy({ maxAttempts: 1000, baseDelayMs: 50, maxDelayMs: 1000 })
 
 async function runJob (job) {
@@ -84,6 +93,8 @@ async function runJob (job) {
         return await store.execute(scoped, fp, fn, { signal: AbortSignal.any([ac.signal, timeout]) })
       } catch (err) {
         if (timeout.aborted && !ac.signal.aborted) throw new DeadlineExceeded(job.key)
+        // Each failed attempt's store error, for a failure report (the checker skips it).
+        if (err && err.kind) ledger({ ev: 'err', k: job.key, x: '', t: Date.now(), err: `${err.kind} ${err.code}: ${err.message}` })
         throw err
       }
     }
@@ -115,7 +126,7 @@ rl.on('close', async () => {
   const c = store.counters()
   emit({
     end: NAME,
-    counters: { claims: c.claims, leads: c.leads, takeovers: c.takeovers, replays: c.replays, remote_waits: c.remoteWaits, leases_lost: c.leasesLost },
+    counters: { claims: c.claims, leads: c.leads, takeovers: c.takeovers, replays: c.replays, remote_waits: c.remoteWaits, leases_lost: c.leasesLost, completions_unreplicated: c.completionsUnreplicated },
     calls,
   })
   process.exit(0)

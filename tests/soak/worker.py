@@ -3,6 +3,9 @@ worker, soak/src/main.rs, and worker.js).
 
     python worker.py NAME REDIS_URL PREFIX LEASE_MS LEDGER_PATH
 
+With ONCELY_SOAK_CLUSTER=1, REDIS_URL is a Redis Cluster's node URLs (space-separated);
+ONCELY_SOAK_MIN_REPLICAS sets the store's min_replicas.
+
 Job (one JSON line on stdin): {"id", "key", "payload", "kind": ok|none|big|flaky|perm,
 "dur_ms", "size", "pfail", "cancel_ms", "deadline_ms"}. Each job is one caller:
 ``oncely.retry`` around ``RedisStore.execute``, cancelled after ``cancel_ms`` if set.
@@ -133,6 +136,11 @@ async def run_job(store: oncely.RedisStore, job: dict[str, Any]) -> None:
             return await asyncio.wait_for(store.execute(scoped, fp, action), max(remaining, 0.001))
         except TimeoutError:
             raise DeadlineExceeded(job["key"]) from None
+        except oncely.OncelyError as exc:
+            # Each failed attempt's store error, for a failure report (the checker skips it).
+            ledger({"ev": "err", "k": job["key"], "x": "", "t": time.time() * 1000,
+                    "err": f"{type(exc).__name__}: {exc}"})
+            raise
 
     policy = oncely.RetryPolicy(max_attempts=1000, base_delay=0.05, max_delay=1.0)
     task = asyncio.ensure_future(
@@ -156,7 +164,11 @@ async def run_job(store: oncely.RedisStore, job: dict[str, Any]) -> None:
 
 
 async def main() -> None:
-    store = oncely.RedisStore(URL, lease=int(LEASE_MS) / 1000, prefix=PREFIX)
+    # ONCELY_SOAK_CLUSTER=1: URL is a Redis Cluster's node URLs, space-separated.
+    cluster = os.environ.get("ONCELY_SOAK_CLUSTER") == "1"
+    store = oncely.RedisStore(URL.split() if cluster else URL, lease=int(LEASE_MS) / 1000,
+                              prefix=PREFIX, cluster=cluster,
+                              min_replicas=int(os.environ.get("ONCELY_SOAK_MIN_REPLICAS") or 0))
     loop = asyncio.get_running_loop()
     eof = asyncio.Event()
     tasks: set[asyncio.Task[None]] = set()
