@@ -319,6 +319,9 @@ fn send(
     deadline: Instant,
     timeout_set: bool,
 ) -> redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> {
+    // Taken before the write: a write held up (a stalled server, full socket buffers)
+    // uses up time the read timeout set before it no longer accounts for.
+    let entered = Instant::now();
     let mut bytes = Vec::new();
     for code in loads {
         redis::cmd("SCRIPT")
@@ -333,12 +336,12 @@ fn send(
     let n = loads.len() + requests.len();
     let mut out = Vec::with_capacity(n);
     // When the read timeout was last set to the time left (the caller just did, if
-    // `timeout_set`). A read blocks at most that timeout from its own start, so it can
+    // `timeout_set`: at the latest when this function was entered). A read blocks at most that timeout from its own start, so it can
     // end past `deadline` by as much time as went by since: the timeout is set again
     // only once that exceeds `READ_TIMEOUT_SLACK`, not before each reply (most replies
     // of a batch arrive in one read, already buffered: a setsockopt each would cost
     // more than the reads).
-    let mut set_at = timeout_set.then(Instant::now);
+    let mut set_at = timeout_set.then_some(entered);
     while out.len() < n {
         let now = Instant::now();
         if set_at.is_none_or(|t| now.duration_since(t) > READ_TIMEOUT_SLACK) {
@@ -1455,6 +1458,60 @@ mod tests {
             let dir = std::env::temp_dir().join(format!("oncely-threads-test-{}", self.1));
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+
+    /// A batch whose write is held up (the server stopped with its socket buffers
+    /// full) still ends by its deadline: the read that follows waits for the time left,
+    /// not for the whole timeout set before the write. The server runs the request
+    /// long after the deadline (a script that spins), so only the deadline ends the
+    /// read.
+    #[test]
+    #[ignore = "needs redis-server: run scripts/test-redis"]
+    fn a_write_held_up_does_not_stretch_the_read_past_the_deadline() {
+        let server = Server::start(&[]);
+        let io_timeout = Duration::from_secs(1);
+        let link = Link {
+            topology: Topology::Single(redis::Client::open(server.url()).unwrap()),
+            connect_timeout: Duration::from_secs(2),
+            io_timeout,
+            min_replicas: 0,
+            min_replicas_timeout: Duration::ZERO,
+        };
+        let mut conn = Conn::new(link);
+        let d = Instant::now() + io_timeout;
+        conn.run(d, |c| pipeline(c, &[&Request::command("PING")], d))
+            .unwrap();
+        // Far larger than the loopback socket buffers: the write blocks while the
+        // server is stopped.
+        let spin = Request::command("EVAL")
+            .arg(
+                "local function ms() local t = redis.call('TIME') \
+                 return t[1] * 1000 + math.floor(t[2] / 1000) end \
+                 local start = ms() while ms() - start < 3000 do end return 1",
+            )
+            .arg(0)
+            .arg(vec![b'x'; 64 << 20]);
+        server.signal("-STOP");
+        let pid = server.0.id().to_string();
+        let resume = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(700));
+            let ok = std::process::Command::new("kill")
+                .args(["-CONT", &pid])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        });
+        let start = Instant::now();
+        let deadline = start + io_timeout;
+        let r = conn.run(deadline, |c| pipeline(c, &[&spin], deadline));
+        let took = start.elapsed();
+        resume.join().unwrap();
+        assert!(r.is_err(), "the spinning script answered in time: {r:?}");
+        assert!(
+            took < io_timeout + Duration::from_millis(400),
+            "the batch ended {:?} past its deadline",
+            took - io_timeout
+        );
     }
 
     /// A pipeline whose connection breaks after Redis ran it (the replies were never
