@@ -142,7 +142,12 @@ impl Conn {
                     && !e.is_timeout()
                     && left(deadline, self.link.io_timeout).is_some() =>
             {
-                self.run_once(deadline, &mut f)
+                match self.run_once(deadline, &mut f) {
+                    // The first send may have run: a retry that sent nothing leaves it a
+                    // lost answer (the caller undoes a claim it may hold), not unsent.
+                    Err(Failure::NotSent | Failure::NotConnected(_)) => Err(Failure::Redis(e)),
+                    r => r,
+                }
             }
             r => r,
         }
