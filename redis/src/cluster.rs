@@ -340,7 +340,8 @@ impl ClusterCon {
     /// not know it and sent again, a request on a connection found broken before its
     /// reply is sent again once on a new one (the scripts may be resent, see
     /// `threads::Conn::run`): all within `deadline`, at most [`ROUNDS`] rounds. A node
-    /// that times out fails its own requests only, and is not retried.
+    /// that times out fails its own requests only, and is not retried. A request sent
+    /// again that still fails is a lost answer (see [`Failure::is_lost_answer`]).
     pub(crate) fn pipeline(
         &mut self,
         requests: &[&Request],
@@ -348,6 +349,8 @@ impl ClusterCon {
     ) -> Vec<Result<Value, Failure>> {
         let n = requests.len();
         let mut out: Vec<Option<Result<Value, Failure>>> = vec![None; n];
+        // Requests sent again after a lost reply: their first send may have run.
+        let mut resent = vec![false; n];
         self.ran = vec![None; n];
         let mut todo: Vec<Item> = (0..n)
             .map(|index| Item {
@@ -419,6 +422,7 @@ impl ClusterCon {
                                     ..item
                                 });
                             } else if again && !item.resent {
+                                resent[item.index] = true;
                                 retry.push(Item {
                                     resent: true,
                                     ..item
@@ -501,6 +505,7 @@ impl ClusterCon {
                     for item in &items[got..] {
                         out[item.index] = Some(Err(Failure::Redis(e.clone())));
                         if again && !item.resent {
+                            resent[item.index] = true;
                             retry.push(Item {
                                 resent: true,
                                 ..item.clone()
@@ -522,7 +527,19 @@ impl ClusterCon {
             }
         }
         out.into_iter()
-            .map(|r| r.unwrap_or(Err(Failure::NotSent)))
+            .zip(resent)
+            .map(|(r, resent)| match r.unwrap_or(Err(Failure::NotSent)) {
+                // Whatever became of the resend (no connection, a redirect, no time
+                // left), the first send may have run: a lost answer, which the caller
+                // undoes (a claim it may hold is released), not a call never run.
+                Err(f) if resent && !f.is_lost_answer() => {
+                    Err(Failure::Redis(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        format!("the reply was lost and sending it again failed: {f:?}"),
+                    ))))
+                }
+                r => r,
+            })
             .collect()
     }
 
@@ -701,5 +718,71 @@ impl ClusterCon {
                     .unwrap_or_else(|| Err(lost("no WAIT"))),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// A request whose connection breaks before its reply (Redis may have run it) is
+    /// sent again; when the node cannot even be reached for that, the request still
+    /// fails as a lost answer (which the caller undoes), not as one never sent. The
+    /// "node" is a socket scripted here: it answers one PING, takes the request, stops
+    /// listening and closes the connection.
+    #[test]
+    fn a_resend_that_cannot_connect_leaves_a_lost_answer() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let node = std::thread::spawn(move || {
+            let (mut con, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let n = con.read(&mut buf).unwrap();
+            assert!(buf[..n].windows(4).any(|w| w == b"PING"));
+            con.write_all(b"+PONG\r\n").unwrap();
+            let n = con.read(&mut buf).unwrap();
+            assert!(buf[..n].windows(4).any(|w| w == b"INCR"));
+            drop(listener);
+            drop(con);
+        });
+        // As the store opens them: no handshake.
+        let seed =
+            redis::IntoConnectionInfo::into_connection_info(format!("redis://127.0.0.1:{port}"))
+                .unwrap();
+        let settings = seed.redis_settings().clone().set_skip_set_lib_name();
+        let seed = seed.set_redis_settings(settings);
+        let mut c = ClusterCon {
+            nodes: NodeClients {
+                seeds: vec![seed],
+                ca: None,
+                connect_timeout: Duration::from_secs(1),
+            },
+            connect_timeout: Duration::from_secs(1),
+            slots: vec![Some(0); SLOTS],
+            addrs: vec![("127.0.0.1".to_owned(), port)],
+            conns: HashMap::new(),
+            epochs: 0,
+            stale: false,
+            slow: HashSet::new(),
+            ran: Vec::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let ping = Request::command("PING");
+        let r = c.pipeline(&[&ping], deadline);
+        assert!(
+            matches!(&r[0], Ok(Value::SimpleString(s)) if s == "PONG"),
+            "{r:?}"
+        );
+        let write = Request::command("INCR").arg("k");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let r = c.pipeline(&[&write], deadline);
+        node.join().unwrap();
+        assert!(
+            r[0].as_ref().is_err_and(Failure::is_lost_answer),
+            "a request whose reply was lost ended as {:?}",
+            r[0]
+        );
     }
 }

@@ -54,6 +54,12 @@ impl From<redis::RedisError> for Failure {
 }
 
 impl Failure {
+    /// Redis may have run the call but its answer was lost (a broken connection, a
+    /// timeout): what it did is undone by the caller where it can be.
+    pub(crate) fn is_lost_answer(&self) -> bool {
+        matches!(self, Failure::Redis(e) if e.is_timeout() || e.is_io_error())
+    }
+
     fn into_error(self, io_timeout: Duration) -> Error {
         match self {
             Failure::NotSent => Error::Unavailable(format!(
@@ -817,7 +823,7 @@ impl Pool {
                     }
                     Err(f) => Err(f),
                 };
-                if matches!(&r, Err(Failure::Redis(e)) if e.is_timeout() || e.is_io_error()) {
+                if r.as_ref().is_err_and(Failure::is_lost_answer) {
                     undo_unknown();
                 }
                 let Some(tx) = lock(&tx).take() else {
