@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, RedisError, RedisResult, Value};
 
-use crate::threads::{Failure, Request};
+use crate::threads::{write_by, Failure, Request};
 use crate::topology::{open_client, NodeClients};
 
 /// Slots of a Redis Cluster.
@@ -580,9 +580,7 @@ impl ClusterCon {
         node.con
             .set_write_timeout(Some(t))
             .map_err(|e| (e, false, reused))?;
-        node.con
-            .send_packed_command(&bytes)
-            .map_err(|e| (e, true, reused))?;
+        write_by(&mut node.con, &bytes, deadline, true).map_err(|e| (e, true, reused))?;
         Ok((node.epoch, reused, n_loads))
     }
 

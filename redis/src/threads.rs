@@ -315,6 +315,37 @@ fn node_pipeline(
 /// How far past its deadline a read of a batch's replies may end (see [`send`]).
 const READ_TIMEOUT_SLACK: Duration = Duration::from_millis(1);
 
+/// The largest part of a write given one write timeout (see [`write_by`]).
+const WRITE_PART: usize = 64 * 1024;
+
+/// Writes `bytes` on `con` by `deadline`; `timeout_set`: the write timeout already
+/// fits `deadline` (set just before).
+///
+/// A socket's write timeout bounds each write call, not the whole write: a peer that
+/// takes a little at a time (a slow link) would let a large write go on far past the
+/// deadline. So a large write goes in parts, each given the time left.
+pub(crate) fn write_by(
+    con: &mut redis::Connection,
+    bytes: &[u8],
+    deadline: Instant,
+    timeout_set: bool,
+) -> redis::RedisResult<()> {
+    if timeout_set && bytes.len() <= WRITE_PART {
+        return con.send_packed_command(bytes);
+    }
+    for part in bytes.chunks(WRITE_PART) {
+        let time = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+            })?;
+        con.set_write_timeout(Some(time))?;
+        con.send_packed_command(part)?;
+    }
+    Ok(())
+}
+
 /// One write of `SCRIPT LOAD`s for `loads` then `requests`; the replies of `requests`.
 /// `timeout_set`: the read timeout already fits `deadline` (set just before).
 ///
@@ -343,7 +374,7 @@ fn send(
     for r in requests {
         r.cmd.write_packed_command(&mut bytes);
     }
-    con.send_packed_command(&bytes)?;
+    write_by(con, &bytes, deadline, timeout_set)?;
     let n = loads.len() + requests.len();
     let mut out = Vec::with_capacity(n);
     // When the read timeout was last set to the time left (the caller just did, if

@@ -379,6 +379,40 @@ fn lost_claim_whose_resend_cannot_connect_leaves_no_claim() {
     });
 }
 
+/// A large completion to a Redis that takes its bytes slowly (a slow link) still ends
+/// within about the I/O timeout: the socket's write timeout bounds each write call,
+/// not the whole write, and a write that keeps making a little progress must not
+/// hold the caller for as long as the bytes take.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn large_write_to_a_slow_link_ends_by_the_io_timeout() {
+    bounded(Duration::from_secs(120), || {
+        let proxy = Proxy::new(Some(redis_addr()));
+        let io_timeout = Duration::from_millis(500);
+        let s: RedisStore<Boom> = RedisStore::builder(proxy.url())
+            .prefix(fresh_prefix())
+            .lease(Duration::from_secs(20))
+            .io_timeout(io_timeout)
+            .workers(1)
+            .build()
+            .unwrap();
+        let k = key();
+        let lease = lead(block_on(s.begin(&k, "f", ExecuteOptions::default())).unwrap());
+        // 64 KiB every 100 ms gets through: the 16 MiB result takes many seconds.
+        proxy.faults.lock().unwrap().slow_big_writes =
+            Some((16 * 1024, Duration::from_millis(100)));
+        let t = Instant::now();
+        let r = block_on(lease.complete(vec![b'x'; 16 << 20]));
+        let took = t.elapsed();
+        proxy.faults.lock().unwrap().slow_big_writes = None;
+        assert!(r.is_err(), "the completion got through in {took:?}");
+        assert!(
+            took < io_timeout * 4,
+            "the completion failed only after {took:?} (I/O timeout {io_timeout:?})"
+        );
+    });
+}
+
 /// Completions and releases resent after a lost reply are harmless: the completion
 /// still counts as stored, and a second release leaves a new leader's record alone.
 #[test]
