@@ -341,7 +341,7 @@ impl ClusterCon {
     /// reply is sent again once on a new one (the scripts may be resent, see
     /// `threads::Conn::run`): all within `deadline`, at most [`ROUNDS`] rounds. A node
     /// that times out fails its own requests only, and is not retried. A request sent
-    /// again that still fails is a lost answer (see [`Failure::is_lost_answer`]).
+    /// again that still fails is a lost answer (see [`Failure::after_resend`]).
     pub(crate) fn pipeline(
         &mut self,
         requests: &[&Request],
@@ -532,12 +532,7 @@ impl ClusterCon {
                 // Whatever became of the resend (no connection, a redirect, no time
                 // left), the first send may have run: a lost answer, which the caller
                 // undoes (a claim it may hold is released), not a call never run.
-                Err(f) if resent && !f.is_lost_answer() => {
-                    Err(Failure::Redis(RedisError::from(std::io::Error::new(
-                        std::io::ErrorKind::ConnectionAborted,
-                        format!("the reply was lost and sending it again failed: {f:?}"),
-                    ))))
-                }
+                Err(f) if resent => Err(f.after_resend()),
                 r => r,
             })
             .collect()

@@ -60,6 +60,19 @@ impl Failure {
         matches!(self, Failure::Redis(e) if e.is_timeout() || e.is_io_error())
     }
 
+    /// The failure of a call sent again after its reply was lost: whatever became of
+    /// the resend (no connection, an error reply such as `LOADING`, no time left), the
+    /// first send may have run, so it is a lost answer.
+    pub(crate) fn after_resend(self) -> Failure {
+        if self.is_lost_answer() {
+            return self;
+        }
+        Failure::Redis(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            format!("the reply was lost and sending it again failed: {self:?}"),
+        )))
+    }
+
     fn into_error(self, io_timeout: Duration) -> Error {
         match self {
             Failure::NotSent => Error::Unavailable(format!(
@@ -113,11 +126,17 @@ fn left(deadline: Instant, io_timeout: Duration) -> Option<Duration> {
 pub(crate) struct Conn {
     link: Link,
     con: Option<Con>,
+    /// The last [`run`](Self::run) sent again after an I/O error.
+    resent: bool,
 }
 
 impl Conn {
     pub(crate) fn new(link: Link) -> Self {
-        Conn { link, con: None }
+        Conn {
+            link,
+            con: None,
+            resent: false,
+        }
     }
 
     /// The deadline of a call made now on this connection.
@@ -141,6 +160,7 @@ impl Conn {
         mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Failure> {
         let reused = self.con.is_some();
+        self.resent = false;
         match self.run_once(deadline, &mut f) {
             Err(Failure::Redis(e))
                 if reused
@@ -148,6 +168,7 @@ impl Conn {
                     && !e.is_timeout()
                     && left(deadline, self.link.io_timeout).is_some() =>
             {
+                self.resent = true;
                 match self.run_once(deadline, &mut f) {
                     // The first send may have run: a retry that sent nothing leaves it a
                     // lost answer (the caller undoes a claim it may hold), not unsent.
@@ -536,7 +557,14 @@ fn run_pipeline(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
     let requests: Vec<&Request> = calls.iter().map(|c| &c.request).collect();
     let replies = conn.run(deadline, |c| pipeline(c, &requests, deadline));
     match replies {
-        Ok(replies) => {
+        Ok(mut replies) => {
+            if conn.resent {
+                for r in &mut replies {
+                    if let Err(f) = r {
+                        *f = f.clone().after_resend();
+                    }
+                }
+            }
             let acked = wait_replicas(conn, &requests, &replies, deadline);
             for ((call, reply), acked) in calls.into_iter().zip(replies).zip(acked) {
                 (call.done)(reply, acked, queue);
