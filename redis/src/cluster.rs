@@ -76,6 +76,12 @@ struct Item {
 struct Node {
     con: redis::Connection,
     epoch: u64,
+    /// The scripts loaded on this connection (by the address of their source): each
+    /// goes with a `SCRIPT LOAD` the first time it is sent here, so that it does not
+    /// take a second round (`NOSCRIPT`), which a stalled node in the same pipeline
+    /// could leave no time for (a promoted replica, a new store's renewer: every
+    /// script is unknown there).
+    loaded: HashSet<usize>,
 }
 
 /// A connection to a Redis Cluster (see the module documentation).
@@ -89,8 +95,6 @@ pub(crate) struct ClusterCon {
     epochs: u64,
     /// The slot map is to be read again before the next send.
     stale: bool,
-    /// Nodes whose last read timed out: read after the others.
-    slow: HashSet<Addr>,
     /// Where each request of the last [`pipeline`](Self::pipeline) ran.
     pub(crate) ran: Vec<Option<Ran>>,
 }
@@ -158,7 +162,6 @@ impl ClusterCon {
             conns: HashMap::new(),
             epochs: 0,
             stale: true,
-            slow: HashSet::new(),
             ran: Vec::new(),
         };
         c.refresh(Instant::now() + timeout)?;
@@ -197,12 +200,38 @@ impl ClusterCon {
             let con = self.open(addr, deadline)?;
             self.epochs += 1;
             let epoch = self.epochs;
-            self.conns.insert(addr.clone(), Node { con, epoch });
+            self.conns.insert(
+                addr.clone(),
+                Node {
+                    con,
+                    epoch,
+                    loaded: HashSet::new(),
+                },
+            );
         }
         let Some(node) = self.conns.get_mut(addr) else {
             unreachable!("inserted above")
         };
         Ok((node, reused))
+    }
+
+    /// The nodes whose last read timed out (on any connection of the store): asked
+    /// and read after the others.
+    fn slow(&self) -> HashSet<Addr> {
+        self.nodes
+            .slow
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_slow(&self, addr: &Addr, slow: bool) {
+        let mut set = self.nodes.slow.lock().unwrap_or_else(|e| e.into_inner());
+        if slow {
+            set.insert(addr.clone());
+        } else {
+            set.remove(addr);
+        }
     }
 
     /// Reads the slot map again: from a node already connected, else from a seed.
@@ -221,13 +250,22 @@ impl ClusterCon {
         candidates.retain(|a| seen.insert(a.clone()));
         // The nodes that timed out last go last (a stalled node asked first would take
         // the time left; in a pipeline a failed refresh keeps the map it had).
-        candidates.sort_by_key(|a| self.slow.contains(a));
+        let slow = self.slow();
+        candidates.sort_by_key(|a| slow.contains(a));
         let mut last = None;
-        for addr in candidates {
-            if time_left(deadline).is_none() {
+        let n = candidates.len();
+        for (i, addr) in candidates.into_iter().enumerate() {
+            let Some(left) = time_left(deadline) else {
                 break;
-            }
-            let by = deadline;
+            };
+            // Half the time left while others remain: a stalled node not yet known as
+            // one (a fresh store, the first seed) leaves the others time to answer. (A
+            // fixed share of the time per candidate failed fresh connects under load.)
+            let by = if i + 1 < n {
+                Instant::now() + left / 2
+            } else {
+                deadline
+            };
             let r = self.node(&addr, by).and_then(|(n, _)| {
                 let t = time_left(by).ok_or_else(timed_out)?;
                 n.con.set_read_timeout(Some(t))?;
@@ -244,7 +282,7 @@ impl ClusterCon {
                 Err(e) => {
                     self.conns.remove(&addr);
                     if e.is_timeout() {
-                        self.slow.insert(addr);
+                        self.set_slow(&addr, true);
                     }
                     last = Some(e);
                 }
@@ -433,7 +471,8 @@ impl ClusterCon {
                 }
             }
             // Then read them, the nodes that were slow last time last.
-            sent.sort_by_key(|(addr, ..)| self.slow.contains(addr));
+            let slow = self.slow();
+            sent.sort_by_key(|(addr, ..)| slow.contains(addr));
             for (addr, items, epoch, reused, loads) in sent {
                 let r = self.read(&addr, &items, loads, deadline);
                 let (replies, broken) = match r {
@@ -441,7 +480,7 @@ impl ClusterCon {
                     Err((replies, e)) => (replies, Some(e)),
                 };
                 if broken.is_none() {
-                    self.slow.remove(&addr);
+                    self.set_slow(&addr, false);
                 }
                 let got = replies.len();
                 for (item, reply) in items.iter().zip(replies) {
@@ -496,7 +535,7 @@ impl ClusterCon {
                     self.conns.remove(&addr);
                     self.stale = true;
                     if e.is_timeout() {
-                        self.slow.insert(addr.clone());
+                        self.set_slow(&addr, true);
                     }
                     // A connection that was open before and broke (not timed out):
                     // likely stale (the node restarted); its requests go again, once,
@@ -553,11 +592,15 @@ impl ClusterCon {
         let mut bytes = Vec::new();
         let mut loads: Vec<&str> = items
             .iter()
-            .filter(|i| i.load)
-            .filter_map(|i| requests[i.index].script_code())
+            .filter_map(|i| {
+                let code = requests[i.index].script_code()?;
+                (i.load || !node.loaded.contains(&(code.as_ptr() as usize))).then_some(code)
+            })
             .collect();
         loads.sort_unstable();
         loads.dedup();
+        node.loaded
+            .extend(loads.iter().map(|code| code.as_ptr() as usize));
         let n_loads = loads.len();
         for code in loads {
             redis::cmd("SCRIPT")
@@ -751,6 +794,7 @@ mod tests {
                 seeds: vec![seed],
                 ca: None,
                 connect_timeout: Duration::from_secs(1),
+                slow: Default::default(),
             },
             connect_timeout: Duration::from_secs(1),
             slots: vec![Some(0); SLOTS],
@@ -758,7 +802,6 @@ mod tests {
             conns: HashMap::new(),
             epochs: 0,
             stale: false,
-            slow: HashSet::new(),
             ran: Vec::new(),
         };
         let deadline = Instant::now() + Duration::from_secs(2);
