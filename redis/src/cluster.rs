@@ -76,12 +76,6 @@ struct Item {
 struct Node {
     con: redis::Connection,
     epoch: u64,
-    /// The scripts loaded on this connection (by the address of their source): each
-    /// goes with a `SCRIPT LOAD` the first time it is sent here, so that it does not
-    /// take a second round (`NOSCRIPT`), which a stalled node in the same pipeline
-    /// could leave no time for (a promoted replica, a new store's renewer: every
-    /// script is unknown there).
-    loaded: HashSet<usize>,
 }
 
 /// A connection to a Redis Cluster (see the module documentation).
@@ -200,14 +194,7 @@ impl ClusterCon {
             let con = self.open(addr, deadline)?;
             self.epochs += 1;
             let epoch = self.epochs;
-            self.conns.insert(
-                addr.clone(),
-                Node {
-                    con,
-                    epoch,
-                    loaded: HashSet::new(),
-                },
-            );
+            self.conns.insert(addr.clone(), Node { con, epoch });
         }
         let Some(node) = self.conns.get_mut(addr) else {
             unreachable!("inserted above")
@@ -592,15 +579,11 @@ impl ClusterCon {
         let mut bytes = Vec::new();
         let mut loads: Vec<&str> = items
             .iter()
-            .filter_map(|i| {
-                let code = requests[i.index].script_code()?;
-                (i.load || !node.loaded.contains(&(code.as_ptr() as usize))).then_some(code)
-            })
+            .filter(|i| i.load)
+            .filter_map(|i| requests[i.index].script_code())
             .collect();
         loads.sort_unstable();
         loads.dedup();
-        node.loaded
-            .extend(loads.iter().map(|code| code.as_ptr() as usize));
         let n_loads = loads.len();
         for code in loads {
             redis::cmd("SCRIPT")
