@@ -231,9 +231,21 @@ fn redirected_claim_is_replicated_where_it_ran() {
     wait_synced(b);
     // Warm: the store's connections are open and have written on A, and B knows the
     // scripts.
+    // (A replica just synced may still miss one WAIT of 150 ms on a loaded machine.)
     for m in [a, b] {
-        let (warm, _) = key_in(&s, &m.slots);
-        block_on(s.execute(&warm, "f", || async { Ok(vec![0]) })).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (warm, _) = key_in(&s, &m.slots);
+            match block_on(s.execute(&warm, "f", || async { Ok(vec![0]) })) {
+                Ok(_) => break,
+                Err(ExecuteError::Store(oncely::Error::Unavailable(e)))
+                    if Instant::now() < until =>
+                {
+                    eprintln!("warming: {e}");
+                }
+                Err(e) => panic!("warming: {e:?}"),
+            }
+        }
     }
     let (k, slot) = key_in(&s, &a.slots);
     let back = migrate(slot, a, b);
