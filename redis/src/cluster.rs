@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, RedisError, RedisResult, Value};
 
-use crate::threads::{Failure, Request};
+use crate::threads::{write_by, Failure, Request};
 use crate::topology::{open_client, NodeClients};
 
 /// Slots of a Redis Cluster.
@@ -89,8 +89,6 @@ pub(crate) struct ClusterCon {
     epochs: u64,
     /// The slot map is to be read again before the next send.
     stale: bool,
-    /// Nodes whose last read timed out: read after the others.
-    slow: HashSet<Addr>,
     /// Where each request of the last [`pipeline`](Self::pipeline) ran.
     pub(crate) ran: Vec<Option<Ran>>,
 }
@@ -158,7 +156,6 @@ impl ClusterCon {
             conns: HashMap::new(),
             epochs: 0,
             stale: true,
-            slow: HashSet::new(),
             ran: Vec::new(),
         };
         c.refresh(Instant::now() + timeout)?;
@@ -205,6 +202,25 @@ impl ClusterCon {
         Ok((node, reused))
     }
 
+    /// The nodes whose last read timed out (on any connection of the store): asked
+    /// and read after the others.
+    fn slow(&self) -> HashSet<Addr> {
+        self.nodes
+            .slow
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_slow(&self, addr: &Addr, slow: bool) {
+        let mut set = self.nodes.slow.lock().unwrap_or_else(|e| e.into_inner());
+        if slow {
+            set.insert(addr.clone());
+        } else {
+            set.remove(addr);
+        }
+    }
+
     /// Reads the slot map again: from a node already connected, else from a seed.
     fn refresh(&mut self, deadline: Instant) -> RedisResult<()> {
         let mut candidates: Vec<Addr> = self.conns.keys().cloned().collect();
@@ -221,13 +237,22 @@ impl ClusterCon {
         candidates.retain(|a| seen.insert(a.clone()));
         // The nodes that timed out last go last (a stalled node asked first would take
         // the time left; in a pipeline a failed refresh keeps the map it had).
-        candidates.sort_by_key(|a| self.slow.contains(a));
+        let slow = self.slow();
+        candidates.sort_by_key(|a| slow.contains(a));
         let mut last = None;
-        for addr in candidates {
-            if time_left(deadline).is_none() {
+        let n = candidates.len();
+        for (i, addr) in candidates.into_iter().enumerate() {
+            let Some(left) = time_left(deadline) else {
                 break;
-            }
-            let by = deadline;
+            };
+            // Half the time left while others remain: a stalled node not yet known as
+            // one (a fresh store, the first seed) leaves the others time to answer. (A
+            // fixed share of the time per candidate failed fresh connects under load.)
+            let by = if i + 1 < n {
+                Instant::now() + left / 2
+            } else {
+                deadline
+            };
             let r = self.node(&addr, by).and_then(|(n, _)| {
                 let t = time_left(by).ok_or_else(timed_out)?;
                 n.con.set_read_timeout(Some(t))?;
@@ -244,7 +269,7 @@ impl ClusterCon {
                 Err(e) => {
                     self.conns.remove(&addr);
                     if e.is_timeout() {
-                        self.slow.insert(addr);
+                        self.set_slow(&addr, true);
                     }
                     last = Some(e);
                 }
@@ -340,7 +365,8 @@ impl ClusterCon {
     /// not know it and sent again, a request on a connection found broken before its
     /// reply is sent again once on a new one (the scripts may be resent, see
     /// `threads::Conn::run`): all within `deadline`, at most [`ROUNDS`] rounds. A node
-    /// that times out fails its own requests only, and is not retried.
+    /// that times out fails its own requests only, and is not retried. A request sent
+    /// again that still fails is a lost answer (see [`Failure::after_resend`]).
     pub(crate) fn pipeline(
         &mut self,
         requests: &[&Request],
@@ -348,6 +374,8 @@ impl ClusterCon {
     ) -> Vec<Result<Value, Failure>> {
         let n = requests.len();
         let mut out: Vec<Option<Result<Value, Failure>>> = vec![None; n];
+        // Requests sent again after a lost reply: their first send may have run.
+        let mut resent = vec![false; n];
         self.ran = vec![None; n];
         let mut todo: Vec<Item> = (0..n)
             .map(|index| Item {
@@ -419,6 +447,7 @@ impl ClusterCon {
                                     ..item
                                 });
                             } else if again && !item.resent {
+                                resent[item.index] = true;
                                 retry.push(Item {
                                     resent: true,
                                     ..item
@@ -429,7 +458,8 @@ impl ClusterCon {
                 }
             }
             // Then read them, the nodes that were slow last time last.
-            sent.sort_by_key(|(addr, ..)| self.slow.contains(addr));
+            let slow = self.slow();
+            sent.sort_by_key(|(addr, ..)| slow.contains(addr));
             for (addr, items, epoch, reused, loads) in sent {
                 let r = self.read(&addr, &items, loads, deadline);
                 let (replies, broken) = match r {
@@ -437,7 +467,7 @@ impl ClusterCon {
                     Err((replies, e)) => (replies, Some(e)),
                 };
                 if broken.is_none() {
-                    self.slow.remove(&addr);
+                    self.set_slow(&addr, false);
                 }
                 let got = replies.len();
                 for (item, reply) in items.iter().zip(replies) {
@@ -492,7 +522,7 @@ impl ClusterCon {
                     self.conns.remove(&addr);
                     self.stale = true;
                     if e.is_timeout() {
-                        self.slow.insert(addr.clone());
+                        self.set_slow(&addr, true);
                     }
                     // A connection that was open before and broke (not timed out):
                     // likely stale (the node restarted); its requests go again, once,
@@ -501,6 +531,7 @@ impl ClusterCon {
                     for item in &items[got..] {
                         out[item.index] = Some(Err(Failure::Redis(e.clone())));
                         if again && !item.resent {
+                            resent[item.index] = true;
                             retry.push(Item {
                                 resent: true,
                                 ..item.clone()
@@ -522,7 +553,14 @@ impl ClusterCon {
             }
         }
         out.into_iter()
-            .map(|r| r.unwrap_or(Err(Failure::NotSent)))
+            .zip(resent)
+            .map(|(r, resent)| match r.unwrap_or(Err(Failure::NotSent)) {
+                // Whatever became of the resend (no connection, a redirect, no time
+                // left), the first send may have run: a lost answer, which the caller
+                // undoes (a claim it may hold is released), not a call never run.
+                Err(f) if resent => Err(f.after_resend()),
+                r => r,
+            })
             .collect()
     }
 
@@ -563,9 +601,7 @@ impl ClusterCon {
         node.con
             .set_write_timeout(Some(t))
             .map_err(|e| (e, false, reused))?;
-        node.con
-            .send_packed_command(&bytes)
-            .map_err(|e| (e, true, reused))?;
+        write_by(&mut node.con, &bytes, deadline, true).map_err(|e| (e, true, reused))?;
         Ok((node.epoch, reused, n_loads))
     }
 
@@ -701,5 +737,71 @@ impl ClusterCon {
                     .unwrap_or_else(|| Err(lost("no WAIT"))),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// A request whose connection breaks before its reply (Redis may have run it) is
+    /// sent again; when the node cannot even be reached for that, the request still
+    /// fails as a lost answer (which the caller undoes), not as one never sent. The
+    /// "node" is a socket scripted here: it answers one PING, takes the request, stops
+    /// listening and closes the connection.
+    #[test]
+    fn a_resend_that_cannot_connect_leaves_a_lost_answer() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let node = std::thread::spawn(move || {
+            let (mut con, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let n = con.read(&mut buf).unwrap();
+            assert!(buf[..n].windows(4).any(|w| w == b"PING"));
+            con.write_all(b"+PONG\r\n").unwrap();
+            let n = con.read(&mut buf).unwrap();
+            assert!(buf[..n].windows(4).any(|w| w == b"INCR"));
+            drop(listener);
+            drop(con);
+        });
+        // As the store opens them: no handshake.
+        let seed =
+            redis::IntoConnectionInfo::into_connection_info(format!("redis://127.0.0.1:{port}"))
+                .unwrap();
+        let settings = seed.redis_settings().clone().set_skip_set_lib_name();
+        let seed = seed.set_redis_settings(settings);
+        let mut c = ClusterCon {
+            nodes: NodeClients {
+                seeds: vec![seed],
+                ca: None,
+                connect_timeout: Duration::from_secs(1),
+                slow: Default::default(),
+            },
+            connect_timeout: Duration::from_secs(1),
+            slots: vec![Some(0); SLOTS],
+            addrs: vec![("127.0.0.1".to_owned(), port)],
+            conns: HashMap::new(),
+            epochs: 0,
+            stale: false,
+            ran: Vec::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let ping = Request::command("PING");
+        let r = c.pipeline(&[&ping], deadline);
+        assert!(
+            matches!(&r[0], Ok(Value::SimpleString(s)) if s == "PONG"),
+            "{r:?}"
+        );
+        let write = Request::command("INCR").arg("k");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let r = c.pipeline(&[&write], deadline);
+        node.join().unwrap();
+        assert!(
+            r[0].as_ref().is_err_and(Failure::is_lost_answer),
+            "a request whose reply was lost ended as {:?}",
+            r[0]
+        );
     }
 }

@@ -54,6 +54,25 @@ impl From<redis::RedisError> for Failure {
 }
 
 impl Failure {
+    /// Redis may have run the call but its answer was lost (a broken connection, a
+    /// timeout): what it did is undone by the caller where it can be.
+    pub(crate) fn is_lost_answer(&self) -> bool {
+        matches!(self, Failure::Redis(e) if e.is_timeout() || e.is_io_error())
+    }
+
+    /// The failure of a call sent again after its reply was lost: whatever became of
+    /// the resend (no connection, an error reply such as `LOADING`, no time left), the
+    /// first send may have run, so it is a lost answer.
+    pub(crate) fn after_resend(self) -> Failure {
+        if self.is_lost_answer() {
+            return self;
+        }
+        Failure::Redis(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            format!("the reply was lost and sending it again failed: {self:?}"),
+        )))
+    }
+
     fn into_error(self, io_timeout: Duration) -> Error {
         match self {
             Failure::NotSent => Error::Unavailable(format!(
@@ -107,11 +126,17 @@ fn left(deadline: Instant, io_timeout: Duration) -> Option<Duration> {
 pub(crate) struct Conn {
     link: Link,
     con: Option<Con>,
+    /// The last [`run`](Self::run) sent again after an I/O error.
+    resent: bool,
 }
 
 impl Conn {
     pub(crate) fn new(link: Link) -> Self {
-        Conn { link, con: None }
+        Conn {
+            link,
+            con: None,
+            resent: false,
+        }
     }
 
     /// The deadline of a call made now on this connection.
@@ -135,6 +160,7 @@ impl Conn {
         mut f: impl FnMut(&mut Con) -> redis::RedisResult<T>,
     ) -> Result<T, Failure> {
         let reused = self.con.is_some();
+        self.resent = false;
         match self.run_once(deadline, &mut f) {
             Err(Failure::Redis(e))
                 if reused
@@ -142,7 +168,13 @@ impl Conn {
                     && !e.is_timeout()
                     && left(deadline, self.link.io_timeout).is_some() =>
             {
-                self.run_once(deadline, &mut f)
+                self.resent = true;
+                match self.run_once(deadline, &mut f) {
+                    // The first send may have run: a retry that sent nothing leaves it a
+                    // lost answer (the caller undoes a claim it may hold), not unsent.
+                    Err(Failure::NotSent | Failure::NotConnected(_)) => Err(Failure::Redis(e)),
+                    r => r,
+                }
             }
             r => r,
         }
@@ -304,6 +336,37 @@ fn node_pipeline(
 /// How far past its deadline a read of a batch's replies may end (see [`send`]).
 const READ_TIMEOUT_SLACK: Duration = Duration::from_millis(1);
 
+/// The largest part of a write given one write timeout (see [`write_by`]).
+const WRITE_PART: usize = 64 * 1024;
+
+/// Writes `bytes` on `con` by `deadline`; `timeout_set`: the write timeout already
+/// fits `deadline` (set just before).
+///
+/// A socket's write timeout bounds each write call, not the whole write: a peer that
+/// takes a little at a time (a slow link) would let a large write go on far past the
+/// deadline. So a large write goes in parts, each given the time left.
+pub(crate) fn write_by(
+    con: &mut redis::Connection,
+    bytes: &[u8],
+    deadline: Instant,
+    timeout_set: bool,
+) -> redis::RedisResult<()> {
+    if timeout_set && bytes.len() <= WRITE_PART {
+        return con.send_packed_command(bytes);
+    }
+    for part in bytes.chunks(WRITE_PART) {
+        let time = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+            })?;
+        con.set_write_timeout(Some(time))?;
+        con.send_packed_command(part)?;
+    }
+    Ok(())
+}
+
 /// One write of `SCRIPT LOAD`s for `loads` then `requests`; the replies of `requests`.
 /// `timeout_set`: the read timeout already fits `deadline` (set just before).
 ///
@@ -319,6 +382,9 @@ fn send(
     deadline: Instant,
     timeout_set: bool,
 ) -> redis::RedisResult<Vec<redis::RedisResult<redis::Value>>> {
+    // Taken before the write: a write held up (a stalled server, full socket buffers)
+    // uses up time the read timeout set before it no longer accounts for.
+    let entered = Instant::now();
     let mut bytes = Vec::new();
     for code in loads {
         redis::cmd("SCRIPT")
@@ -329,16 +395,16 @@ fn send(
     for r in requests {
         r.cmd.write_packed_command(&mut bytes);
     }
-    con.send_packed_command(&bytes)?;
+    write_by(con, &bytes, deadline, timeout_set)?;
     let n = loads.len() + requests.len();
     let mut out = Vec::with_capacity(n);
     // When the read timeout was last set to the time left (the caller just did, if
-    // `timeout_set`). A read blocks at most that timeout from its own start, so it can
+    // `timeout_set`: at the latest when this function was entered). A read blocks at most that timeout from its own start, so it can
     // end past `deadline` by as much time as went by since: the timeout is set again
     // only once that exceeds `READ_TIMEOUT_SLACK`, not before each reply (most replies
     // of a batch arrive in one read, already buffered: a setsockopt each would cost
     // more than the reads).
-    let mut set_at = timeout_set.then(Instant::now);
+    let mut set_at = timeout_set.then_some(entered);
     while out.len() < n {
         let now = Instant::now();
         if set_at.is_none_or(|t| now.duration_since(t) > READ_TIMEOUT_SLACK) {
@@ -491,7 +557,14 @@ fn run_pipeline(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
     let requests: Vec<&Request> = calls.iter().map(|c| &c.request).collect();
     let replies = conn.run(deadline, |c| pipeline(c, &requests, deadline));
     match replies {
-        Ok(replies) => {
+        Ok(mut replies) => {
+            if conn.resent {
+                for r in &mut replies {
+                    if let Err(f) = r {
+                        *f = f.clone().after_resend();
+                    }
+                }
+            }
             let acked = wait_replicas(conn, &requests, &replies, deadline);
             for ((call, reply), acked) in calls.into_iter().zip(replies).zip(acked) {
                 (call.done)(reply, acked, queue);
@@ -809,7 +882,7 @@ impl Pool {
                     }
                     Err(f) => Err(f),
                 };
-                if matches!(&r, Err(Failure::Redis(e)) if e.is_timeout() || e.is_io_error()) {
+                if r.as_ref().is_err_and(Failure::is_lost_answer) {
                     undo_unknown();
                 }
                 let Some(tx) = lock(&tx).take() else {
@@ -1455,6 +1528,60 @@ mod tests {
             let dir = std::env::temp_dir().join(format!("oncely-threads-test-{}", self.1));
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+
+    /// A batch whose write is held up (the server stopped with its socket buffers
+    /// full) still ends by its deadline: the read that follows waits for the time left,
+    /// not for the whole timeout set before the write. The server runs the request
+    /// long after the deadline (a script that spins), so only the deadline ends the
+    /// read.
+    #[test]
+    #[ignore = "needs redis-server: run scripts/test-redis"]
+    fn a_write_held_up_does_not_stretch_the_read_past_the_deadline() {
+        let server = Server::start(&[]);
+        let io_timeout = Duration::from_secs(1);
+        let link = Link {
+            topology: Topology::Single(redis::Client::open(server.url()).unwrap()),
+            connect_timeout: Duration::from_secs(2),
+            io_timeout,
+            min_replicas: 0,
+            min_replicas_timeout: Duration::ZERO,
+        };
+        let mut conn = Conn::new(link);
+        let d = Instant::now() + io_timeout;
+        conn.run(d, |c| pipeline(c, &[&Request::command("PING")], d))
+            .unwrap();
+        // Far larger than the loopback socket buffers: the write blocks while the
+        // server is stopped.
+        let spin = Request::command("EVAL")
+            .arg(
+                "local function ms() local t = redis.call('TIME') \
+                 return t[1] * 1000 + math.floor(t[2] / 1000) end \
+                 local start = ms() while ms() - start < 3000 do end return 1",
+            )
+            .arg(0)
+            .arg(vec![b'x'; 64 << 20]);
+        server.signal("-STOP");
+        let pid = server.0.id().to_string();
+        let resume = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(700));
+            let ok = std::process::Command::new("kill")
+                .args(["-CONT", &pid])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        });
+        let start = Instant::now();
+        let deadline = start + io_timeout;
+        let r = conn.run(deadline, |c| pipeline(c, &[&spin], deadline));
+        let took = start.elapsed();
+        resume.join().unwrap();
+        assert!(r.is_err(), "the spinning script answered in time: {r:?}");
+        assert!(
+            took < io_timeout + Duration::from_millis(400),
+            "the batch ended {:?} past its deadline",
+            took - io_timeout
+        );
     }
 
     /// A pipeline whose connection breaks after Redis ran it (the replies were never

@@ -11,6 +11,7 @@
 //!   (`READONLY`, `MASTERDOWN`): the connection is dropped and the next one is opened
 //!   on the current primary (a Sentinel is asked again).
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,6 +40,10 @@ pub(crate) struct NodeClients {
     pub(crate) ca: Option<Vec<u8>>,
     /// The longest wait for one node's connection.
     pub(crate) connect_timeout: Duration,
+    /// Nodes whose last read timed out, shared by every connection of the store: a
+    /// connection opened while a node stalls asks it last too (see
+    /// [`crate::cluster`]).
+    pub(crate) slow: Arc<Mutex<HashSet<(String, u16)>>>,
 }
 
 /// A client for `info`, trusting only the CA certificate(s) in `ca` when given.
@@ -71,6 +76,7 @@ impl Topology {
             seeds,
             ca,
             connect_timeout,
+            slow: Arc::default(),
         }))
     }
 

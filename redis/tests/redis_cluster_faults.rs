@@ -380,6 +380,17 @@ fn failover_under_load(min_replicas: usize) -> Load {
             .status()
             .unwrap();
         assert!(started.success());
+        // Daemonized before it listens: the next scenario may ask it first.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !node(victim.port)
+            .is_ok_and(|mut c| redis::cmd("PING").query::<String>(&mut c).is_ok())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the old master did not start again"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     });
     wait_cluster_ok("restarting the old master");
     seen

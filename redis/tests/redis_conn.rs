@@ -95,6 +95,11 @@ struct Faults {
     /// Connections that send SUBSCRIBE are closed at once (counted in
     /// [`Proxy::refused`]), as by a server or proxy that does not allow pub/sub.
     refuse_subscribe: bool,
+    /// This many of the next connections accepted are closed at once.
+    close_new: usize,
+    /// This many of the next connections accepted answer their first command with
+    /// `-LOADING` (as a Redis that restarted and reads its data) and are closed.
+    loading_new: usize,
 }
 
 /// A TCP proxy in front of the test's Redis (or, with no upstream, a black hole that
@@ -130,6 +135,26 @@ impl Proxy {
                         return;
                     }
                     let Ok(client) = client else { continue };
+                    {
+                        let mut f = faults.lock().unwrap();
+                        if f.close_new > 0 {
+                            f.close_new -= 1;
+                            continue;
+                        }
+                        if f.loading_new > 0 {
+                            f.loading_new -= 1;
+                            std::thread::spawn(move || {
+                                let mut client = client;
+                                let mut buf = [0u8; 4096];
+                                if matches!(client.read(&mut buf), Ok(n) if n > 0) {
+                                    let _ = client.write_all(
+                                        b"-LOADING Redis is loading the dataset in memory\r\n",
+                                    );
+                                }
+                            });
+                            continue;
+                        }
+                    }
                     match &upstream {
                         None => {
                             // Read and never answer, until the client goes.
@@ -299,6 +324,175 @@ fn resent_claim_leads() {
             .query(&mut r)
             .unwrap();
         assert_eq!(state, "done");
+    });
+}
+
+/// A claim whose reply is lost after Redis ran it, and whose resend cannot even
+/// connect (the new connection is closed while it opens: the database is selected on
+/// it), is a lost answer, not a call never sent: its own token is released, so the
+/// key is not held for a lease by a claim nobody leads.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn lost_claim_whose_resend_cannot_connect_leaves_no_claim() {
+    bounded(Duration::from_secs(60), || {
+        let proxy = Proxy::new(Some(redis_addr()));
+        let lease = Duration::from_secs(20);
+        let s: RedisStore<Boom> = RedisStore::builder(format!("{}/1", proxy.url()))
+            .prefix(fresh_prefix())
+            .lease(lease)
+            .workers(1)
+            .build()
+            .unwrap();
+        let peer: RedisStore<Boom> = RedisStore::builder(format!("{}/1", url()))
+            .prefix(s.prefix())
+            .lease(lease)
+            .build()
+            .unwrap();
+        // Only a reused connection is resent on.
+        block_on(s.execute(&key(), "warm", || async { Ok(vec![1]) })).unwrap();
+        let k = key();
+        {
+            let mut f = proxy.faults.lock().unwrap();
+            f.drop_reply_to = Some(b"fp-lost-claim".to_vec());
+            f.close_new = 1;
+        }
+        let err = block_on(s.begin(&k, "fp-lost-claim", ExecuteOptions::default())).unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        assert_eq!(
+            proxy.dropped.load(Ordering::SeqCst),
+            1,
+            "no reply was dropped"
+        );
+        assert_eq!(proxy.faults.lock().unwrap().close_new, 0, "no resend");
+        let t = Instant::now();
+        let ran = AtomicUsize::new(0);
+        loop {
+            let out = block_on(peer.execute_with(
+                &k,
+                "fp-lost-claim",
+                ExecuteOptions { wait: false },
+                || async {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Ok(b"peer".to_vec())
+                },
+            ));
+            match out {
+                Ok(e) => {
+                    assert_eq!((e.source, ran.load(Ordering::SeqCst)), (Source::Led, 1));
+                    break;
+                }
+                Err(ExecuteError::Store(Error::InProgress { .. })) => {
+                    assert!(
+                        t.elapsed() < lease / 4,
+                        "the lost claim still held the key after {:?}",
+                        t.elapsed()
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    });
+}
+
+/// A claim whose reply is lost after Redis ran it, and whose resend is refused with
+/// an error (`LOADING`: Redis restarted), is a lost answer all the same: its own token
+/// is released, so the key is not held for a lease by a claim nobody leads.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn lost_claim_whose_resend_is_refused_leaves_no_claim() {
+    bounded(Duration::from_secs(60), || {
+        let proxy = Proxy::new(Some(redis_addr()));
+        let lease = Duration::from_secs(20);
+        let s: RedisStore<Boom> = RedisStore::builder(proxy.url())
+            .prefix(fresh_prefix())
+            .lease(lease)
+            .workers(1)
+            .build()
+            .unwrap();
+        let peer: RedisStore<Boom> = RedisStore::builder(url())
+            .prefix(s.prefix())
+            .lease(lease)
+            .build()
+            .unwrap();
+        // Only a reused connection is resent on.
+        block_on(s.execute(&key(), "warm", || async { Ok(vec![1]) })).unwrap();
+        let k = key();
+        {
+            let mut f = proxy.faults.lock().unwrap();
+            f.drop_reply_to = Some(b"fp-lost-claim".to_vec());
+            f.loading_new = 1;
+        }
+        let err = block_on(s.begin(&k, "fp-lost-claim", ExecuteOptions::default())).unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        assert_eq!(
+            proxy.dropped.load(Ordering::SeqCst),
+            1,
+            "no reply was dropped"
+        );
+        assert_eq!(proxy.faults.lock().unwrap().loading_new, 0, "no resend");
+        let t = Instant::now();
+        let ran = AtomicUsize::new(0);
+        loop {
+            let out = block_on(peer.execute_with(
+                &k,
+                "fp-lost-claim",
+                ExecuteOptions { wait: false },
+                || async {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Ok(b"peer".to_vec())
+                },
+            ));
+            match out {
+                Ok(e) => {
+                    assert_eq!((e.source, ran.load(Ordering::SeqCst)), (Source::Led, 1));
+                    break;
+                }
+                Err(ExecuteError::Store(Error::InProgress { .. })) => {
+                    assert!(
+                        t.elapsed() < lease / 4,
+                        "the lost claim still held the key after {:?}",
+                        t.elapsed()
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    });
+}
+
+/// A large completion to a Redis that takes its bytes slowly (a slow link) still ends
+/// within about the I/O timeout: the socket's write timeout bounds each write call,
+/// not the whole write, and a write that keeps making a little progress must not
+/// hold the caller for as long as the bytes take.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn large_write_to_a_slow_link_ends_by_the_io_timeout() {
+    bounded(Duration::from_secs(120), || {
+        let proxy = Proxy::new(Some(redis_addr()));
+        let io_timeout = Duration::from_millis(500);
+        let s: RedisStore<Boom> = RedisStore::builder(proxy.url())
+            .prefix(fresh_prefix())
+            .lease(Duration::from_secs(20))
+            .io_timeout(io_timeout)
+            .workers(1)
+            .build()
+            .unwrap();
+        let k = key();
+        let lease = lead(block_on(s.begin(&k, "f", ExecuteOptions::default())).unwrap());
+        // 64 KiB every 100 ms gets through: the 16 MiB result takes many seconds.
+        proxy.faults.lock().unwrap().slow_big_writes =
+            Some((16 * 1024, Duration::from_millis(100)));
+        let t = Instant::now();
+        let r = block_on(lease.complete(vec![b'x'; 16 << 20]));
+        let took = t.elapsed();
+        proxy.faults.lock().unwrap().slow_big_writes = None;
+        assert!(r.is_err(), "the completion got through in {took:?}");
+        assert!(
+            took < io_timeout * 4,
+            "the completion failed only after {took:?} (I/O timeout {io_timeout:?})"
+        );
     });
 }
 
