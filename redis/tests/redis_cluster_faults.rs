@@ -341,8 +341,8 @@ fn failover_under_load(min_replicas: usize) -> Load {
             .into_iter()
             .find(|n| n.master && !n.failed && !n.slots.is_empty())
             .unwrap();
-        let synced: redis::RedisResult<i64> = node(victim.port)
-            .and_then(|mut c| redis::cmd("WAIT").arg(1).arg(200).query(&mut c));
+        let synced: redis::RedisResult<i64> =
+            node(victim.port).and_then(|mut c| redis::cmd("WAIT").arg(1).arg(200).query(&mut c));
         if synced == Ok(1) {
             break victim;
         }
