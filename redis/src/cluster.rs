@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, RedisError, RedisResult, Value};
 
-use crate::threads::{write_by, Failure, Request};
+use crate::pipeline::write_by;
+use crate::request::{Failure, Request};
 use crate::topology::{open_client, NodeClients};
 
 /// Slots of a Redis Cluster.
@@ -364,7 +365,7 @@ impl ClusterCon {
     /// MOVED and ASK are followed, an unknown script is loaded on the node that does
     /// not know it and sent again, a request on a connection found broken before its
     /// reply is sent again once on a new one (the scripts may be resent, see
-    /// `threads::Conn::run`): all within `deadline`, at most [`ROUNDS`] rounds. A node
+    /// `conn::Conn::run`): all within `deadline`, at most [`ROUNDS`] rounds. A node
     /// that times out fails its own requests only, and is not retried. A request sent
     /// again that still fails is a lost answer (see [`Failure::after_resend`]).
     pub(crate) fn pipeline(

@@ -45,11 +45,19 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod batch;
 mod cluster;
 pub mod codec;
+mod conn;
+mod notifier;
+mod pipeline;
+mod pool;
+mod renewer;
+mod request;
 mod runtime;
 mod scripts;
-mod threads;
+#[cfg(test)]
+mod testing;
 mod topology;
 
 /// The README's example, compiled as a doctest.
@@ -71,10 +79,12 @@ use oncely::{
     Lease, ScopedKey,
 };
 
+use batch::Acked;
+use conn::Link;
+use request::{Failure, Request};
 use runtime::{PerProcess, Runtime};
 pub use scripts::RECORD_VERSION;
 use scripts::{Claim, Got, Peek, Removal, Scripts};
-use threads::{Acked, Failure, Link, Request};
 use topology::Topology;
 
 /// Locks a mutex, going on after a panic elsewhere: every critical section leaves its
@@ -1180,7 +1190,7 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
         F: FnOnce() -> Result<Vec<u8>, E>,
     {
         // This thread waits anyway: its calls go out from it (no worker hand-off).
-        threads::blocking(|| {
+        pool::blocking(|| {
             pollster::block_on(oncely::execute(self, key, fingerprint, options, || {
                 std::future::ready(action())
             }))

@@ -19,8 +19,11 @@ use std::time::{Duration, Instant};
 
 use oncely::{Error, MemoryStore};
 
+use crate::conn::Link;
 use crate::lock;
-use crate::threads::{Link, Notifier, Pool, Renewer};
+use crate::notifier::Notifier;
+use crate::pool::Pool;
+use crate::renewer::Renewer;
 
 /// The threads and the in-process tier of one process.
 pub(crate) struct Runtime<E> {

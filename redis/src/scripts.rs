@@ -3,7 +3,7 @@
 
 use redis::{ParsingError, Value};
 
-use crate::threads::Request;
+use crate::request::Request;
 
 /// The record format version this crate reads and writes.
 pub const RECORD_VERSION: &str = "1";
@@ -159,7 +159,7 @@ return 1
 );
 
 /// A script of one key, sent as `EVALSHA` (loaded and sent again when Redis does not
-/// know it, see [`crate::threads::pipeline`]).
+/// know it, see [`crate::pipeline::pipeline`]).
 pub(crate) struct Lua {
     code: &'static str,
     hash: String,

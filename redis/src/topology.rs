@@ -2,7 +2,7 @@
 //! Sentinels names. [`Topology`] opens connections; [`Con`] is one of them, and every
 //! worker job, renewal and WAIT runs on a `Con` whatever the deployment.
 //!
-//! - `threads::pipeline` runs a batch of requests on a `Con`: one round trip on a
+//! - `pipeline::pipeline` runs a batch of requests on a `Con`: one round trip on a
 //!   node; on a Cluster one pipeline per node, each request routed by its key to its
 //!   slot's primary, MOVED / ASK followed (see [`crate::cluster`]).
 //! - `WAIT` goes on the connection that ran the writes: [`Con::wait_replicas`] on a
