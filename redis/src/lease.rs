@@ -1,0 +1,212 @@
+//! The leader's handle on its claim ([`RedisLease`]): renewed while the action runs,
+//! then completed, failed or released.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use oncely::{Error, LeaderLease, Lease, ScopedKey};
+
+use crate::batch::Acked;
+use crate::runtime::Runtime;
+use crate::scripts;
+use crate::{
+    bump, millis, release, release_in_background, settle_local, Completed, Inner, RedisStore,
+};
+
+/// The leader's claim on a key in Redis (and in this process). It is renewed every
+/// lease/3 until settled. Dropping it unsettled releases the claim (when the token is
+/// still ours) so a waiter takes over at once.
+///
+/// It belongs to the process that claimed it. A copy in a child made by `fork()` is
+/// neither renewed nor released there, and completing it fails with
+/// [`Error::LeaseLost`] without writing anything: the claim stays the parent's.
+pub struct RedisLease<E: Send + Sync + 'static> {
+    pub(crate) store: RedisStore<E>,
+    pub(crate) rt: Arc<Runtime<E>>,
+    pub(crate) local: Option<Lease<Vec<u8>, E>>,
+    pub(crate) scoped: ScopedKey,
+    pub(crate) record: String,
+    pub(crate) token: String,
+    pub(crate) generation: u64,
+    pub(crate) renewal: u64,
+    pub(crate) lost: Arc<AtomicBool>,
+}
+
+impl<E: Send + Sync + 'static> RedisLease<E> {
+    /// The lease token (fencing token) written in the record.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+    /// The record's generation: 1 for the first claim, +1 for each takeover.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    /// The Redis key of the record.
+    pub fn record_key(&self) -> &str {
+        &self.record
+    }
+    /// True once renewal found the lease taken over; completing will then fail with
+    /// [`Error::LeaseLost`].
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+    /// Stops renewing this lease without releasing it, as a paused or crashed process
+    /// would (fault injection for tests: after the lease, another instance takes over).
+    pub fn stop_renewing(&self) {
+        if self.rt.is_current() {
+            self.rt.renewer.unregister(self.renewal);
+        }
+    }
+
+    /// Deletes the record if it is still ours, without waiting.
+    fn release_in_background(&self) {
+        release_in_background(
+            &self.rt,
+            &self.store.inner.scripts,
+            self.record.clone(),
+            self.token.clone(),
+        );
+    }
+
+    /// Sends the completion at once (before the returned future is first polled), so
+    /// that dropping the future cannot make a release overtake it: the future only
+    /// waits for the answer. The lease is renewed until the completion has run.
+    fn complete_sent(mut self, value: Vec<u8>) -> impl Future<Output = Result<(), Error>> {
+        let inner = self.store.inner.clone();
+        let rt = self.rt.clone();
+        // Taken, so that dropping `self` below releases nothing.
+        let local = self.local.take();
+        // A copy left by fork() sends nothing: the claim stays the parent's.
+        let stored = rt.is_current().then(|| {
+            let request = inner
+                .scripts
+                .complete
+                .on(&self.record)
+                .arg(&self.token)
+                .arg(&value)
+                .arg(millis(inner.config.ttl))
+                .arg(Inner::<E>::channel(&self.record))
+                .replicated(scripts::completion_stored);
+            let (renewer, renewal) = (rt.renewer.clone(), self.renewal);
+            let min_replicas = inner.config.min_replicas;
+            rt.pool.call_to_end(
+                request,
+                // The effect happened: a WAIT that fails or falls short is reported,
+                // the result is still the caller's.
+                move |stored: i64, acked: Acked| match (Completed::from(stored), acked) {
+                    (Completed::Stored, Some(Ok(n))) if n < min_replicas => {
+                        Completed::Unreplicated(format!(
+                            "{n} of {min_replicas} replicas acknowledged it"
+                        ))
+                    }
+                    (Completed::Stored, Some(Err(e))) => {
+                        Completed::Unreplicated(format!("WAIT failed: {e}"))
+                    }
+                    (done, _) => done,
+                },
+                move || renewer.unregister(renewal),
+            )
+        });
+        let scoped = self.scoped.clone();
+        let renewal = self.renewal;
+        drop(self);
+        async move {
+            let Some(stored) = stored else {
+                // Local waiters look again, and wait for the parent in Redis.
+                drop(local);
+                return Err(Error::LeaseLost);
+            };
+            let stored = stored.await;
+            rt.renewer.unregister(renewal);
+            match stored {
+                Ok(done @ (Completed::Stored | Completed::Unreplicated(_))) => {
+                    if let Completed::Unreplicated(why) = done {
+                        bump(&inner.counters.completions_unreplicated);
+                        log::warn!(
+                            "oncely-redis: the result of {} was stored on the primary but not \
+                             on enough replicas ({why}); a failover now could lose it",
+                            scoped.as_str()
+                        );
+                    }
+                    if let Some(local) = local {
+                        settle_local(&rt, local, &scoped, value);
+                    }
+                    Ok(())
+                }
+                // Taken over: the new leader's record is left alone; local waiters look
+                // again (and join the new leader).
+                Ok(Completed::Lost) => {
+                    bump(&inner.counters.leases_lost);
+                    Err(Error::LeaseLost)
+                }
+                Err(Error::Unavailable(m)) => {
+                    bump(&inner.counters.unavailable);
+                    Err(Error::Unavailable(format!(
+                        "{m}; the result was not stored (the claim lapses with its lease)"
+                    )))
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
+
+    async fn fail_async(mut self, error: E) -> Arc<E> {
+        if !self.rt.is_current() {
+            return match self.local.take() {
+                Some(local) => local.fail_now(error),
+                None => Arc::new(error),
+            };
+        }
+        let inner = self.store.inner.clone();
+        let rt = self.rt.clone();
+        rt.renewer.unregister(self.renewal);
+        // Released in Redis before the local waiters are woken.
+        let released = rt
+            .pool
+            .call::<i64>(release(&inner.scripts, &self.record, &self.token))
+            .await;
+        let _ = released; // unreachable Redis: the claim lapses with its lease
+        match self.local.take() {
+            Some(local) => local.fail_now(error),
+            None => Arc::new(error),
+        }
+    }
+}
+
+impl<E: Send + Sync + 'static> Drop for RedisLease<E> {
+    fn drop(&mut self) {
+        if let Some(local) = self.local.take() {
+            // Unsettled: abandoned (cancelled) or panicked.
+            self.stop_renewing();
+            self.release_in_background();
+            drop(local);
+        }
+    }
+}
+
+impl<E: Send + Sync + 'static> LeaderLease<Vec<u8>, E> for RedisLease<E> {
+    fn complete(self, value: Vec<u8>) -> impl Future<Output = Result<(), Error>> {
+        self.complete_sent(value)
+    }
+    fn fail(self, error: E) -> impl Future<Output = Arc<E>> {
+        self.fail_async(error)
+    }
+    fn panicked(mut self, message: &str) {
+        self.stop_renewing();
+        self.release_in_background();
+        if let Some(local) = self.local.take() {
+            local.panicked_now(message);
+        }
+    }
+}
+
+impl<E: Send + Sync + 'static> fmt::Debug for RedisLease<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLease")
+            .field("record", &self.record)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
