@@ -50,6 +50,7 @@ mod builder;
 mod cluster;
 pub mod codec;
 mod conn;
+mod counters;
 mod join;
 mod lease;
 mod notifier;
@@ -70,7 +71,7 @@ struct ReadmeDoctests;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,6 +84,8 @@ pub use builder::{
     DEFAULT_POLL_MAX, DEFAULT_POLL_MIN, DEFAULT_PREFIX, DEFAULT_WORKERS,
 };
 use conn::Link;
+pub use counters::RedisCounters;
+use counters::{bump, AtomicCounters};
 use join::wait_remote;
 pub use join::RedisJoin;
 pub use lease::RedisLease;
@@ -115,35 +118,6 @@ impl<E> Clone for RedisStore<E> {
     }
 }
 
-/// Counts of what one [`RedisStore`] instance has done since it was made.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RedisCounters {
-    /// Claim scripts run (one per key per process at a time, thanks to the in-process
-    /// tier).
-    pub claims: u64,
-    /// Claims that made this instance the leader (takeovers included).
-    pub leads: u64,
-    /// Leads that took over an expired lease (generation > 1).
-    pub takeovers: u64,
-    /// Claims answered with a stored result.
-    pub replays: u64,
-    /// Claims that found a leader on another instance and waited for it.
-    pub remote_waits: u64,
-    /// Leaders that found their lease taken over when completing.
-    pub leases_lost: u64,
-    /// Claims released and answered UNAVAILABLE because fewer replicas than
-    /// [`min_replicas`](RedisStoreBuilder::min_replicas) acknowledged them.
-    pub claims_unreplicated: u64,
-    /// Completions stored on the primary that fewer replicas than
-    /// [`min_replicas`](RedisStoreBuilder::min_replicas) acknowledged in time (the
-    /// action ran; a failover now could lose the result).
-    pub completions_unreplicated: u64,
-    /// Calls of this store that failed with [`Error::Unavailable`] (Redis unreachable,
-    /// slow or failing: claims, completions, [`get`](RedisStore::get),
-    /// [`remove`](RedisStore::remove), [`ping`](RedisStore::ping)).
-    pub unavailable: u64,
-}
-
 /// A record as stored in Redis, read by [`RedisStore::get`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisRecord {
@@ -169,23 +143,6 @@ pub enum RecordState {
         /// The result bytes (see the README's result encoding).
         value: Vec<u8>,
     },
-}
-
-#[derive(Default)]
-struct AtomicCounters {
-    claims: AtomicU64,
-    leads: AtomicU64,
-    takeovers: AtomicU64,
-    replays: AtomicU64,
-    remote_waits: AtomicU64,
-    leases_lost: AtomicU64,
-    claims_unreplicated: AtomicU64,
-    completions_unreplicated: AtomicU64,
-    unavailable: AtomicU64,
-}
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
 }
 
 struct Inner<E> {
