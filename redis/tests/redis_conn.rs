@@ -609,7 +609,11 @@ fn resent_remove_leaves_a_record_made_meanwhile() {
         }))
         .unwrap();
         assert_eq!(
-            (again.value.as_slice(), again.source, ran.load(Ordering::SeqCst)),
+            (
+                again.value.as_slice(),
+                again.source,
+                ran.load(Ordering::SeqCst)
+            ),
             (&b"new"[..], Source::Replayed, 0),
             "the resent removal deleted the record made meanwhile"
         );
@@ -630,7 +634,10 @@ fn resent_remove_reports_its_deletion() {
         block_on(direct_store(&p).execute(&k, "fp", || async { Ok(b"old".to_vec()) })).unwrap();
         proxy.faults.lock().unwrap().drop_reply_to =
             Some(format!("{}:done", s.record_key(&k)).into_bytes());
-        assert!(block_on(s.remove(&k)).unwrap(), "the deletion was not reported");
+        assert!(
+            block_on(s.remove(&k)).unwrap(),
+            "the deletion was not reported"
+        );
         assert_eq!(
             proxy.dropped.load(Ordering::SeqCst),
             1,

@@ -142,12 +142,13 @@ fn a_hash_without_a_state_is_absent_to_get_and_removed() {
         .get_connection()
         .unwrap();
     let exists = |c: &mut redis::Connection, k: &ScopedKey| -> i64 {
-        redis::cmd("EXISTS")
-            .arg(s.record_key(k))
-            .query(c)
-            .unwrap()
+        redis::cmd("EXISTS").arg(s.record_key(k)).query(c).unwrap()
     };
-    for fields in [&["v", "7", "fp", "f"][..], &["v", "1", "token", "t"], &["x", "y"]] {
+    for fields in [
+        &["v", "7", "fp", "f"][..],
+        &["v", "1", "token", "t"],
+        &["x", "y"],
+    ] {
         let k = key();
         let _: () = redis::cmd("HSET")
             .arg(s.record_key(&k))
