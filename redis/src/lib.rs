@@ -92,7 +92,7 @@ pub use lease::RedisLease;
 use request::{Failure, Request};
 use runtime::{PerProcess, Runtime};
 pub use scripts::RECORD_VERSION;
-use scripts::{Claim, Got, Removal, Scripts};
+use scripts::{Claim, Got, Identity, Removal, Scripts};
 
 /// Locks a mutex, going on after a panic elsewhere: every critical section leaves its
 /// state whole, so a poisoned lock holds nothing half-done.
@@ -269,7 +269,9 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     }
 
     /// Reads `key`'s record from Redis, for an operator (None when there is none).
-    /// Records of another format version are [`Error::Unavailable`], as in a claim.
+    /// Records of another format version are [`Error::Unavailable`], as in a claim. A
+    /// hash at the key without a `state` field (foreign or damaged data) is not a
+    /// record: None, as a claim sees it (and takes it over).
     pub async fn get(&self, key: &ScopedKey) -> Result<Option<RedisRecord>, Error> {
         let rt = self.inner.runtime.get()?;
         let record = self.inner.record_key(key);
@@ -309,23 +311,37 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     /// the record can be removed; a leader that is only slow then finds its claim
     /// gone when completing and stores nothing ([`Error::LeaseLost`]). Waiters on
     /// other instances are woken and claim again. Records of another format version
-    /// are [`Error::Unavailable`] and left alone.
+    /// are [`Error::Unavailable`] and left alone; a hash without a `state` field (not
+    /// a record, see [`get`](Self::get)) is deleted.
+    ///
+    /// It takes two steps: the record's identity (the lease token of the claim that
+    /// wrote it) is read, then the record is deleted only if it still has that token.
+    /// The deletion may be sent again after a lost reply; the resend finds the record
+    /// gone (true: this call deleted it, or another did at the same moment) or a
+    /// record a new claim made since, which it leaves alone (false).
     pub async fn remove(&self, key: &ScopedKey) -> Result<bool, Error> {
         let rt = self.inner.runtime.get()?;
         let record = self.inner.record_key(key);
+        let scripts = &self.inner.scripts;
+        let identity = rt.pool.call::<Identity>(scripts.identify.on(&record)).await;
+        let token = match self.counted(identity)? {
+            Identity::Absent => return Ok(false),
+            Identity::Version(v) => return Err(Inner::<E>::version_error(&v)),
+            Identity::Token(token) => token,
+        };
         let removed = rt
             .pool
             .call::<Removal>(
-                self.inner
-                    .scripts
+                scripts
                     .remove
                     .on(&record)
-                    .arg(Inner::<E>::channel(&record)),
+                    .arg(Inner::<E>::channel(&record))
+                    .arg(token),
             )
             .await;
         match self.counted(removed)? {
-            Removal::Deleted => Ok(true),
-            Removal::Absent | Removal::Running => Ok(false),
+            Removal::Deleted | Removal::Absent => Ok(true),
+            Removal::Other | Removal::Running => Ok(false),
             Removal::Version(v) => Err(Inner::<E>::version_error(&v)),
         }
     }

@@ -123,34 +123,49 @@ return 1
 
 /// KEYS[1] record. → {'absent'} | {'version', v}
 ///   | {state ('running' | 'done'), fingerprint, generation, result, ms of lease left}
+/// A hash without a `state` (not a record: foreign or damaged data) is absent, as the
+/// claim sees it (it takes such a hash over).
 const GET: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'gen', 'result', 'deadline')
-if not r[2] then
-  if redis.call('EXISTS', KEYS[1]) == 1 then return {'version', tostring(r[1])} end
-  return {'absent'}
-end
+if not r[2] then return {'absent'} end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 local left = 0
-if r[2] == 'running' then left = math.max(tonumber(r[6]) - clock(), 0) end
+if r[2] == 'running' then left = math.max((tonumber(r[6]) or 0) - clock(), 0) end
 return {r[2], r[3] or '', tonumber(r[4]) or 0, r[5] or '', left}
 "#
 );
 
-/// KEYS[1] record; ARGV channel. → 1 removed | 0 absent | {'running', ms left} (a
-/// live lease: left alone, its leader may still be running) | {'version', v}
-/// Waiters are told, as after a release, so that one claims again at once.
+/// KEYS[1] record. → {'absent'} | {'version', v} | {'token', t}: the identity of the
+/// record a removal is about (the token of the claim that wrote it; '' for a hash
+/// without one). Writes nothing.
+const IDENTIFY: &str = lua!(
+    r#"
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'token')
+if r[2] and r[1] ~= '1' then return {'version', tostring(r[1])} end
+if not r[2] and redis.call('EXISTS', KEYS[1]) == 0 then return {'absent'} end
+return {'token', r[3] or ''}
+"#
+);
+
+/// KEYS[1] record; ARGV channel, token (from IDENTIFY). → 1 removed | 0 absent
+///   | {'other'} (another claim's record: left alone) | {'running', ms left} (a live
+///   lease: left alone, its leader may still be running) | {'version', v}
+/// Only the record IDENTIFY saw is deleted, so a resend after a lost reply finds it
+/// gone, or a record a new claim made since (another token), and leaves that alone. A
+/// hash without a `state` is deleted (the claim would take it over). Waiters are told,
+/// as after a release, so that one claims again at once.
 const REMOVE: &str = lua!(
     r#"
-local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'deadline')
-if not r[2] then
-  if redis.call('EXISTS', KEYS[1]) == 1 then return {'version', tostring(r[1])} end
-  return 0
-end
-if r[1] ~= '1' then return {'version', tostring(r[1])} end
-if r[2] == 'running' then
-  local left = tonumber(r[3]) - clock()
-  if left > 0 then return {'running', left} end
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'deadline', 'token')
+if not r[2] and redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if (r[4] or '') ~= ARGV[2] then return {'other'} end
+if r[2] then
+  if r[1] ~= '1' then return {'version', tostring(r[1])} end
+  if r[2] == 'running' then
+    local left = (tonumber(r[3]) or 0) - clock()
+    if left > 0 then return {'running', left} end
+  end
 end
 redis.call('DEL', KEYS[1])
 redis.pcall('PUBLISH', ARGV[1], 'released')
@@ -189,6 +204,7 @@ pub(crate) struct Scripts {
     pub complete: Lua,
     pub release: Lua,
     pub get: Lua,
+    pub identify: Lua,
     pub remove: Lua,
 }
 
@@ -201,6 +217,7 @@ impl Scripts {
             complete: Lua::new(COMPLETE),
             release: Lua::new(RELEASE),
             get: Lua::new(GET),
+            identify: Lua::new(IDENTIFY),
             remove: Lua::new(REMOVE),
         }
     }
@@ -364,11 +381,34 @@ impl redis::FromRedisValue for Got {
     }
 }
 
+/// Which record a removal is about (what the identify script found).
+#[derive(Debug)]
+pub(crate) enum Identity {
+    Absent,
+    Version(String),
+    /// The token of the claim that wrote the record ('' for a hash without one).
+    Token(String),
+}
+
+impl redis::FromRedisValue for Identity {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let (tag, second) = parts(v)?;
+        Ok(match tag.as_str() {
+            "absent" => Identity::Absent,
+            "version" => Identity::Version(text(second)),
+            "token" => Identity::Token(text(second)),
+            _ => return Err(unknown_tag("identify", &tag, second.as_ref())),
+        })
+    }
+}
+
 /// What the remove script did.
 #[derive(Debug)]
 pub(crate) enum Removal {
     Deleted,
     Absent,
+    /// Another claim's record (not the one identified): left alone.
+    Other,
     /// A live lease: left alone.
     Running,
     Version(String),
@@ -382,6 +422,7 @@ impl redis::FromRedisValue for Removal {
             v => {
                 let (tag, second) = parts(v)?;
                 Ok(match tag.as_str() {
+                    "other" => Removal::Other,
                     "running" => Removal::Running,
                     "version" => Removal::Version(text(second)),
                     _ => return Err(unknown_tag("remove", &tag, second.as_ref())),

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use conformance::{key, with_timeout, Boom, Harness, Lease};
 use futures::executor::block_on;
-use oncely::{Begin, Code, Error, ExecuteError, ExecuteOptions, LeaderLease, Source};
+use oncely::{Begin, Code, Error, ExecuteError, ExecuteOptions, LeaderLease, ScopedKey, Source};
 use oncely_redis::RedisStore;
 
 /// The throwaway server's URL. Only scripts/test-redis sets it; no test touches any
@@ -727,17 +727,24 @@ fn claim_answered_after_its_deadline_does_not_lead() {
     timed(|| {
         let a = build(&fresh_prefix(), Duration::from_secs(60));
         let b = build(a.prefix(), a.ttl());
-        let k = key();
-        let mut claim = Box::pin(a.begin(&k, "f", ExecuteOptions::default()));
         let waker = futures::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
-        assert!(
-            std::future::Future::poll(claim.as_mut(), &mut cx).is_pending(),
-            "the claim is sent"
-        );
+        // The claim is sent and its answer left unread. A first poll that already has
+        // the answer (this thread was paused long enough for a worker to reply within
+        // it, on a loaded machine) is not that case: try again with another key.
+        let keys: Vec<ScopedKey> = (0..20).map(|_| key()).collect();
+        let mut sent = None;
+        for k in &keys {
+            let mut claim = Box::pin(a.begin(k, "f", ExecuteOptions::default()));
+            if std::future::Future::poll(claim.as_mut(), &mut cx).is_pending() {
+                sent = Some((k, claim));
+                break;
+            }
+        }
+        let (k, claim) = sent.expect("20 claims were all answered within their first poll");
         // The answer arrives and waits unread, past the whole lease.
         std::thread::sleep(LEASE * 2);
-        let taker = block_on(b.execute(&k, "f", || async { Ok(b"b".to_vec()) })).unwrap();
+        let taker = block_on(b.execute(k, "f", || async { Ok(b"b".to_vec()) })).unwrap();
         assert_eq!(taker.source, Source::Led);
         match block_on(claim) {
             Err(e) => assert_eq!(e.code(), Code::Unavailable, "{e}"),
@@ -747,7 +754,7 @@ fn claim_answered_after_its_deadline_does_not_lead() {
             ),
             Ok(other) => panic!("{other:?}"),
         }
-        let r = block_on(a.execute(&k, "f", || async { Ok(b"a".to_vec()) })).unwrap();
+        let r = block_on(a.execute(k, "f", || async { Ok(b"a".to_vec()) })).unwrap();
         assert_eq!(
             (r.value.as_slice(), r.source),
             (&b"b"[..], Source::Replayed)

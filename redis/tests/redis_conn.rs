@@ -100,6 +100,9 @@ struct Faults {
     /// This many of the next connections accepted answer their first command with
     /// `-LOADING` (as a Redis that restarted and reads its data) and are closed.
     loading_new: usize,
+    /// Run when a reply is dropped, before the client's connection is closed (so
+    /// before the client can send again): what other clients do in that gap.
+    on_lost_reply: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// A TCP proxy in front of the test's Redis (or, with no upstream, a black hole that
@@ -257,6 +260,10 @@ fn pipe(
             if drop_next_reply.swap(false, Ordering::SeqCst) {
                 // Redis ran the command; its reply is lost with the connection.
                 dropped.fetch_add(1, Ordering::SeqCst);
+                let meanwhile = faults.lock().unwrap().on_lost_reply.take();
+                if let Some(meanwhile) = meanwhile {
+                    meanwhile();
+                }
                 break;
             }
             let latency = faults.lock().unwrap().latency;
@@ -530,6 +537,117 @@ fn resent_complete_and_release_are_idempotent() {
         assert_eq!(proxy.dropped.load(Ordering::SeqCst), 2);
         let exists: i64 = redis::cmd("EXISTS").arg(&rk).query(&mut raw()).unwrap();
         assert_eq!(exists, 0, "the failed leader's record is released");
+    });
+}
+
+/// A store through the proxy on one connection, opened first (only a reused connection
+/// is resent on) and with the removal's scripts loaded (so the reply that is lost is
+/// not a NOSCRIPT), with an I/O timeout that leaves room for what happens while a reply
+/// is lost.
+fn resending_store(proxy: &Proxy, prefix: &str) -> RedisStore<Boom> {
+    let s: RedisStore<Boom> = RedisStore::builder(proxy.url())
+        .prefix(prefix)
+        .lease(Duration::from_secs(20))
+        .io_timeout(Duration::from_secs(5))
+        .workers(1)
+        .build()
+        .unwrap();
+    let warm = key();
+    block_on(s.execute(&warm, "warm", || async { Ok(vec![1]) })).unwrap();
+    assert!(block_on(s.remove(&warm)).unwrap());
+    s
+}
+
+/// A direct store (no proxy) on `prefix`; each is a process of its own (its own
+/// in-process tier).
+fn direct_store(prefix: &str) -> RedisStore<Boom> {
+    RedisStore::builder(url())
+        .prefix(prefix)
+        .lease(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// A removal whose reply is lost after Redis deleted the record, while another caller
+/// claims the key anew and completes it, is resent: the resend leaves the new record
+/// alone (its result is replayed, the action does not run again) and answers false.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn resent_remove_leaves_a_record_made_meanwhile() {
+    bounded(Duration::from_secs(60), || {
+        let proxy = Proxy::new(Some(redis_addr()));
+        let p = fresh_prefix();
+        let s = resending_store(&proxy, &p);
+        let k = key();
+        block_on(direct_store(&p).execute(&k, "fp", || async { Ok(b"old".to_vec()) })).unwrap();
+        let ran_new = Arc::new(AtomicUsize::new(0));
+        {
+            let (newcomer, k, ran_new) = (direct_store(&p), k.clone(), ran_new.clone());
+            let mut f = proxy.faults.lock().unwrap();
+            // Only the deletion carries the record's channel.
+            f.drop_reply_to = Some(format!("{}:done", s.record_key(&k)).into_bytes());
+            f.on_lost_reply = Some(Box::new(move || {
+                let done = block_on(newcomer.execute(&k, "fp", || async {
+                    ran_new.fetch_add(1, Ordering::SeqCst);
+                    Ok(b"new".to_vec())
+                }))
+                .unwrap();
+                assert_eq!(done.source, Source::Led, "the record was not deleted");
+            }));
+        }
+        let removed = block_on(s.remove(&k)).unwrap();
+        assert_eq!(
+            proxy.dropped.load(Ordering::SeqCst),
+            1,
+            "no reply was dropped"
+        );
+        assert_eq!(ran_new.load(Ordering::SeqCst), 1);
+        let ran = AtomicUsize::new(0);
+        let again = block_on(direct_store(&p).execute(&k, "fp", || async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok(b"third".to_vec())
+        }))
+        .unwrap();
+        assert_eq!(
+            (
+                again.value.as_slice(),
+                again.source,
+                ran.load(Ordering::SeqCst)
+            ),
+            (&b"new"[..], Source::Replayed, 0),
+            "the resent removal deleted the record made meanwhile"
+        );
+        assert!(!removed, "the new record was reported removed");
+    });
+}
+
+/// A removal whose reply is lost after Redis deleted the record is resent, finds the
+/// record gone, and answers true: this call deleted it.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn resent_remove_reports_its_deletion() {
+    bounded(Duration::from_secs(60), || {
+        let proxy = Proxy::new(Some(redis_addr()));
+        let p = fresh_prefix();
+        let s = resending_store(&proxy, &p);
+        let k = key();
+        block_on(direct_store(&p).execute(&k, "fp", || async { Ok(b"old".to_vec()) })).unwrap();
+        proxy.faults.lock().unwrap().drop_reply_to =
+            Some(format!("{}:done", s.record_key(&k)).into_bytes());
+        assert!(
+            block_on(s.remove(&k)).unwrap(),
+            "the deletion was not reported"
+        );
+        assert_eq!(
+            proxy.dropped.load(Ordering::SeqCst),
+            1,
+            "no reply was dropped"
+        );
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(s.record_key(&k))
+            .query(&mut raw())
+            .unwrap();
+        assert_eq!(exists, 0);
     });
 }
 

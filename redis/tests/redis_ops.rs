@@ -130,6 +130,53 @@ fn a_running_record_is_removed_only_once_its_lease_ran_out() {
     assert_eq!(run(&b, &k, b"x"), (b"new".to_vec(), Source::Replayed));
 }
 
+/// A hash at a record's key without a `state` field (foreign or damaged data) is not a
+/// record, as the claim sees it: `get` finds none, `remove` deletes it, and the next call
+/// runs. A record of another format version is refused by both and left alone.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn a_hash_without_a_state_is_absent_to_get_and_removed() {
+    let s = store(&prefix(), Duration::from_secs(30));
+    let mut c = redis::Client::open(url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let exists = |c: &mut redis::Connection, k: &ScopedKey| -> i64 {
+        redis::cmd("EXISTS").arg(s.record_key(k)).query(c).unwrap()
+    };
+    for fields in [
+        &["v", "7", "fp", "f"][..],
+        &["v", "1", "token", "t"],
+        &["x", "y"],
+    ] {
+        let k = key();
+        let _: () = redis::cmd("HSET")
+            .arg(s.record_key(&k))
+            .arg(fields)
+            .query(&mut c)
+            .unwrap();
+        assert!(block_on(s.get(&k)).unwrap().is_none(), "{fields:?}");
+        assert!(block_on(s.remove(&k)).unwrap(), "{fields:?}");
+        assert_eq!(exists(&mut c, &k), 0, "{fields:?}");
+        assert!(!block_on(s.remove(&k)).unwrap(), "{fields:?}");
+        assert_eq!(run(&s, &k, b"v"), (b"v".to_vec(), Source::Led));
+    }
+    let k = key();
+    let _: () = redis::cmd("HSET")
+        .arg(s.record_key(&k))
+        .arg(&["v", "2", "state", "done", "fp", "f"])
+        .query(&mut c)
+        .unwrap();
+    for e in [
+        block_on(s.get(&k)).map(|_| ()).unwrap_err(),
+        block_on(s.remove(&k)).map(|_| ()).unwrap_err(),
+    ] {
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        assert!(e.to_string().contains("version \"2\""), "{e}");
+    }
+    assert_eq!(exists(&mut c, &k), 1);
+}
+
 #[test]
 #[ignore = "needs a Redis: run scripts/test-redis"]
 fn ping_answers_and_connect_now_fails_a_bad_url_at_build() {
