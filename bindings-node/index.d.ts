@@ -499,9 +499,10 @@ export declare class RedisStore {
   get(scoped: ScopedKey): Promise<RedisRecord | null>
   /**
    * Deletes the record of `scoped` (a bad stored result, say) so that the next call runs
-   * again; resolves to whether one was deleted. A running record whose lease is live is
-   * left alone (false): its leader may still be running, and a second leader must not
-   * start meanwhile. Once its lease ran out it can be removed.
+   * again. Resolves to true once the record it found is gone; false when there was none,
+   * when a live lease holds it (its leader may still be running, and a second leader must
+   * not start meanwhile; once the lease ran out it can be removed), or when a new claim
+   * replaced it meanwhile (left alone: look at it with `get` before removing again).
    */
   remove(scoped: ScopedKey): Promise<boolean>
   /** Health check: PING within the I/O timeout; rejects with UNAVAILABLE. */

@@ -303,7 +303,11 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     }
 
     /// Deletes `key`'s record, for an operator (a bad stored result, a record in the
-    /// way): the next call runs the action again. Returns whether one was deleted.
+    /// way): the next call runs the action again. Returns true once the record it
+    /// found is gone (this call deleted it, or expiry or another remover did at the
+    /// same moment); false when there was none, when a live lease holds it, or when a
+    /// new claim replaced it meanwhile (that newer record is left alone: look at it
+    /// with [`get`](Self::get) before removing again).
     ///
     /// A running record whose lease is live is left alone (false): its leader may
     /// still be running the action, and deleting its claim would let a second
@@ -311,14 +315,16 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     /// the record can be removed; a leader that is only slow then finds its claim
     /// gone when completing and stores nothing ([`Error::LeaseLost`]). Waiters on
     /// other instances are woken and claim again. Records of another format version
-    /// are [`Error::Unavailable`] and left alone; a hash without a `state` field (not
-    /// a record, see [`get`](Self::get)) is deleted.
+    /// (a `v` field other than this crate's, with or without a `state`) are
+    /// [`Error::Unavailable`] and left alone; any other hash without a `state` field
+    /// (not a record, see [`get`](Self::get)) is deleted.
     ///
     /// It takes two steps: the record's identity (the lease token of the claim that
     /// wrote it) is read, then the record is deleted only if it still has that token.
     /// The deletion may be sent again after a lost reply; the resend finds the record
-    /// gone (true: this call deleted it, or another did at the same moment) or a
-    /// record a new claim made since, which it leaves alone (false).
+    /// gone (true) or a record a new claim made since, which it leaves alone (false).
+    /// A removal that fails with [`Error::Unavailable`] may still have deleted the
+    /// record.
     pub async fn remove(&self, key: &ScopedKey) -> Result<bool, Error> {
         let rt = self.inner.runtime.get()?;
         let record = self.inner.record_key(key);

@@ -42,6 +42,7 @@ local function create()
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return create() end
 local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'gen', 'result', 'token')
+if r[1] and r[1] ~= '1' then return {'version', r[1]} end
 if not r[2] then return create() end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 if r[3] ~= ARGV[1] then return {'mismatch'} end
@@ -124,10 +125,13 @@ return 1
 /// KEYS[1] record. → {'absent'} | {'version', v}
 ///   | {state ('running' | 'done'), fingerprint, generation, result, ms of lease left}
 /// A hash without a `state` (not a record: foreign or damaged data) is absent, as the
-/// claim sees it (it takes such a hash over).
+/// claim sees it (it takes such a hash over), unless its `v` names another format
+/// version: every script refuses those, with or without a `state`, so that instances of
+/// two versions never take over or delete each other's records.
 const GET: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'gen', 'result', 'deadline')
+if r[1] and r[1] ~= '1' then return {'version', r[1]} end
 if not r[2] then return {'absent'} end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 local left = 0
@@ -142,7 +146,7 @@ return {r[2], r[3] or '', tonumber(r[4]) or 0, r[5] or '', left}
 const IDENTIFY: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'token')
-if r[2] and r[1] ~= '1' then return {'version', tostring(r[1])} end
+if (r[1] or r[2]) and r[1] ~= '1' then return {'version', tostring(r[1])} end
 if not r[2] and redis.call('EXISTS', KEYS[1]) == 0 then return {'absent'} end
 return {'token', r[3] or ''}
 "#
@@ -153,12 +157,14 @@ return {'token', r[3] or ''}
 ///   lease: left alone, its leader may still be running) | {'version', v}
 /// Only the record IDENTIFY saw is deleted, so a resend after a lost reply finds it
 /// gone, or a record a new claim made since (another token), and leaves that alone. A
-/// hash without a `state` is deleted (the claim would take it over). Waiters are told,
+/// hash without a `state` is deleted (the claim would take it over), unless its `v`
+/// names another format version. Waiters are told,
 /// as after a release, so that one claims again at once.
 const REMOVE: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'deadline', 'token')
 if not r[2] and redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if r[1] and r[1] ~= '1' then return {'version', r[1]} end
 if (r[4] or '') ~= ARGV[2] then return {'other'} end
 if r[2] then
   if r[1] ~= '1' then return {'version', tostring(r[1])} end

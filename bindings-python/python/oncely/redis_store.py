@@ -241,9 +241,11 @@ class RedisStore(_RedisStore, Driver):
 
     async def remove(self, scoped: ScopedKey) -> bool:
         """Deletes the record of ``scoped`` (a bad stored result, say), so that the next
-        call runs again; returns whether one was deleted. A running record whose lease
-        is live is left alone (False): its leader may still be running, and a second
-        leader must not start meanwhile. Once its lease ran out it can be removed."""
+        call runs again. Returns True once the record it found is gone; False when there
+        was none, when a live lease holds it (its leader may still be running, and a
+        second leader must not start meanwhile; once the lease ran out it can be
+        removed), or when a new claim replaced it meanwhile (left alone: look at it with
+        :meth:`get` before removing again)."""
         return bool(_checked(await wait_step(self._remove(scoped))))
 
     def remove_sync(self, scoped: ScopedKey) -> bool:
