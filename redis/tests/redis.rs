@@ -9,6 +9,7 @@
 
 #[macro_use]
 mod conformance;
+mod support;
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -20,18 +21,7 @@ use conformance::{key, with_timeout, Boom, Harness, Lease};
 use futures::executor::block_on;
 use oncely::{Begin, Code, Error, ExecuteError, ExecuteOptions, LeaderLease, ScopedKey, Source};
 use oncely_redis::RedisStore;
-
-/// The throwaway server's URL. Only scripts/test-redis sets it; no test touches any
-/// other address.
-fn url() -> String {
-    match std::env::var("ONCELY_REDIS_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "ONCELY_REDIS_URL is not set: this test needs a Redis. Run scripts/test-redis, \
-             which starts a throwaway redis-server on 127.0.0.1 and sets it."
-        ),
-    }
-}
+use support::url;
 
 const LEASE: Duration = Duration::from_millis(300);
 

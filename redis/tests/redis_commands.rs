@@ -4,19 +4,14 @@
 //! calls they need. One test in this binary, so no other test's commands are counted
 //! (scripts/test-redis runs the test binaries one after another).
 
+mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::executor::block_on;
 use oncely::{IdempotencyKey, ScopedKey, Source};
 use oncely_redis::RedisStore;
-
-fn url() -> String {
-    match std::env::var("ONCELY_REDIS_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!("ONCELY_REDIS_URL is not set: run scripts/test-redis"),
-    }
-}
+use support::url;
 
 /// Calls per command since the last `CONFIG RESETSTAT`.
 fn calls(c: &mut redis::Connection) -> HashMap<String, u64> {

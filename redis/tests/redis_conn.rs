@@ -6,6 +6,7 @@
 //! Gated like `tests/redis.rs`: the tests that need a Redis are ignored unless run by
 //! scripts/test-redis; the black-hole test needs none and always runs.
 
+mod support;
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -21,19 +22,10 @@ use oncely::{
     Source,
 };
 use oncely_redis::RedisStore;
+use support::url;
 
 #[derive(Debug)]
 struct Boom;
-
-fn url() -> String {
-    match std::env::var("ONCELY_REDIS_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "ONCELY_REDIS_URL is not set: this test needs a Redis. Run scripts/test-redis, \
-             which starts a throwaway redis-server on 127.0.0.1 and sets it."
-        ),
-    }
-}
 
 fn key() -> ScopedKey {
     ScopedKey::new("acme", "Pay", &IdempotencyKey::random()).unwrap()

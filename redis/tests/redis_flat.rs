@@ -5,25 +5,17 @@
 //! Both need a Redis and are `#[ignore]`d without one (scripts/test-redis runs them
 //! against a throwaway redis-server).
 
+mod support;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use futures::executor::block_on;
 use oncely::{Error, ExecuteError, ExecuteOptions, IdempotencyKey, ScopedKey, Source};
 use oncely_redis::RedisStore;
+use support::url;
 
 #[derive(Debug)]
 struct Boom;
-
-fn url() -> String {
-    match std::env::var("ONCELY_REDIS_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "ONCELY_REDIS_URL is not set: this test needs a Redis. Run scripts/test-redis, \
-             which starts a throwaway redis-server on 127.0.0.1 and sets it."
-        ),
-    }
-}
 
 fn store() -> RedisStore<Boom> {
     store_with(&format!("t{}", IdempotencyKey::random().as_str()))

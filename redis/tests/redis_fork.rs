@@ -8,6 +8,7 @@
 //! hold a lock at the fork. Gated like `tests/redis.rs`: ignored unless run by
 //! scripts/test-redis.
 
+mod support;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -17,18 +18,9 @@ use oncely::{
     Begin, Error, ExecuteOptions, Executed, IdempotencyKey, LeaderLease, ScopedKey, Source,
 };
 use oncely_redis::{RedisLease, RedisStore};
+use support::url;
 
 type Store = RedisStore<std::io::Error>;
-
-fn url() -> String {
-    match std::env::var("ONCELY_REDIS_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "ONCELY_REDIS_URL is not set: this test needs a Redis. Run scripts/test-redis, \
-             which starts a throwaway redis-server on 127.0.0.1 and sets it."
-        ),
-    }
-}
 
 fn key() -> ScopedKey {
     ScopedKey::new("acme", "Pay", &IdempotencyKey::random()).unwrap()

@@ -4,6 +4,7 @@
 //! They need a Redis and are `#[ignore]`d without one (scripts/test-redis runs them
 //! against a throwaway redis-server).
 
+mod support;
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -11,19 +12,10 @@ use futures::executor::block_on;
 use oncely::{Begin, Code, Error, ExecuteError, ExecuteOptions, IdempotencyKey, LeaderLease};
 use oncely::{ScopedKey, Source};
 use oncely_redis::{RecordState, RedisCounters, RedisStore};
+use support::url;
 
 #[derive(Debug)]
 struct Boom;
-
-fn url() -> String {
-    match std::env::var("ONCELY_REDIS_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "ONCELY_REDIS_URL is not set: this test needs a Redis. Run scripts/test-redis, \
-             which starts a throwaway redis-server on 127.0.0.1 and sets it."
-        ),
-    }
-}
 
 fn key() -> ScopedKey {
     ScopedKey::new("acme", "CreateOrder", &IdempotencyKey::random()).unwrap()

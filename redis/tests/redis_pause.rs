@@ -6,22 +6,14 @@
 //! runs test binaries one after another). Gated like `tests/redis.rs`: ignored unless
 //! run by scripts/test-redis.
 
+mod support;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
 use oncely::{Begin, Code, ExecuteError, ExecuteOptions, IdempotencyKey, LeaderLease, ScopedKey};
 use oncely_redis::RedisStore;
-
-fn url() -> String {
-    match std::env::var("ONCELY_REDIS_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "ONCELY_REDIS_URL is not set: this test needs a Redis. Run scripts/test-redis, \
-             which starts a throwaway redis-server on 127.0.0.1 and sets it."
-        ),
-    }
-}
+use support::url;
 
 fn key() -> ScopedKey {
     ScopedKey::new("acme", "Pay", &IdempotencyKey::random()).unwrap()

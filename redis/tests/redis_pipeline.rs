@@ -5,24 +5,16 @@
 //! Needs a Redis and is `#[ignore]`d without one (scripts/test-redis runs it against
 //! a throwaway redis-server).
 
+mod support;
 use std::time::Duration;
 
 use futures::executor::block_on;
 use oncely::{IdempotencyKey, ScopedKey, Source};
 use oncely_redis::RedisStore;
+use support::url;
 
 #[derive(Debug)]
 struct Boom;
-
-fn url() -> String {
-    match std::env::var("ONCELY_REDIS_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "ONCELY_REDIS_URL is not set: this test needs a Redis. Run scripts/test-redis, \
-             which starts a throwaway redis-server on 127.0.0.1 and sets it."
-        ),
-    }
-}
 
 /// Redis' count of the reads it made from its clients' sockets (one per batch of
 /// commands that arrived together on a connection).

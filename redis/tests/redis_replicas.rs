@@ -6,6 +6,7 @@
 //! They need a Redis and are `#[ignore]`d without one (scripts/test-redis runs them
 //! against a throwaway redis-server).
 
+mod support;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -13,19 +14,10 @@ use futures::executor::block_on;
 use futures::future::join_all;
 use oncely::{Error, ExecuteError, IdempotencyKey, ScopedKey, Source};
 use oncely_redis::RedisStore;
+use support::url;
 
 #[derive(Debug)]
 struct Boom;
-
-fn url() -> String {
-    match std::env::var("ONCELY_REDIS_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "ONCELY_REDIS_URL is not set: this test needs a Redis. Run scripts/test-redis, \
-             which starts a throwaway redis-server on 127.0.0.1 and sets it."
-        ),
-    }
-}
 
 fn key() -> ScopedKey {
     ScopedKey::new("acme", "CreateOrder", &IdempotencyKey::random()).unwrap()
