@@ -3,6 +3,7 @@
 //! `ONCELY_REDIS_CLUSTER_DIR`). One test runs the scenarios in turn, as each changes
 //! the cluster for the next.
 
+mod support;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -11,27 +12,10 @@ use std::time::{Duration, Instant};
 use futures::executor::block_on;
 use oncely::{Error, ExecuteError, IdempotencyKey, ScopedKey, Source};
 use oncely_redis::RedisStore;
+use support::{cluster_dir, port_of, urls};
 
 #[derive(Debug)]
 struct Boom;
-
-fn urls() -> Vec<String> {
-    match std::env::var("ONCELY_REDIS_CLUSTER_URLS") {
-        Ok(u) if !u.is_empty() => u.split_whitespace().map(str::to_owned).collect(),
-        _ => panic!(
-            "ONCELY_REDIS_CLUSTER_URLS is not set: this test needs a Redis Cluster. Run \
-             scripts/test-redis, which starts a throwaway one with scripts/with-redis-cluster."
-        ),
-    }
-}
-
-fn cluster_dir() -> String {
-    std::env::var("ONCELY_REDIS_CLUSTER_DIR").expect("ONCELY_REDIS_CLUSTER_DIR is not set")
-}
-
-fn port_of(url: &str) -> u16 {
-    url.rsplit(':').next().unwrap().parse().unwrap()
-}
 
 fn node(port: u16) -> redis::RedisResult<redis::Connection> {
     redis::Client::open(format!("redis://127.0.0.1:{port}"))?

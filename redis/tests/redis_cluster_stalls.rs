@@ -10,6 +10,7 @@
 //! The scenarios run one after another (each changes the cluster for a while); their
 //! own test binary, so they never run beside the other cluster tests.
 
+mod support;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -17,27 +18,10 @@ use std::time::{Duration, Instant};
 use futures::executor::block_on;
 use oncely::{Begin, Code, ExecuteError, ExecuteOptions, IdempotencyKey, LeaderLease, ScopedKey};
 use oncely_redis::RedisStore;
+use support::{cluster_dir, port_of, urls};
 
 #[derive(Debug)]
 struct Boom;
-
-fn urls() -> Vec<String> {
-    match std::env::var("ONCELY_REDIS_CLUSTER_URLS") {
-        Ok(u) if !u.is_empty() => u.split_whitespace().map(str::to_owned).collect(),
-        _ => panic!(
-            "ONCELY_REDIS_CLUSTER_URLS is not set: this test needs a Redis Cluster. Run \
-             scripts/test-redis, which starts a throwaway one with scripts/with-redis-cluster."
-        ),
-    }
-}
-
-fn cluster_dir() -> String {
-    std::env::var("ONCELY_REDIS_CLUSTER_DIR").expect("ONCELY_REDIS_CLUSTER_DIR is not set")
-}
-
-fn port_of(url: &str) -> u16 {
-    url.rsplit(':').next().unwrap().parse().unwrap()
-}
 
 fn node(port: u16) -> redis::Connection {
     redis::Client::open(format!("redis://127.0.0.1:{port}"))
