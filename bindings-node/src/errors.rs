@@ -263,6 +263,25 @@ impl<T> OrThrow<T> for Result<T, oncely::Error> {
     }
 }
 
+/// The value a raw napi callback returns for `result`: the value, or null with the
+/// error thrown (unless one is already pending).
+pub(crate) fn value_or_throw(
+    env: sys::napi_env,
+    result: napi::Result<sys::napi_value>,
+) -> sys::napi_value {
+    match result {
+        Ok(v) => v,
+        Err(e) => {
+            if e.status != Status::PendingException {
+                let msg = std::ffi::CString::new(e.reason.replace('\0', "")).unwrap_or_default();
+                // SAFETY: on the JS thread, inside the native call.
+                unsafe { sys::napi_throw_error(env, std::ptr::null(), msg.as_ptr()) };
+            }
+            std::ptr::null_mut()
+        }
+    }
+}
+
 /// The HTTP statuses of the errors the JavaScript layer makes itself (the core's
 /// `Error::http_status` of the same kinds).
 #[napi_derive::napi(object)]

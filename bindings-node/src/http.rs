@@ -679,17 +679,7 @@ fn js_call(
             &mut data,
         )
     };
-    match f(&argv, data) {
-        Ok(v) => v,
-        Err(e) => {
-            if e.status != Status::PendingException {
-                let msg = std::ffi::CString::new(e.reason.replace('\0', "")).unwrap_or_default();
-                // SAFETY: on the JS thread.
-                unsafe { sys::napi_throw_error(env, ptr::null(), msg.as_ptr()) };
-            }
-            ptr::null_mut()
-        }
-    }
+    crate::errors::value_or_throw(env, f(&argv, data))
 }
 
 /// A JavaScript function calling `cb`, with `data` (freed by `finalize`, if given).

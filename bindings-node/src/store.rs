@@ -763,17 +763,7 @@ unsafe extern "C" fn begin_fn(
         sys::napi_get_value_bool(env, argv[0], &mut wait);
         inner.begin(env, argv[1], argv[2], wait, argc > 1)
     };
-    match result {
-        Ok(v) => v,
-        Err(e) => {
-            if e.status != Status::PendingException {
-                let msg = std::ffi::CString::new(e.reason.replace('\0', "")).unwrap_or_default();
-                // SAFETY: on the JS thread.
-                unsafe { sys::napi_throw_error(env, ptr::null(), msg.as_ptr()) };
-            }
-            ptr::null_mut()
-        }
-    }
+    crate::errors::value_or_throw(env, result)
 }
 
 unsafe extern "C" fn finalize_begin_fn(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
