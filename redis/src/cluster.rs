@@ -225,15 +225,7 @@ impl ClusterCon {
     /// Reads the slot map again: from a node already connected, else from a seed.
     fn refresh(&mut self, deadline: Instant) -> RedisResult<()> {
         let mut candidates: Vec<Addr> = self.conns.keys().cloned().collect();
-        for seed in &self.nodes.seeds {
-            if let ConnectionAddr::Tcp(h, p)
-            | ConnectionAddr::TcpTls {
-                host: h, port: p, ..
-            } = seed.addr()
-            {
-                candidates.push((h.clone(), *p));
-            }
-        }
+        candidates.extend(self.seed_addrs());
         let mut seen = HashSet::new();
         candidates.retain(|a| seen.insert(a.clone()));
         // The nodes that timed out last go last (a stalled node asked first would take
@@ -264,6 +256,7 @@ impl ClusterCon {
             });
             match r.and_then(|v| self.set_slots(v, &addr.0)) {
                 Ok(()) => {
+                    self.set_slow(&addr, false);
                     self.stale = false;
                     return Ok(());
                 }
@@ -277,6 +270,21 @@ impl ClusterCon {
             }
         }
         Err(last.unwrap_or_else(timed_out))
+    }
+
+    /// The seeds' addresses.
+    fn seed_addrs(&self) -> Vec<Addr> {
+        self.nodes
+            .seeds
+            .iter()
+            .filter_map(|seed| match seed.addr() {
+                ConnectionAddr::Tcp(h, p)
+                | ConnectionAddr::TcpTls {
+                    host: h, port: p, ..
+                } => Some((h.clone(), *p)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Takes a `CLUSTER SLOTS` reply from the node at `host` as the slot map.
@@ -326,8 +334,15 @@ impl ClusterCon {
                 *s = Some(i);
             }
         }
-        // Connections to nodes that are no longer primaries are closed.
+        // Connections to nodes that are no longer primaries are closed, and such nodes
+        // are forgotten as slow (seeds stay known: a refresh asks them again).
         self.conns.retain(|a, _| addrs.contains(a));
+        let seeds = self.seed_addrs();
+        self.nodes
+            .slow
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|a| addrs.contains(a) || seeds.contains(a));
         self.slots = slots;
         self.addrs = addrs;
         Ok(())
@@ -804,5 +819,47 @@ mod tests {
             "a request whose reply was lost ended as {:?}",
             r[0]
         );
+    }
+
+    /// Nodes once slow that are neither primaries in a new slot map nor seeds are
+    /// forgotten: the shared set does not grow with every address a cluster ever had.
+    #[test]
+    fn a_new_slot_map_forgets_slow_nodes_that_left() {
+        let seed =
+            redis::IntoConnectionInfo::into_connection_info("redis://10.0.0.1:7000").unwrap();
+        let mut c = ClusterCon {
+            nodes: NodeClients {
+                seeds: vec![seed],
+                ca: None,
+                connect_timeout: Duration::from_secs(1),
+                slow: Default::default(),
+            },
+            connect_timeout: Duration::from_secs(1),
+            slots: vec![None; SLOTS],
+            addrs: Vec::new(),
+            conns: HashMap::new(),
+            epochs: 0,
+            stale: false,
+            ran: Vec::new(),
+        };
+        for port in [7000, 7001, 7002] {
+            c.set_slow(&("10.0.0.1".to_owned(), port), true);
+        }
+        let primary = |port: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"10.0.0.1".to_vec()),
+                Value::Int(port),
+            ])
+        };
+        let map = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            primary(7001),
+        ])]);
+        c.set_slots(map, "10.0.0.1").unwrap();
+        let mut slow: Vec<u16> = c.slow().into_iter().map(|(_, p)| p).collect();
+        slow.sort_unstable();
+        // 7000 a seed, 7001 a primary; 7002 left.
+        assert_eq!(slow, [7000, 7001]);
     }
 }
