@@ -138,6 +138,18 @@ impl Topology {
 
     /// Opens a connection, within `timeout` per node reached.
     pub(crate) fn connect(&self, timeout: Duration) -> RedisResult<Con> {
+        // A signal to the process (a child exiting: SIGCHLD) interrupts a blocking
+        // connect (EINTR) without anything being wrong: connect again, within the time.
+        let started = std::time::Instant::now();
+        loop {
+            match self.connect_once(timeout.saturating_sub(started.elapsed())) {
+                Err(e) if interrupted(&e) && started.elapsed() < timeout => continue,
+                r => return r,
+            }
+        }
+    }
+
+    fn connect_once(&self, timeout: Duration) -> RedisResult<Con> {
         match self {
             Topology::Cluster(nodes) => Ok(Con::Cluster(Box::new(ClusterCon::connect(
                 nodes.clone(),
@@ -207,4 +219,28 @@ pub(crate) fn is_not_primary(e: &redis::RedisError) -> bool {
         e.code(),
         Some("READONLY") | Some("MASTERDOWN") | Some("LOADING")
     )
+}
+
+/// A system call interrupted by a signal (EINTR), as the redis crate reports it.
+fn interrupted(e: &redis::RedisError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted)
+        // The crate may keep the I/O error only as text: EINTR is errno 4 on Linux.
+        || e.to_string().contains("(os error 4)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connect interrupted by a signal is told apart from a failed one (and retried).
+    #[test]
+    fn an_interrupted_connect_is_recognised() {
+        let eintr = redis::RedisError::from(std::io::Error::from_raw_os_error(4));
+        assert!(interrupted(&eintr), "{eintr}");
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(!interrupted(&refused), "{refused}");
+    }
 }
