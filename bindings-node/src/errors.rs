@@ -112,6 +112,7 @@ pub(crate) fn js_field(core: &str) -> &str {
         "poll_interval" => "pollIntervalMs",
         "min_replicas" => "minReplicas",
         "min_replicas_timeout" => "minReplicasTimeoutMs",
+        "max_result_bytes" => "maxResultBytes",
         "idempotency_key" => "idempotencyKey",
         "business_id" => "businessId",
         "retry_after" => "retryAfter",

@@ -68,7 +68,11 @@ fn run_pipeline(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
         return;
     };
     let requests: Vec<&Request> = calls.iter().map(|c| &c.request).collect();
-    let replies = conn.run(deadline, |c| pipeline(c, &requests, deadline));
+    let replies = if requests.len() == 1 {
+        conn.run(deadline, |c| pipeline(c, &requests, deadline))
+    } else {
+        run_or_resend_each(conn, &requests, deadline)
+    };
     match replies {
         Ok(mut replies) => {
             if conn.resent {
@@ -88,6 +92,47 @@ fn run_pipeline(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
                 (call.done)(Err(f.clone()), None, queue);
             }
         }
+    }
+}
+
+/// Sends `requests` as one pipeline; when the connection breaks (not a timeout), sends
+/// each again on its own, in order, each on a new connection if the one before broke
+/// it.
+///
+/// A call Redis refuses by dropping the connection (a protocol error, e.g. an argument
+/// over `proto-max-bulk-len`) would break a resent pipeline as surely as the first: the
+/// calls sent with it would fail twice, as lost answers. Sent one at a time, the others
+/// get their replies and only that call fails. [`Conn::run`]'s rule for the resend
+/// holds for each: every write is idempotent when sent again, and a call whose resend
+/// fails is a lost answer (the first send may have run).
+fn run_or_resend_each(
+    conn: &mut Conn,
+    requests: &[&Request],
+    deadline: Instant,
+) -> Result<Vec<Result<redis::Value, Failure>>, Failure> {
+    conn.resent = false;
+    let first = conn.run_once(deadline, &mut |c: &mut Con| pipeline(c, requests, deadline));
+    match first {
+        Err(Failure::Redis(e))
+            if e.is_io_error()
+                && !e.is_timeout()
+                && left(deadline, conn.link.io_timeout).is_some() =>
+        {
+            conn.resent = true;
+            Ok(requests
+                .iter()
+                .map(|r| {
+                    match conn.run_once(deadline, &mut |c: &mut Con| pipeline(c, &[*r], deadline)) {
+                        Ok(mut one) => one.pop().unwrap_or_else(|| Err(Failure::Redis(e.clone()))),
+                        Err(Failure::NotSent | Failure::NotConnected(_)) => {
+                            Err(Failure::Redis(e.clone()))
+                        }
+                        Err(f) => Err(f),
+                    }
+                })
+                .collect())
+        }
+        r => r,
     }
 }
 
@@ -335,6 +380,72 @@ mod tests {
             ),
             Some(_) => {}
             None => panic!("no WAIT for a replicated write"),
+        }
+    }
+    /// A batch holding a call Redis refuses by dropping the connection (an argument over
+    /// `proto-max-bulk-len`, on every send): the other calls of the batch get their
+    /// replies (the resend goes one call at a time), only that call fails, as a lost
+    /// answer. (Resent as one pipeline, it broke again and every call failed.)
+    #[test]
+    #[ignore = "needs redis-server: run scripts/test-redis"]
+    fn a_call_that_breaks_the_connection_takes_its_batch_down_once_at_most() {
+        let server = Server::start(&["--proto-max-bulk-len", "1mb"]);
+        let link = Link {
+            topology: Topology::Single(redis::Client::open(server.url()).unwrap()),
+            connect_timeout: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(5),
+            min_replicas: 0,
+            min_replicas_timeout: Duration::from_millis(100),
+        };
+        for opened_before in [true, false] {
+            let mut conn = Conn::new(link.clone());
+            let queue = Queue {
+                state: Mutex::new(QueueState::default()),
+                ready: Condvar::new(),
+            };
+            if opened_before {
+                let d = Instant::now() + Duration::from_secs(5);
+                conn.run(d, |c| pipeline(c, &[&Request::command("PING")], d))
+                    .unwrap();
+            }
+            type Outcomes = Vec<(usize, Result<redis::Value, Failure>)>;
+            let got: Arc<Mutex<Outcomes>> = Arc::default();
+            let call = |i: usize, request: Request| {
+                let got = got.clone();
+                Call {
+                    request,
+                    deadline: Instant::now() + Duration::from_secs(5),
+                    abandoned: None,
+                    done: Box::new(move |r, _, _| lock(&got).push((i, r))),
+                }
+            };
+            let set = |k: &str, v: Vec<u8>| Request::command("SET").arg(k).arg(v);
+            let batch = vec![
+                call(0, set("a", b"1".to_vec())),
+                call(1, set("big", vec![b'x'; 2 << 20])),
+                call(2, set("b", b"2".to_vec())),
+                call(3, Request::command("GET").arg("a")),
+            ];
+            run_batch(&mut conn, &queue, batch);
+            let mut got = std::mem::take(&mut *lock(&got));
+            got.sort_by_key(|(i, _)| *i);
+            assert_eq!(got.len(), 4);
+            for i in [0, 2] {
+                assert!(
+                    matches!(&got[i].1, Ok(redis::Value::Okay)),
+                    "call {i} (opened before: {opened_before}): {:?}",
+                    got[i].1
+                );
+            }
+            assert!(
+                matches!(&got[3].1, Ok(redis::Value::BulkString(v)) if v == b"1"),
+                "{:?}",
+                got[3].1
+            );
+            match &got[1].1 {
+                Err(f) => assert!(f.is_lost_answer(), "{f:?}"),
+                Ok(v) => panic!("Redis stored the oversized value: {v:?}"),
+            }
         }
     }
 }

@@ -28,6 +28,14 @@ pub const DEFAULT_WORKERS: usize = 4;
 pub const DEFAULT_POLL_MIN: Duration = Duration::from_millis(10);
 /// Default cap of a waiter's poll interval (500 ms).
 pub const DEFAULT_POLL_MAX: Duration = Duration::from_millis(500);
+/// Default largest result stored (64 MiB): an eighth of the largest bulk string Redis
+/// accepts by default (`proto-max-bulk-len`, 512 MiB), so the tag byte, a server that
+/// lowered that limit by a few steps, and the time a write of it takes within one I/O
+/// timeout all fit; a result this large costs every replay as much again.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 64 << 20;
+/// The largest [`RedisStoreBuilder::max_result_bytes`] accepted: Redis' default
+/// `proto-max-bulk-len` (512 MiB).
+pub const MAX_RESULT_BYTES_LIMIT: usize = 512 << 20;
 
 /// Parses the URL into the client's settings. No `CLIENT SETINFO` handshake: opening a
 /// connection then takes no extra round trip, so it stays within one timeout (each
@@ -285,6 +293,8 @@ pub(crate) struct Config {
     /// `None`: half the I/O timeout.
     min_replicas_timeout: Option<Duration>,
     connect_now: bool,
+    /// Results larger than this are recorded as not storable instead.
+    pub(crate) max_result_bytes: usize,
 }
 
 impl fmt::Debug for Config {
@@ -302,6 +312,7 @@ impl fmt::Debug for Config {
             .field("sentinel_master", &self.sentinel_master)
             .field("min_replicas", &self.min_replicas)
             .field("min_replicas_timeout", &self.min_replicas_timeout())
+            .field("max_result_bytes", &self.max_result_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -454,6 +465,20 @@ impl<E> RedisStoreBuilder<E> {
         self
     }
 
+    /// The largest result stored, in bytes (default [`DEFAULT_MAX_RESULT_BYTES`],
+    /// 64 MiB; at most [`MAX_RESULT_BYTES_LIMIT`]). Redis refuses a bulk string over its
+    /// `proto-max-bulk-len` (512 MiB by default) and drops the connection, so a larger
+    /// completion is never sent: the action has run, so it is recorded as not storable
+    /// (the result codec's `x` record, see [`codec`](crate::codec)) and is not run
+    /// again; its caller and the callers of its process that waited for it get the
+    /// value, later callers [`Error::ResultNotStored`] (DATA_LOSS) when they read the
+    /// record through the codec. Keep it at or below the server's
+    /// `proto-max-bulk-len`.
+    pub fn max_result_bytes(mut self, n: usize) -> Self {
+        self.config.max_result_bytes = n;
+        self
+    }
+
     /// Makes the store. Checks the settings and the URL; does not connect unless
     /// [`connect_now`](Self::connect_now) is set (otherwise an unreachable Redis shows
     /// as UNAVAILABLE on use).
@@ -524,6 +549,16 @@ impl<E> RedisStoreBuilder<E> {
             return Err(Error::InvalidArgument {
                 field: n.field("workers"),
                 reason: format!("must be at least 1, e.g. {DEFAULT_WORKERS}, got 0"),
+            });
+        }
+        if !(1..=MAX_RESULT_BYTES_LIMIT).contains(&config.max_result_bytes) {
+            return Err(Error::InvalidArgument {
+                field: n.field("max_result_bytes"),
+                reason: format!(
+                    "must be between 1 and {MAX_RESULT_BYTES_LIMIT} (Redis' default \
+                     proto-max-bulk-len), e.g. {DEFAULT_MAX_RESULT_BYTES}, got {}",
+                    config.max_result_bytes
+                ),
             });
         }
         if config.prefix.is_empty() || config.prefix.contains(['{', '}']) {
@@ -622,6 +657,7 @@ impl<E> RedisStore<E> {
                 min_replicas: 0,
                 min_replicas_timeout: None,
                 connect_now: false,
+                max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             },
         }
     }

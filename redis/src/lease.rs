@@ -9,6 +9,7 @@ use std::sync::Arc;
 use oncely::{Error, LeaderLease, Lease, ScopedKey};
 
 use crate::batch::Acked;
+use crate::codec::StoredResult;
 use crate::runtime::Runtime;
 use crate::scripts;
 use crate::{
@@ -78,6 +79,25 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
         let rt = self.rt.clone();
         // Taken, so that dropping `self` below releases nothing.
         let local = self.local.take();
+        // A result Redis would refuse (a bulk string over its `proto-max-bulk-len` drops
+        // the connection, with every call of its batch) is never sent: the action ran,
+        // so it is recorded as not storable and not run again.
+        let max = inner.config.max_result_bytes;
+        let too_large = (value.len() > max).then(|| {
+            log::warn!(
+                "oncely-redis: the result of {} ({} bytes) is over max_result_bytes ({max}); \
+                 it is recorded as not storable",
+                self.scoped.as_str(),
+                value.len()
+            );
+            StoredResult::NotStorable {
+                type_name: &format!(
+                    "result of {} bytes, over the store's max_result_bytes of {max}",
+                    value.len()
+                ),
+            }
+            .encode()
+        });
         // A copy left by fork() sends nothing: the claim stays the parent's.
         let stored = rt.is_current().then(|| {
             let request = inner
@@ -85,7 +105,7 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
                 .complete
                 .on(&self.record)
                 .arg(&self.token)
-                .arg(&value)
+                .arg(too_large.as_deref().unwrap_or(&value))
                 .arg(millis(inner.config.ttl))
                 .arg(Inner::<E>::channel(&self.record))
                 .replicated(scripts::completion_stored);
@@ -208,5 +228,147 @@ impl<E: Send + Sync + 'static> fmt::Debug for RedisLease<E> {
             .field("record", &self.record)
             .field("generation", &self.generation)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use futures::executor::block_on;
+    use std::future::Future;
+
+    use futures::future::{join_all, FutureExt};
+    use oncely::{IdempotencyKey, ScopedKey, Source};
+
+    use crate::codec::{decode, StoredResult};
+    use crate::testing::Server;
+    use crate::{RecordState, RedisStore};
+
+    /// Concurrent completions on a Redis that refuses bulk strings over 1 MiB, one of
+    /// them 2 MiB: the others are stored and replayed; the large one is recorded as not
+    /// storable (its leader gets its value, later callers the not-storable record) and
+    /// is not sent; no action runs twice. (Sent, it broke the connection and its
+    /// leader got UNAVAILABLE, and the key ran again on the next call.)
+    #[test]
+    #[ignore = "needs redis-server: run scripts/test-redis"]
+    fn a_result_over_max_result_bytes_is_recorded_as_not_storable() {
+        let server = Server::start(&["--proto-max-bulk-len", "1mb"]);
+        let build = || -> RedisStore<std::io::Error> {
+            RedisStore::builder(server.url())
+                .workers(1)
+                .lease(Duration::from_secs(6))
+                .max_result_bytes(1 << 20)
+                .build()
+                .unwrap()
+        };
+        let (s, other) = (build(), build());
+        const N: usize = 24;
+        const BIG: usize = 7;
+        let keys: Vec<ScopedKey> = (0..N)
+            .map(|_| ScopedKey::new("acme", "Export", &IdempotencyKey::random()).unwrap())
+            .collect();
+        let value = |i: usize| -> Vec<u8> {
+            if i == BIG {
+                vec![b'x'; 2 << 20]
+            } else {
+                format!("v{i}").into_bytes()
+            }
+        };
+        let runs: Vec<AtomicUsize> = (0..N).map(|_| AtomicUsize::new(0)).collect();
+        let started = AtomicUsize::new(0);
+        let (open, gate) = futures::channel::oneshot::channel::<()>();
+        let gate = gate.shared();
+        let mut admin = server.con().unwrap();
+        let mut open = Some(open);
+        let all = join_all((0..N).map(|i| {
+            let (s, keys, runs, started, gate) = (&s, &keys, &runs, &started, gate.clone());
+            async move {
+                s.execute(&keys[i], "f", || async move {
+                    runs[i].fetch_add(1, Ordering::SeqCst);
+                    started.fetch_add(1, Ordering::SeqCst);
+                    let _ = gate.await;
+                    Ok(value(i))
+                })
+                .await
+            }
+        }));
+        // Every action holds at the gate; then writes are paused so that the completions
+        // queue up behind the first and go out together.
+        let mut all = Box::pin(all);
+        let results = block_on(futures::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(r) = all.as_mut().poll(cx) {
+                return std::task::Poll::Ready(r);
+            }
+            if started.load(Ordering::SeqCst) == N {
+                if let Some(open) = open.take() {
+                    let _: () = redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(300)
+                        .arg("WRITE")
+                        .query(&mut admin)
+                        .unwrap();
+                    let _ = open.send(());
+                }
+            } else {
+                cx.waker().wake_by_ref();
+            }
+            std::task::Poll::Pending
+        }));
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(done) => {
+                    assert_eq!(done.source, Source::Led, "key {i}");
+                    assert!(done.value == value(i), "key {i}: another value");
+                }
+                Err(e) => panic!("key {i}: {e:?}"),
+            }
+        }
+        for i in 0..N {
+            let again = block_on(other.execute(&keys[i], "f", || async {
+                Ok::<_, std::io::Error>(b"again".to_vec())
+            }))
+            .unwrap();
+            assert_eq!(again.source, Source::Replayed, "key {i}");
+            if i == BIG {
+                match decode(&again.value).unwrap() {
+                    StoredResult::NotStorable { type_name } => assert!(
+                        type_name.contains("2097152 bytes") && type_name.contains("1048576"),
+                        "{type_name}"
+                    ),
+                    r => panic!("the large result's record: {r:?}"),
+                }
+                let record = block_on(other.get(&keys[i])).unwrap().unwrap();
+                assert!(matches!(record.state, RecordState::Done { value } if value[0] == b'x'));
+            } else {
+                assert_eq!(again.value, value(i), "key {i}");
+            }
+            assert_eq!(runs[i].load(Ordering::SeqCst), 1, "key {i} ran again");
+        }
+    }
+
+    #[test]
+    fn max_result_bytes_is_checked() {
+        for bad in [0, crate::MAX_RESULT_BYTES_LIMIT + 1] {
+            let e = RedisStore::<std::io::Error>::builder("redis://127.0.0.1:1")
+                .max_result_bytes(bad)
+                .build()
+                .unwrap_err();
+            match e {
+                oncely::Error::InvalidArgument { field, reason } => {
+                    assert_eq!(field, "max_result_bytes");
+                    assert!(reason.contains(&format!("got {bad}")), "{reason}");
+                }
+                e => panic!("{e:?}"),
+            }
+        }
+        let s = RedisStore::<std::io::Error>::builder("redis://127.0.0.1:1")
+            .max_result_bytes(crate::MAX_RESULT_BYTES_LIMIT)
+            .build()
+            .unwrap();
+        assert_eq!(s.max_result_bytes(), crate::MAX_RESULT_BYTES_LIMIT);
+        let s = RedisStore::<std::io::Error>::new("redis://127.0.0.1:1").unwrap();
+        assert_eq!(s.max_result_bytes(), crate::DEFAULT_MAX_RESULT_BYTES);
     }
 }

@@ -81,7 +81,8 @@ use batch::Acked;
 use builder::Config;
 pub use builder::{
     RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IO_TIMEOUT, DEFAULT_LEASE,
-    DEFAULT_POLL_MAX, DEFAULT_POLL_MIN, DEFAULT_PREFIX, DEFAULT_WORKERS,
+    DEFAULT_MAX_RESULT_BYTES, DEFAULT_POLL_MAX, DEFAULT_POLL_MIN, DEFAULT_PREFIX, DEFAULT_WORKERS,
+    MAX_RESULT_BYTES_LIMIT,
 };
 use conn::Link;
 pub use counters::RedisCounters;
@@ -237,6 +238,12 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     /// How long completed results are kept.
     pub fn ttl(&self) -> Duration {
         self.inner.config.ttl
+    }
+
+    /// The largest result stored, in bytes (see
+    /// [`RedisStoreBuilder::max_result_bytes`]).
+    pub fn max_result_bytes(&self) -> usize {
+        self.inner.config.max_result_bytes
     }
 
     /// The key prefix.
