@@ -451,6 +451,14 @@ export interface RedisStoreSettings {
    * `await store.ping()` checks the same without blocking.
    */
   connect?: boolean
+  /**
+   * The largest result stored, in bytes as encoded (default 67_108_864, 64 MiB; 1 to
+   * 536_870_912; keep it at or below the server's `proto-max-bulk-len`, which Redis
+   * enforces by dropping the connection). A larger result is recorded as "not storable":
+   * the leader and the joiners of this process get the value, later callers
+   * `RESULT_NOT_STORED` (DATA_LOSS); `fn` is not run again.
+   */
+  maxResultBytes?: number
 }
 
 /** A record as stored in Redis, read by `RedisStore.get`. */
@@ -513,6 +521,8 @@ export declare class RedisStore {
   readonly ttlMs: number
   /** The Redis key prefix. */
   readonly prefix: string
+  /** The largest result stored, in bytes (see `maxResultBytes` in the options). */
+  readonly maxResultBytes: number
   /** The Redis key holding `scoped`'s record. */
   recordKey(scoped: ScopedKey): string
 }

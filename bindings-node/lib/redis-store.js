@@ -192,7 +192,7 @@ class RedisStore {
    * `{ url | urls, cluster = false, sentinel, minReplicas = 0, minReplicasTimeoutMs = ioTimeoutMs / 2,
    * leaseMs = 30_000, ttlMs = 86_400_000, prefix = 'oncely', connectTimeoutMs = 1000,
    * ioTimeoutMs = min(1000, leaseMs / 3), workers = 4, inProgressRetryAfterMs = 1000, encode, decode,
-   * connect = false }`
+   * connect = false, maxResultBytes = 64 MiB }`
    */
   constructor(options) {
     if (options === null || typeof options !== 'object') throw mustBe('an object with a url', 'options', options)
@@ -331,6 +331,11 @@ class RedisStore {
   /** The Redis key prefix. */
   get prefix() {
     return this.#native.prefix
+  }
+
+  /** The largest result stored, in bytes (encoded): a larger one is recorded as not storable. */
+  get maxResultBytes() {
+    return this.#native.maxResultBytes
   }
 
   /** The Redis key holding `scoped`'s record: `{<prefix>:<scoped>}`. */

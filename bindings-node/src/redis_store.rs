@@ -622,7 +622,7 @@ impl NativeRedisStore {
 impl NativeRedisStore {
     /// `options`: `{ url | urls, cluster, sentinel, minReplicas, minReplicasTimeoutMs,
     /// prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
-    /// inProgressRetryAfterMs }`.
+    /// inProgressRetryAfterMs, maxResultBytes }`.
     #[napi(constructor, ts_args_type = "options: unknown")]
     pub fn new(env: &Env, options: Unknown<'_>) -> Result<Self> {
         let raw = env.raw();
@@ -651,6 +651,7 @@ impl NativeRedisStore {
                 "ioTimeoutMs",
                 "workers",
                 "inProgressRetryAfterMs",
+                "maxResultBytes",
                 "connect",
                 // The user codec: used by index.js.
                 "encode",
@@ -711,6 +712,13 @@ impl NativeRedisStore {
         }
         if let Some(d) = o.millis(c"inProgressRetryAfterMs", "in_progress_retry_after")? {
             b = b.in_progress_retry_after(d);
+        }
+        if let Some(n) = o.integer(
+            c"maxResultBytes",
+            1.0,
+            oncely_redis::MAX_RESULT_BYTES_LIMIT as f64,
+        )? {
+            b = b.max_result_bytes(n as usize);
         }
         if let Some(yes) = o.boolean(c"connect")? {
             b = b.connect_now(yes);
@@ -785,6 +793,7 @@ impl NativeRedisStore {
                         Joined::Failed(e) => Out::Failed(e),
                         Joined::Panicked(m) => Out::Panicked(m.to_string()),
                         Joined::Abandoned => Out::Abandoned,
+                        Joined::Error(e) => Out::Error(e),
                     }
                 }
             }
@@ -987,6 +996,13 @@ impl NativeRedisStore {
     #[napi(getter)]
     pub fn prefix(&self) -> String {
         self.inner.store.prefix().to_owned()
+    }
+
+    /// The largest result stored, in bytes (encoded); a larger one is recorded as not
+    /// storable.
+    #[napi(getter)]
+    pub fn max_result_bytes(&self) -> f64 {
+        self.inner.store.max_result_bytes() as f64
     }
 
     /// The Redis key holding `key`'s record: `{<prefix>:<scoped key>}`.

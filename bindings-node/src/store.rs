@@ -338,6 +338,10 @@ impl Inner {
                 Joined::Abandoned => {
                     sys::napi_resolve_deferred(env, deferred, self.abandoned.value(env));
                 }
+                Joined::Error(e) => {
+                    let err = crate::redis_store::thrown(env, &e);
+                    sys::napi_reject_deferred(env, deferred, err);
+                }
             }
         }
     }

@@ -406,7 +406,7 @@ test('IdempotencyStore and RedisStore: any options', async () => {
     }),
     params,
   )
-  const redisKeys = ['url', 'leaseMs', 'ttlMs', 'prefix', 'connectTimeoutMs', 'ioTimeoutMs', 'workers', 'inProgressRetryAfterMs', 'encode', 'decode']
+  const redisKeys = ['url', 'leaseMs', 'ttlMs', 'prefix', 'connectTimeoutMs', 'ioTimeoutMs', 'workers', 'inProgressRetryAfterMs', 'maxResultBytes', 'encode', 'decode']
   const urls = fc.oneof(texts, anything, fc.constantFrom('redis://127.0.0.1:1/0', 'redis://', 'redis://h:99999', 'rediss://x', 'unix:///nope', 'redis://[::1/'))
   await fc.assert(
     asyncProp(urls, fc.dictionary(fc.constantFrom(...redisKeys), fc.oneof(anything, texts), { maxKeys: 4 }), async (url, rest) => {

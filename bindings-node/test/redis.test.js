@@ -164,6 +164,12 @@ test('options are checked', () => {
   assert.throws(() => new RedisStore({ url: 'redis://127.0.0.1:1/0', encode: JSON.stringify }), { code: 'INVALID_ARGUMENT', field: 'decode' })
   assert.throws(() => new RedisStore({ url: 'redis://127.0.0.1:1/0', encode: 1, decode: JSON.parse }), { code: 'INVALID_ARGUMENT', field: 'encode' })
   assert.ok(new RedisStore({ url: 'redis://127.0.0.1:1/0', encode: JSON.stringify, decode: JSON.parse }))
+  assert.equal(s.maxResultBytes, 64 * 2 ** 20)
+  assert.equal(new RedisStore({ url: 'redis://127.0.0.1:1/0', maxResultBytes: 512 * 2 ** 20 }).maxResultBytes, 512 * 2 ** 20)
+  for (const bad of [0, -1, 512 * 2 ** 20 + 1, 1.5, NaN]) {
+    assert.throws(() => new RedisStore({ url: 'redis://127.0.0.1:1/0', maxResultBytes: bad }), { name: 'RangeError', field: 'maxResultBytes' })
+  }
+  assert.throws(() => new RedisStore({ url: 'redis://127.0.0.1:1/0', maxResultBytes: '1' }), { name: 'TypeError', field: 'maxResultBytes' })
 })
 
 // ---------------------------------------------------------------------------------------
@@ -411,6 +417,32 @@ test('undefined is stored as no value: one run, replayed as undefined everywhere
   assert.equal((await other.execute(k, fp, action)).value, undefined)
   assert.equal(runs, 1)
   assert.deepEqual(await hgetResult(s.recordKey(k)), Buffer.from('n'))
+})
+
+test('a result over maxResultBytes is not stored: joiners get it, later callers result_not_stored, one run', needsRedis, async () => {
+  const s = store({ maxResultBytes: 1000 })
+  const other = new RedisStore({ url: URL, prefix: s.prefix })
+  const [k, small] = [key(), key()]
+  const value = Buffer.alloc(5000, 7)
+  let runs = 0
+  const action = async () => {
+    runs++
+    await new Promise((r) => setTimeout(r, 30))
+    return value
+  }
+  const done = await Promise.all([1, 2, 3].map(() => s.execute(k, fp, action)))
+  assert.ok(done.every((d) => d.value === value))
+  assert.deepEqual((await s.execute(small, fp, () => Buffer.alloc(999, 1))).value, Buffer.alloc(999, 1))
+  for (const later of [s, other]) {
+    await assert.rejects(later.execute(k, fp, action), (e) => {
+      assert.equal(e.code, 'DATA_LOSS')
+      assert.equal(e.kind, 'result_not_stored')
+      assert.match(e.message, /5001 bytes/)
+      return true
+    })
+    assert.deepEqual((await later.execute(small, fp, action)).value, Buffer.alloc(999, 1))
+  }
+  assert.equal(runs, 1)
 })
 
 test('a result that cannot be stored runs once: joiners get it, later callers result_not_stored', needsRedis, async () => {

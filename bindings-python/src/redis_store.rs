@@ -287,8 +287,8 @@ pub struct PyRedisStore {
 impl PyRedisStore {
     #[new]
     #[pyo3(
-        signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=None, sentinel=None, min_replicas=None, min_replicas_timeout=None, connect=None),
-        text_signature = "(url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=False, sentinel=None, min_replicas=None, min_replicas_timeout=None, connect=False)"
+        signature = (url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=None, sentinel=None, min_replicas=None, min_replicas_timeout=None, connect=None, max_result_bytes=None),
+        text_signature = "(url, lease=None, ttl=None, *, prefix=None, connect_timeout=None, io_timeout=None, workers=None, in_progress_retry_after=None, dumps=None, loads=None, cluster=False, sentinel=None, min_replicas=None, min_replicas_timeout=None, connect=False, max_result_bytes=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -308,6 +308,7 @@ impl PyRedisStore {
         min_replicas: Option<&Bound<'_, PyAny>>,
         min_replicas_timeout: Option<&Bound<'_, PyAny>>,
         connect: Option<&Bound<'_, PyAny>>,
+        max_result_bytes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let callable = |field: &'static str, f: Option<Bound<'_, PyAny>>| -> PyResult<_> {
             match f.filter(|f| !f.is_none()) {
@@ -372,6 +373,10 @@ impl PyRedisStore {
         }
         if let Some(d) = opt_seconds(py, "in_progress_retry_after", in_progress_retry_after)? {
             b = b.in_progress_retry_after(d);
+        }
+        if let Some(n) = max_result_bytes.filter(|n| !n.is_none()) {
+            let most = oncely_redis::MAX_RESULT_BYTES_LIMIT as i128;
+            b = b.max_result_bytes(int_in(py, "max_result_bytes", n, 1, most)? as usize);
         }
         let b = b.connect_now(crate::errors::flag(connect, "connect", false)?);
         // Connecting (connect=True) waits up to the connect and I/O timeouts.
@@ -439,6 +444,7 @@ impl PyRedisStore {
                         Joined::Failed(f) => Box::new(move |py| failure_tuple(py, &f)),
                         Joined::Panicked(m) => error_value(Error::LeaderPanicked(m.to_string())),
                         Joined::Abandoned => Box::new(|py| py.None()),
+                        Joined::Error(e) => error_value(e),
                     }
                 }
             };
@@ -475,6 +481,13 @@ impl PyRedisStore {
     #[getter]
     fn prefix(&self) -> String {
         self.inner.prefix().to_owned()
+    }
+
+    /// The largest result stored, in bytes (its encoded form); a larger one is
+    /// recorded as not storable.
+    #[getter]
+    fn max_result_bytes(&self) -> usize {
+        self.inner.max_result_bytes()
     }
 
     /// The Redis key holding `scoped`'s record: `{<prefix>:<scoped key>}`.

@@ -195,6 +195,10 @@ fn outcome(py: Python<'_>, out: Outcome, source: &'static str) -> PyResult<Py<Py
             Ok(PyTuple::new(py, [exc, py.None()])?.into_any().unbind())
         }
         Joined::Abandoned => Ok(py.None()),
+        Joined::Error(e) => {
+            let exc = to_py_value(py, e);
+            Ok(PyTuple::new(py, [exc, py.None()])?.into_any().unbind())
+        }
     }
 }
 

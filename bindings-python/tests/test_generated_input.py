@@ -497,6 +497,7 @@ REDIS_FIELDS = [
     "io_timeout",
     "workers",
     "in_progress_retry_after",
+    "max_result_bytes",
 ]
 URLS = st.one_of(
     texts,

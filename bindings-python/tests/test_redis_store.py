@@ -188,6 +188,16 @@ def test_settings_and_bad_settings() -> None:
         RedisStore("redis://127.0.0.1:1", ttl=0)
     with pytest.raises(oncely.InvalidArgumentError):
         RedisStore("redis://127.0.0.1:1", workers=0)
+    assert d.max_result_bytes == 64 << 20
+    assert (
+        RedisStore("redis://127.0.0.1:1", max_result_bytes=512 << 20).max_result_bytes == 512 << 20
+    )
+    for bad in (0, -1, (512 << 20) + 1, 1 << 80):
+        with pytest.raises(oncely.InvalidArgumentError, match="max_result_bytes"):
+            RedisStore("redis://127.0.0.1:1", max_result_bytes=bad)
+    for wrong in ("1", 1.5, True):
+        with pytest.raises(TypeError, match="max_result_bytes"):
+            RedisStore("redis://127.0.0.1:1", max_result_bytes=wrong)
 
 
 # ---------------------------------------------------------------------------------------
@@ -781,6 +791,27 @@ def test_a_result_that_cannot_be_stored_runs_once_across_threads() -> None:
     # finished gets the error: never a second run.
     assert all(v is value or isinstance(v, oncely.ResultNotStoredError) for v in out)
     assert any(v is value for v in out)
+
+
+@needs_redis
+def test_a_result_over_max_result_bytes_is_not_stored_and_not_run_again() -> None:
+    pfx = prefix()
+    s, other = store(pfx, max_result_bytes=1000), store(pfx)
+    k, small = key(), key()
+    runs = Counter()
+    big = b"x" * 5000
+
+    def action() -> Any:
+        runs.bump()
+        return big
+
+    assert s.execute_sync(k, FP, action).value is big
+    assert s.execute_sync(small, FP, lambda: b"y" * 1000).value == b"y" * 1000
+    for st in (s, other):
+        with pytest.raises(oncely.ResultNotStoredError, match="5001 bytes"):
+            st.execute_sync(k, FP, action)
+        assert st.execute_sync(small, FP, action).value == b"y" * 1000
+    assert runs.calls == 1
 
 
 @needs_redis

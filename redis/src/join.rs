@@ -52,8 +52,9 @@ pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
         .await;
         delay = (delay * 2).min(inner.config.poll_max);
         if !rt.is_current() {
-            // A copy left by fork(): look again with this process's own runtime.
-            return Joined::Abandoned;
+            // A wait the parent had in flight at fork(): its leader is the parent's, and
+            // a caller here must not lead in its place.
+            return Joined::Error(crate::runtime::in_flight_at_fork());
         }
         let peek = rt
             .pool

@@ -359,6 +359,17 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
         }
     }
 
+    /// Call in a child process right after `fork()` (the Python binding does, through
+    /// `os.register_at_fork`): the calls the parent had in flight at the fork (copied
+    /// into the child, where the threads that would answer them are gone) end at once
+    /// with [`Error::Unavailable`] instead of waiting until the child first uses the
+    /// store (which ends them too). They never lead or run their action in the child;
+    /// the parent's claims stay the parent's. Does nothing in the process that made
+    /// the store, nor in a child that already used it.
+    pub fn after_fork(&self) {
+        self.inner.runtime.after_fork();
+    }
+
     /// Checks that Redis answers (a `PING` through the store's workers, within the I/O
     /// timeout): a health check. [`Error::Unavailable`] when it does not.
     pub async fn ping(&self) -> Result<(), Error> {

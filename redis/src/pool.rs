@@ -22,6 +22,7 @@ use crate::batch::{run_batch, Acked};
 use crate::conn::{Conn, Link};
 use crate::lock;
 use crate::request::{Failure, Request};
+use crate::runtime::{in_flight_at_fork, Registered, Waiters};
 
 /// What is done with a call's outcome, on the worker (it may queue follow-up calls).
 pub(crate) type Done = Box<dyn FnOnce(Result<redis::Value, Failure>, Acked, &Queue) + Send>;
@@ -112,6 +113,7 @@ pub(crate) struct Pool {
     /// Direct connections not yet made.
     direct_left: std::sync::atomic::AtomicUsize,
     link: Link,
+    waiters: Arc<Waiters>,
 }
 
 thread_local! {
@@ -135,23 +137,40 @@ pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 /// The answer of a call on the pool (UNAVAILABLE when Redis failed). Dropping it
 /// before the answer is read hands a value that already arrived to its undo, if any.
+///
+/// In a child after `fork()` it ends with UNAVAILABLE at its next poll, whatever came:
+/// the answer goes to the parent's threads, and one that came before the fork (a claim
+/// won) is the parent's (see [`crate::runtime`]).
 pub(crate) struct Reply<T> {
     rx: Option<futures_channel::oneshot::Receiver<Result<T, Failure>>>,
     undo: Option<Box<dyn FnOnce(T) + Send>>,
     io_timeout: Duration,
+    waiters: Arc<Waiters>,
+    registered: Registered,
 }
 
 impl<T> Future for Reply<T> {
     type Output = Result<T, Error>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let io_timeout = self.io_timeout;
+        if self.waiters.forked() {
+            // Left as they are: undoing or unregistering would take the parent's locks.
+            std::mem::forget(self.rx.take());
+            std::mem::forget(self.undo.take());
+            self.registered = None;
+            return Poll::Ready(Err(in_flight_at_fork()));
+        }
         let Some(rx) = self.rx.as_mut() else {
             return Poll::Ready(Err(Error::Unavailable(
                 "the Redis store was shut down".into(),
             )));
         };
         let out = match Pin::new(rx).poll(cx) {
-            Poll::Pending => return Poll::Pending,
+            Poll::Pending => {
+                let me = &mut *self;
+                me.waiters.register(&mut me.registered, cx.waker());
+                return Poll::Pending;
+            }
             Poll::Ready(Ok(Ok(v))) => Ok(v),
             Poll::Ready(Ok(Err(f))) => Err(f.into_error(io_timeout)),
             Poll::Ready(Err(_)) => Err(Error::Unavailable(
@@ -160,12 +179,21 @@ impl<T> Future for Reply<T> {
         };
         self.rx = None;
         self.undo = None;
+        let me = &mut *self;
+        me.waiters.unregister(&mut me.registered);
         Poll::Ready(out)
     }
 }
 
 impl<T> Drop for Reply<T> {
     fn drop(&mut self) {
+        if self.waiters.forked() {
+            // The parent's: see `poll`.
+            std::mem::forget(self.rx.take());
+            std::mem::forget(self.undo.take());
+            return;
+        }
+        self.waiters.unregister(&mut self.registered);
         if let (Some(mut rx), Some(undo)) = (self.rx.take(), self.undo.take()) {
             // After `close` no send can succeed: a value is either here now, or the
             // worker keeps it and undoes it there.
@@ -183,7 +211,7 @@ fn parse<T: redis::FromRedisValue>(r: Result<redis::Value, Failure>) -> Result<T
 }
 
 impl Pool {
-    pub(crate) fn new(link: &Link, threads: usize) -> Self {
+    pub(crate) fn new(link: &Link, threads: usize, waiters: Arc<Waiters>) -> Self {
         let queue = Arc::new(Queue {
             state: Mutex::new(QueueState::default()),
             ready: Condvar::new(),
@@ -206,6 +234,7 @@ impl Pool {
             direct: Mutex::new(Vec::new()),
             direct_left: std::sync::atomic::AtomicUsize::new(threads),
             link: link.clone(),
+            waiters,
         }
     }
 
@@ -219,6 +248,8 @@ impl Pool {
             rx: sent.then_some(rx),
             undo,
             io_timeout: self.io_timeout,
+            waiters: self.waiters.clone(),
+            registered: None,
         }
     }
 

@@ -8,11 +8,20 @@
 //! fresh one, with new threads and new connections, and the parent's is never used
 //! or dropped there. Leases and waits made under the parent's runtime stay the
 //! parent's: a child neither renews, releases nor completes them.
+//!
+//! A future the parent had in flight at the fork (a call waiting for a worker's answer,
+//! a sleep, a wait on an in-process leader) is copied into the child too, where the
+//! thread that would wake it is gone. So every such future registers its waker in its
+//! runtime's [`Waiters`] and checks the process id when polled: in the child it ends
+//! with UNAVAILABLE ("in flight at fork"), never leading or running an action there,
+//! once the child wakes the parent's waiters — when it makes its own runtime, or
+//! earlier through [`PerProcess::after_fork`].
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -25,10 +34,94 @@ use crate::notifier::Notifier;
 use crate::pool::Pool;
 use crate::renewer::Renewer;
 
+/// The error of a future that was in flight when its process forked, in the child.
+pub(crate) fn in_flight_at_fork() -> Error {
+    Error::Unavailable(
+        "this call was in flight when the process forked (its answer would come to the \
+         parent's threads): in the child it ends here, without leading or running its \
+         action; call again"
+            .into(),
+    )
+}
+
+/// The wakers of the futures waiting on one runtime's threads (worker replies, sleeps),
+/// woken all at once in a child after `fork()` (see the module's doc).
+pub(crate) struct Waiters {
+    /// The process of the runtime.
+    pid: u32,
+    next: AtomicU64,
+    wakers: Mutex<HashMap<u64, Waker>>,
+    /// Set in a child once the parent's waiters were woken.
+    woken: AtomicBool,
+}
+
+/// A future's entry in [`Waiters`]: its id and the waker last registered.
+pub(crate) type Registered = Option<(u64, Waker)>;
+
+impl Waiters {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Waiters {
+            pid: std::process::id(),
+            next: AtomicU64::new(0),
+            wakers: Mutex::new(HashMap::new()),
+            woken: AtomicBool::new(false),
+        })
+    }
+
+    /// True in a child of the process that made the runtime.
+    pub(crate) fn forked(&self) -> bool {
+        self.pid != std::process::id()
+    }
+
+    /// Registers `waker` for `entry` (again only when it changed).
+    pub(crate) fn register(&self, entry: &mut Registered, waker: &Waker) {
+        if let Some((_, w)) = entry {
+            if w.will_wake(waker) {
+                return;
+            }
+        }
+        let id = match entry {
+            Some((id, _)) => *id,
+            None => self.next.fetch_add(1, Ordering::Relaxed),
+        };
+        lock(&self.wakers).insert(id, waker.clone());
+        *entry = Some((id, waker.clone()));
+    }
+
+    /// Forgets `entry` (the future is done or dropped). In a child, nothing is done:
+    /// the lock may have been held by a parent thread at the fork.
+    pub(crate) fn unregister(&self, entry: &mut Registered) {
+        if let Some((id, _)) = entry.take() {
+            if !self.forked() {
+                lock(&self.wakers).remove(&id);
+            }
+        }
+    }
+
+    /// In a child: wakes every future registered, once (each then ends with
+    /// [`in_flight_at_fork`]). A lock that a parent thread held at the fork can never
+    /// be taken here: its futures are then left as they are (they are woken only by a
+    /// poll of their own).
+    fn wake_all_in_child(&self) {
+        if !self.forked() || self.woken.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let wakers: Vec<Waker> = match self.wakers.try_lock() {
+            Ok(mut w) => w.drain().map(|(_, w)| w).collect(),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                p.into_inner().drain().map(|(_, w)| w).collect()
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+}
+
 /// The threads and the in-process tier of one process.
 pub(crate) struct Runtime<E> {
     /// The process that made it; anywhere else it is a copy left by `fork()`.
     pid: u32,
+    pub(crate) waiters: Arc<Waiters>,
     pub(crate) pool: Pool,
     pub(crate) renewer: Arc<Renewer>,
     pub(crate) notifier: Arc<Notifier>,
@@ -50,15 +143,17 @@ impl<E> Runtime<E> {
             .unbounded()
             .in_progress_retry_after(in_progress_retry_after)
             .build()?;
+        let waiters = Waiters::new();
         Ok(Runtime {
             pid: std::process::id(),
-            pool: Pool::new(link, workers),
+            pool: Pool::new(link, workers, waiters.clone()),
             renewer: Renewer::new(lease),
             notifier: Notifier::new(format!(
                 "{{{prefix}}}:wake:{}",
                 oncely::IdempotencyKey::random().as_str()
             )),
-            timers: Timers::new(),
+            timers: Timers::new(waiters.clone()),
+            waiters,
             local,
         })
     }
@@ -66,6 +161,18 @@ impl<E> Runtime<E> {
     /// True in the process that made this runtime (false in a child after `fork()`).
     pub(crate) fn is_current(&self) -> bool {
         self.pid == std::process::id()
+    }
+
+    /// In a child: ends the waits the parent had in flight at the fork (its threads'
+    /// answers and its in-process flights, which never settle here).
+    fn end_waits_in_child(&self) {
+        if self.is_current() || self.waiters.woken.load(Ordering::Acquire) {
+            return;
+        }
+        // Failed first: a claim woken below drops its in-process lease, which would
+        // tell the joiners to lead.
+        self.local.fail_running(&in_flight_at_fork());
+        self.waiters.wake_all_in_child();
     }
 }
 
@@ -97,12 +204,24 @@ impl<E> PerProcess<E> {
     pub(crate) fn get(&self) -> Result<Arc<Runtime<E>>, Error> {
         let mut current = lock(&self.current);
         if !current.is_current() {
+            current.end_waits_in_child();
             let parents = std::mem::replace(&mut *current, Arc::new((self.make)()?));
             // Dropping it would join no thread but could wait on a lock a parent
             // thread held at the fork: it is leaked (one per fork) instead.
             std::mem::forget(parents);
         }
         Ok(current.clone())
+    }
+}
+
+impl<E> PerProcess<E> {
+    /// In a child after `fork()`: ends the waits the parent had in flight (see the
+    /// module's doc) without making a runtime yet. Nothing in the parent.
+    pub(crate) fn after_fork(&self) {
+        let current = lock(&self.current);
+        if !current.is_current() {
+            current.end_waits_in_child();
+        }
     }
 }
 
@@ -130,22 +249,26 @@ struct TimerState {
 pub(crate) struct Timers {
     state: Mutex<TimerState>,
     cv: Condvar,
+    waiters: Arc<Waiters>,
 }
 
 impl Timers {
-    fn new() -> Arc<Self> {
+    fn new(waiters: Arc<Waiters>) -> Arc<Self> {
         Arc::new(Timers {
             state: Mutex::new(TimerState::default()),
             cv: Condvar::new(),
+            waiters,
         })
     }
 
-    /// A future that is ready `d` from now.
+    /// A future that is ready `d` from now (at once in a child after `fork()`, where
+    /// the timer thread is gone).
     pub(crate) fn sleep(self: &Arc<Self>, d: Duration) -> Sleep {
         Sleep {
             timers: self.clone(),
             at: Instant::now() + d,
             id: None,
+            registered: None,
         }
     }
 
@@ -194,17 +317,28 @@ pub(crate) struct Sleep {
     timers: Arc<Timers>,
     at: Instant,
     id: Option<u64>,
+    /// In the runtime's [`Waiters`], while pending.
+    registered: Registered,
 }
 
 impl Future for Sleep {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let me = &mut *self;
+        if me.timers.waiters.forked() {
+            // The timer thread stayed in the parent (its lock too, maybe).
+            me.id = None;
+            me.registered = None;
+            return Poll::Ready(());
+        }
+        me.timers.waiters.register(&mut me.registered, cx.waker());
         let mut st = lock(&me.timers.state);
         if Instant::now() >= me.at {
             if let Some(id) = me.id.take() {
                 st.wakers.remove(&id);
             }
+            drop(st);
+            me.timers.waiters.unregister(&mut me.registered);
             return Poll::Ready(());
         }
         match me.id {
@@ -236,8 +370,12 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
+        if self.timers.waiters.forked() {
+            return; // the parent's locks: see Sleep::poll
+        }
         if let Some(id) = self.id.take() {
             lock(&self.timers.state).wakers.remove(&id);
         }
+        self.timers.waiters.unregister(&mut self.registered);
     }
 }

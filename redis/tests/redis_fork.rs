@@ -69,7 +69,7 @@ fn expect(
 }
 
 /// Waits (bounded) until `f` holds.
-fn until(what: &str, f: impl Fn() -> bool) -> Result<(), String> {
+fn until(what: &str, mut f: impl FnMut() -> bool) -> Result<(), String> {
     let end = Instant::now() + Duration::from_secs(10);
     while !f() {
         if Instant::now() > end {
@@ -187,6 +187,146 @@ fn redis_fork() {
     child_uses_a_store_made_before_fork();
     parents_lease_and_flight_stay_the_parents();
     child_renews_its_leases_not_the_parents();
+    calls_in_flight_at_the_fork_end_in_the_child();
+}
+
+/// A waker that counts its wakes.
+struct Wakes(std::sync::atomic::AtomicUsize);
+
+impl futures::task::ArcWake for Wakes {
+    fn wake_by_ref(me: &std::sync::Arc<Self>) {
+        me.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+type Call<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Executed<Vec<u8>>, String>> + 'a>>;
+
+/// Three calls of the parent are pending when it forks: one waits for its claim's
+/// answer (Redis holds writes: `CLIENT PAUSE`), one for another instance's leader (in
+/// Redis), one for a leader in this process. In the child, `after_fork` wakes each
+/// and each ends with UNAVAILABLE, without running its action; in the parent they go
+/// on as if nothing happened. (Their answers would come to the parent's threads: in the
+/// child they waited for ever.)
+fn calls_in_flight_at_the_fork_end_in_the_child() {
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+    let prefix = format!("f{}", IdempotencyKey::random().as_str());
+    // A 1 s I/O timeout: the claim outlasts the pause below.
+    let s: Store = RedisStore::builder(url())
+        .prefix(&prefix)
+        .lease(Duration::from_secs(3))
+        .poll_interval(Duration::from_secs(60), Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let other = store(&prefix);
+    warm_up(&s, &other);
+    let (kc, kr, kl) = (key(), key(), key());
+    let remote = lead(&other, &kr);
+    let local = lead(&s, &kl);
+    let ran = [
+        AtomicBool::new(false),
+        AtomicBool::new(false),
+        AtomicBool::new(false),
+    ];
+    let call = |i: usize, k: ScopedKey| -> Call<'_> {
+        let (s, ran) = (&s, &ran);
+        Box::pin(async move {
+            s.execute(&k, "f", || async move {
+                ran[i].store(true, Ordering::SeqCst);
+                Ok(format!("ran-{i}").into_bytes())
+            })
+            .await
+            .map_err(|e| format!("{e:?}"))
+        })
+    };
+    let wakes: Vec<Arc<Wakes>> = (0..3)
+        .map(|_| Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0))))
+        .collect();
+    let mut calls = [
+        call(0, kc.clone()),
+        call(1, kr.clone()),
+        call(2, kl.clone()),
+    ];
+    let poll = |c: &mut Call<'_>, w: &Arc<Wakes>| {
+        let waker = futures::task::waker(w.clone());
+        c.as_mut().poll(&mut Context::from_waker(&waker))
+    };
+    // The remote and the local waits, until they wait.
+    let waits = s.counters().remote_waits;
+    until("the call waits on Redis", || {
+        assert!(poll(&mut calls[1], &wakes[1]).is_pending());
+        s.counters().remote_waits > waits
+    })
+    .unwrap();
+    assert!(poll(&mut calls[2], &wakes[2]).is_pending());
+    // The claim, sent while Redis holds writes.
+    let mut admin = redis::Client::open(url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(500)
+        .arg("WRITE")
+        .query(&mut admin)
+        .unwrap();
+    assert!(poll(&mut calls[0], &wakes[0]).is_pending());
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(poll(&mut calls[0], &wakes[0]).is_pending());
+    let before: Vec<usize> = wakes.iter().map(|w| w.0.load(Ordering::SeqCst)).collect();
+    let child = fork(|| {
+        s.after_fork();
+        for (i, w) in wakes.iter().enumerate() {
+            if w.0.load(Ordering::SeqCst) == before[i] {
+                return Err(format!("call {i} was not woken by after_fork"));
+            }
+        }
+        for (i, c) in calls.iter_mut().enumerate() {
+            match poll(c, &wakes[i]) {
+                Poll::Ready(Err(e)) if e.contains("Unavailable") && e.contains("forked") => {}
+                other => return Err(format!("call {i} in the child: {other:?}")),
+            }
+            if ran[i].load(Ordering::SeqCst) {
+                return Err(format!("call {i}'s action ran in the child"));
+            }
+        }
+        // The store itself works in the child (a read: Redis still holds writes).
+        block_on(s.ping()).map_err(|e| format!("ping in the child: {e}"))
+    });
+    child.wait().unwrap();
+    // In the parent the three calls go on: the claim leads once Redis takes writes
+    // again, the waits get their leaders' results.
+    let _: () = redis::cmd("SET")
+        .arg(format!("{{{prefix}}}:resumed"))
+        .arg(1)
+        .query(&mut admin)
+        .unwrap();
+    let [c0, c1, c2] = calls;
+    block_on(remote.complete(b"remote".to_vec())).unwrap();
+    block_on(local.complete(b"local".to_vec())).unwrap();
+    expect(
+        "the claim in the parent",
+        block_on(c0),
+        b"ran-0",
+        Source::Led,
+    )
+    .unwrap();
+    expect(
+        "the remote wait in the parent",
+        block_on(c1),
+        b"remote",
+        Source::Joined,
+    )
+    .unwrap();
+    expect(
+        "the local wait in the parent",
+        block_on(c2),
+        b"local",
+        Source::Joined,
+    )
+    .unwrap();
+    assert!(!ran[1].load(Ordering::SeqCst) && !ran[2].load(Ordering::SeqCst));
 }
 
 /// Leads, replays and waits in a child (and a grandchild); the parent's store and the

@@ -446,6 +446,7 @@ where
                 }
                 // The leader went away before answering: begin again (one of us leads).
                 Joined::Abandoned => continue,
+                Joined::Error(e) => return Ok(refuse(&s, grpc, &Problem::from_error(&e))),
             },
         }
     };

@@ -204,7 +204,7 @@ class RedisStore(_RedisStore, Driver):
     ``RedisStore(url, lease=30.0, ttl=86400.0, *, prefix="oncely", connect_timeout=1.0,
     io_timeout=1.0, workers=4, in_progress_retry_after=1.0, dumps=None, loads=None,
     cluster=False, sentinel=None, min_replicas=0, min_replicas_timeout=None,
-    connect=False)``:
+    connect=False, max_result_bytes=67108864)``:
     ``io_timeout`` bounds each Redis call from the moment it is made (default
     min(1 s, lease/3), at most lease/3); ``url`` is
     ``redis://[user:password@]host:port/db`` (``rediss://`` for TLS), or a list of
@@ -221,7 +221,12 @@ class RedisStore(_RedisStore, Driver):
     does not run. ``dumps`` / ``loads`` (both or neither) store your own types (see the
     module's doc). ``connect=True`` connects and sends ``PING`` in the constructor, so
     a wrong URL, password or TLS setting fails at startup with
-    ``StoreUnavailableError`` instead of at the first request.
+    ``StoreUnavailableError`` instead of at the first request. ``max_result_bytes``
+    (1 to 512 MiB, default 64 MiB; keep it at or below the server's
+    ``proto-max-bulk-len``) caps a stored result (encoded): a larger one is recorded as
+    not storable, like a value the codec cannot hold (its caller and this process's
+    waiters get the value; later callers ``ResultNotStoredError``; ``fn`` is not run
+    again).
 
     For operators: :meth:`get` / :meth:`remove` read and delete a record by its scoped
     key, :meth:`ping` is a health check, :meth:`counters` counts claims, leads,

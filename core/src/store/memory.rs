@@ -429,6 +429,31 @@ impl<V: Clone, E> MemoryStore<V, E> {
         }
         forgotten
     }
+
+    /// Ends every running entry's wait with `error` ([`Joined::Error`]) and forgets the
+    /// entry, for the copy of a store that a child made by `fork()` will not use again:
+    /// unlike [`forget_running`](Self::forget_running), the waiters do not lead in its
+    /// place (their leader may still be running in the parent). Returns how many running
+    /// entries were failed.
+    pub fn fail_running(&self, error: &Error) -> usize {
+        let mut flights = Vec::new();
+        let failed = {
+            let mut t = self.shared.lock();
+            let before = t.map.len();
+            t.map.retain(|slot| match slot {
+                Slot::Running { flight, .. } => {
+                    flights.extend(flight.clone());
+                    false
+                }
+                Slot::Done { .. } => true,
+            });
+            before - t.map.len()
+        };
+        for f in flights {
+            f.settle(Joined::Error(error.clone()));
+        }
+        failed
+    }
 }
 
 impl<V, E> Default for MemoryStore<V, E> {
@@ -674,6 +699,7 @@ impl<V: Clone, E> MemoryStore<V, E> {
                         return Err(ExecuteError::Store(Error::LeaderPanicked(m.to_string())))
                     }
                     Joined::Abandoned => continue,
+                    Joined::Error(e) => return Err(ExecuteError::Store(e)),
                 },
                 Ok(Begin::Lead(lease)) => lease,
             };

@@ -166,6 +166,10 @@ pub enum Joined<V, E> {
     /// The leader went away (cancelled, dropped) before finishing: call `begin` again;
     /// one of the waiters leads.
     Abandoned,
+    /// The wait ended with this store error, without a result: the caller gets it and
+    /// does not run its action. E.g. a wait a process had in flight when it forked: in
+    /// the child, its leader and the threads that would answer it are the parent's.
+    Error(Error),
 }
 
 impl<V: Clone, E> Clone for Joined<V, E> {
@@ -175,6 +179,7 @@ impl<V: Clone, E> Clone for Joined<V, E> {
             Joined::Failed(e) => Joined::Failed(e.clone()),
             Joined::Panicked(m) => Joined::Panicked(m.clone()),
             Joined::Abandoned => Joined::Abandoned,
+            Joined::Error(e) => Joined::Error(e.clone()),
         }
     }
 }
@@ -273,6 +278,7 @@ where
                     return Err(ExecuteError::Store(Error::LeaderPanicked(m.to_string())))
                 }
                 Joined::Abandoned => continue,
+                Joined::Error(e) => return Err(ExecuteError::Store(e)),
             },
             Ok(Begin::Lead(lease)) => lease,
         };
