@@ -483,6 +483,12 @@ impl PyRedisStore {
         self.inner.prefix().to_owned()
     }
 
+    /// In a child after `fork()`: ends the calls the parent had in flight (called by the
+    /// package's `os.register_at_fork` hook; see `RedisStore::after_fork`).
+    fn _after_fork(&self) {
+        self.inner.after_fork();
+    }
+
     /// The largest result stored, in bytes (its encoded form); a larger one is
     /// recorded as not storable.
     #[getter]

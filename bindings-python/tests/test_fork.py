@@ -190,6 +190,67 @@ def test_os_fork_child_waits_for_the_parents_running_call_without_running_it() -
     assert s.execute_sync(k, FP, lambda: "again").value == "parent"
 
 
+@needs_redis
+def test_a_call_in_flight_at_fork_raises_unavailable_in_the_child() -> None:
+    """A coroutine of the parent waits for another instance's leader when the parent
+    forks (from inside its event loop). In the child it raises StoreUnavailableError
+    (the answer would come to the parent's threads) without running its action; in
+    the parent it gets the leader's result."""
+    pfx = "pytest-" + oncely.new_key()
+    s, other = store(pfx), store(pfx)
+    warm_up(s, other)
+    k = key()
+    go = threading.Event()
+
+    def slow() -> str:
+        go.wait(30)
+        return "w"
+
+    leads = other.counters()["leads"]
+    leader = threading.Thread(target=other.execute_sync, args=(k, FP, slow))
+    leader.start()
+    deadline = time.monotonic() + 10
+    while other.counters()["leads"] == leads:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+    async def main() -> Any:
+        waits = s.counters()["remote_waits"]
+        waiter = asyncio.ensure_future(s.execute(k, FP, never))
+        while s.counters()["remote_waits"] == waits:
+            await asyncio.sleep(0.005)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                hang_alarm()
+                try:
+                    # Not wait_for: asyncio forgets the running loop in a child, though
+                    # this one goes on (its alarm ends a hang).
+                    await waiter
+                except oncely.StoreUnavailableError as e:
+                    code = 0 if "forked" in str(e) else 2
+                    if code:
+                        print(f"child: {e}", file=sys.stderr)
+                except BaseException:
+                    traceback.print_exc()
+            finally:
+                os._exit(code)
+        # The parent's loop does not run until the child is done (they share the
+        # loop's wake-up pipe).
+        try:
+            wait_child(pid)
+        finally:
+            go.set()
+            leader.join()
+        return await waiter
+
+    done = asyncio.run(main())
+    assert (done.value, done.source) == ("w", "joined")
+
+
 def _mp_worker(s: RedisStore, shared: list[str], runs: str, out: Any, n: int) -> None:
     hang_alarm()
     results: dict[str, Any] = {}

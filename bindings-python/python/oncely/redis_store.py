@@ -41,6 +41,8 @@ itself, callers in other processes run their own ``fn``.
 from __future__ import annotations
 
 import json
+import os
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Literal, Optional
 
@@ -55,6 +57,20 @@ from ._oncely import (
 )
 
 __all__ = ["RedisStore", "RedisRecord", "encode_result", "decode_result"]
+
+# Every live store, so that a child made by fork() ends at once the calls the parent had
+# in flight (their answers would come to the parent's threads): they raise
+# StoreUnavailableError there instead of waiting for ever.
+_LIVE: "weakref.WeakSet[RedisStore]" = weakref.WeakSet()
+
+
+def _end_parents_calls_after_fork() -> None:
+    for store in list(_LIVE):
+        store._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_end_parents_calls_after_fork)
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
 # JavaScript reads every JSON number as a double: beyond this an int would come back
@@ -233,6 +249,10 @@ class RedisStore(_RedisStore, Driver):
     takeovers, replays, remote_waits, leases_lost and unavailable (calls that failed
     with ``StoreUnavailableError``).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The native __new__ has built the store from the same arguments.
+        _LIVE.add(self)
 
     _method = "RedisStore"
 
