@@ -88,7 +88,7 @@ export declare class NativeRedisStore {
   /**
    * `options`: `{ url | urls, cluster, sentinel, minReplicas, minReplicasTimeoutMs,
    * prefix, leaseMs, ttlMs, connectTimeoutMs, ioTimeoutMs, workers,
-   * inProgressRetryAfterMs }`.
+   * inProgressRetryAfterMs, maxResultBytes }`.
    */
   constructor(options: unknown)
   /**
@@ -139,6 +139,11 @@ export declare class NativeRedisStore {
   get ttlMs(): number
   /** The key prefix. */
   get prefix(): string
+  /**
+   * The largest result stored, in bytes (encoded); a larger one is recorded as not
+   * storable.
+   */
+  get maxResultBytes(): number
   /** The Redis key holding `key`'s record: `{<prefix>:<scoped key>}`. */
   recordKey(key: string): string
   /** Tasks not yet settled (claims, waits, completions in flight). */

@@ -431,7 +431,7 @@ test('a result over maxResultBytes is not stored: joiners get it, later callers 
     return value
   }
   const done = await Promise.all([1, 2, 3].map(() => s.execute(k, fp, action)))
-  assert.ok(done.every((d) => d.value === value))
+  for (const d of done) assert.deepEqual(d.value, value)
   assert.deepEqual((await s.execute(small, fp, () => Buffer.alloc(999, 1))).value, Buffer.alloc(999, 1))
   for (const later of [s, other]) {
     await assert.rejects(later.execute(k, fp, action), (e) => {
@@ -486,7 +486,7 @@ test('a result whose Proxy traps throw settles its key: one run, later callers r
       return value
     }
     const done = await Promise.all([1, 2, 3].map(() => s.execute(k, fp, action)))
-    assert.ok(done.every((d) => d.value === value))
+    for (const d of done) assert.deepEqual(d.value, value)
     await assert.rejects(s.execute(k, fp, action), { code: 'DATA_LOSS', kind: 'result_not_stored' })
     assert.equal(runs, 1)
   }
@@ -515,7 +515,7 @@ test('a result that cannot be stored: many callers, aborted joiners, another ins
     for (const c of aborts) c.abort()
     gate.resolve()
     const done = await Promise.all(calls)
-    assert.ok(done.every((d) => d.value === value))
+    for (const d of done) assert.deepEqual(d.value, value)
     for (const e of await Promise.all(aborted)) assert.equal(e.name, 'AbortError')
     for (const e of await Promise.all(remote)) {
       assert.equal(e.kind, 'result_not_stored')
