@@ -872,3 +872,37 @@ fn forget_running_hands_running_keys_on_and_keeps_completed_ones() {
     }
     assert_eq!(store.forget_running(), 0);
 }
+
+#[test]
+fn fail_running_ends_waits_with_the_error_and_keeps_completed_ones() {
+    let store: MemoryStore<u32, String> = MemoryStore::new();
+    let done = ScopedKey::new("t", "m", &oncely::IdempotencyKey::random()).unwrap();
+    let running = ScopedKey::new("t", "m", &oncely::IdempotencyKey::random()).unwrap();
+    match store.begin(&done, "fp", ExecuteOptions::default()).unwrap() {
+        Begin::Lead(lease) => lease.complete_now(1),
+        other => panic!("expected a lead, got {other:?}"),
+    }
+    let Begin::Lead(old) = store
+        .begin(&running, "fp", ExecuteOptions::default())
+        .unwrap()
+    else {
+        panic!("expected a lead")
+    };
+    let Begin::Join(join) = store
+        .begin(&running, "fp", ExecuteOptions::default())
+        .unwrap()
+    else {
+        panic!("expected a join")
+    };
+    let error = Error::Unavailable("in flight at fork".into());
+    assert_eq!(store.fail_running(&error), 1);
+    // The waiter gets the error (it neither hangs nor leads), and the lease dropped
+    // afterwards does not turn it into "the leader went away".
+    drop(old);
+    assert!(matches!(join.wait(), Joined::Error(e) if e == error));
+    match store.begin(&done, "fp", ExecuteOptions::default()).unwrap() {
+        Begin::Replay(Ok(v)) => assert_eq!(v, 1),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert_eq!(store.fail_running(&error), 0);
+}
