@@ -311,6 +311,11 @@ pub(crate) fn claim_led(v: &Value) -> bool {
         .is_some_and(|tag| tag == "lead")
 }
 
+/// Whether a remove script's reply says this call deleted the record.
+pub(crate) fn removal_deleted(v: &Value) -> bool {
+    matches!(v, Value::Int(1))
+}
+
 /// Whether a complete script's reply says the result was stored.
 pub(crate) fn completion_stored(v: &Value) -> bool {
     matches!(v, Value::Int(1))
