@@ -344,6 +344,7 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             .on(&record)
             .arg(Inner::<E>::channel(&record))
             .arg(token)
+            .arg(millis(self.inner.config.lease))
             .replicated(scripts::removal_deleted);
         let removed = rt
             .pool
