@@ -19,7 +19,9 @@
 //!   when one fails (a NOSCRIPT is one), so batches went one request at a time.
 //!
 //! A node that stalls costs its own requests their deadline, not the others': all
-//! nodes are written first, then read, the nodes that timed out last time read last.
+//! nodes are written first, then read, the nodes that timed out last time read last,
+//! and while others remain (to read, or to send again) a node's read gets at most half
+//! the time left.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -473,11 +475,22 @@ impl ClusterCon {
                     }
                 }
             }
-            // Then read them, the nodes that were slow last time last.
+            // Then read them, the nodes that were slow last time last. While other nodes
+            // remain to be read, or requests wait for another round (a redirect, a
+            // script to load), a node gets at most half the time left, as in
+            // `refresh`: a node that stalls would otherwise take all of it, and a
+            // request another node answered with NOSCRIPT or a redirect would fail
+            // unsent, its node healthy.
             let slow = self.slow();
             sent.sort_by_key(|(addr, ..)| slow.contains(addr));
-            for (addr, items, epoch, reused, loads) in sent {
-                let r = self.read(&addr, &items, loads, deadline);
+            let nodes = sent.len();
+            for (i, (addr, items, epoch, reused, loads)) in sent.into_iter().enumerate() {
+                let others = i + 1 < nodes || !retry.is_empty();
+                let by = match time_left(deadline) {
+                    Some(left) if others && round + 1 < ROUNDS => Instant::now() + left / 2,
+                    _ => deadline,
+                };
+                let r = self.read(&addr, &items, loads, by);
                 let (replies, broken) = match r {
                     Ok(replies) => (replies, None),
                     Err((replies, e)) => (replies, Some(e)),
