@@ -317,7 +317,9 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     /// other instances are woken and claim again. Records of another format version
     /// (a `v` field other than this crate's, with or without a `state`) are
     /// [`Error::Unavailable`] and left alone; any other hash without a `state` field
-    /// (not a record, see [`get`](Self::get)) is deleted.
+    /// (not a record, see [`get`](Self::get)) is deleted. A running record without a
+    /// lease deadline (damaged data) is given one lease from now and left alone (false)
+    /// until it ran out, as a claim does.
     ///
     /// It takes two steps: the record's identity (the lease token of the claim that
     /// wrote it) is read, then the record is deleted only if it still has that token.
