@@ -511,6 +511,8 @@ export declare class RedisStore {
    * when a live lease holds it (its leader may still be running, and a second leader must
    * not start meanwhile; once the lease ran out it can be removed), or when a new claim
    * replaced it meanwhile (left alone: look at it with `get` before removing again).
+   * With `minReplicas`, a deletion fewer replicas acknowledged rejects with UNAVAILABLE
+   * (gone from the primary, but a failover could bring it back: remove it again).
    */
   remove(scoped: ScopedKey): Promise<boolean>
   /** Health check: PING within the I/O timeout; rejects with UNAVAILABLE. */

@@ -441,7 +441,9 @@ impl<E> RedisStoreBuilder<E> {
     /// has not run); a completion that fewer acknowledged is still returned as stored
     /// (the action ran), counted in
     /// [`RedisCounters::completions_unreplicated`](crate::RedisCounters::completions_unreplicated)
-    /// and logged (`log` crate, warn). The timeout is
+    /// and logged (`log` crate, warn). A [`remove`](crate::RedisStore::remove) that
+    /// deleted a record is followed by `WAIT` too, and fails UNAVAILABLE when fewer
+    /// acknowledged the deletion (a failover could bring the record back). The timeout is
     /// [`min_replicas_timeout`](Self::min_replicas_timeout).
     pub fn min_replicas(mut self, n: usize) -> Self {
         self.config.min_replicas = n;

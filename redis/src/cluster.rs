@@ -19,7 +19,9 @@
 //!   when one fails (a NOSCRIPT is one), so batches went one request at a time.
 //!
 //! A node that stalls costs its own requests their deadline, not the others': all
-//! nodes are written first, then read, the nodes that timed out last time read last.
+//! nodes are written first, then read, the nodes that timed out last time read last,
+//! and while others remain (to read, or to send again) a node's read gets at most half
+//! the time left.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -473,11 +475,22 @@ impl ClusterCon {
                     }
                 }
             }
-            // Then read them, the nodes that were slow last time last.
+            // Then read them, the nodes that were slow last time last. While other nodes
+            // remain to be read, or requests wait for another round (a redirect, a
+            // script to load), a node gets at most half the time left, as in
+            // `refresh`: a node that stalls would otherwise take all of it, and a
+            // request another node answered with NOSCRIPT or a redirect would fail
+            // unsent, its node healthy.
             let slow = self.slow();
             sent.sort_by_key(|(addr, ..)| slow.contains(addr));
-            for (addr, items, epoch, reused, loads) in sent {
-                let r = self.read(&addr, &items, loads, deadline);
+            let nodes = sent.len();
+            for (i, (addr, items, epoch, reused, loads)) in sent.into_iter().enumerate() {
+                let others = i + 1 < nodes || !retry.is_empty();
+                let by = match time_left(deadline) {
+                    Some(left) if others && round + 1 < ROUNDS => Instant::now() + left / 2,
+                    _ => deadline,
+                };
+                let r = self.read(&addr, &items, loads, by);
                 let (replies, broken) = match r {
                     Ok(replies) => (replies, None),
                     Err((replies, e)) => (replies, Some(e)),
@@ -669,8 +682,9 @@ impl ClusterCon {
     /// `WAIT n timeout` on each connection that ran one of `ran` (one `WAIT` per
     /// connection covers all its writes), all sent before any is read: per entry, how
     /// many replicas acknowledged its connection's writes. A write whose connection
-    /// was closed since, or that was resent on a new connection, gets an error: no
-    /// `WAIT` can vouch for it any more.
+    /// was closed since (also when a newer connection to its node ran other writes of
+    /// the pipeline), or that was resent on a new connection, gets an error: no `WAIT`
+    /// can vouch for it any more.
     pub(crate) fn wait(
         &mut self,
         ran: &[Option<Ran>],
@@ -684,16 +698,20 @@ impl ClusterCon {
         let ms = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let mut answers: HashMap<Addr, RedisResult<usize>> = HashMap::new();
+        // By connection, not by node: writes of one pipeline may have run on two
+        // connections to a node (the first broke, a later round opened another), and a
+        // WAIT on the second says nothing of the first's (the node may have restarted).
+        let mut answers: HashMap<(Addr, u64), RedisResult<usize>> = HashMap::new();
         let mut asked: Vec<Addr> = Vec::new();
         for r in ran.iter().flatten() {
-            if r.resent || answers.contains_key(&r.addr) || asked.contains(&r.addr) {
+            let con = (r.addr.clone(), r.epoch);
+            if r.resent || answers.contains_key(&con) || asked.contains(&r.addr) {
                 continue;
             }
             let same = self.conns.get(&r.addr).is_some_and(|c| c.epoch == r.epoch);
             if !same {
                 answers.insert(
-                    r.addr.clone(),
+                    con,
                     Err(lost(
                         "the connection that sent the write was lost before WAIT",
                     )),
@@ -718,7 +736,7 @@ impl ClusterCon {
                 Ok(()) => asked.push(r.addr.clone()),
                 Err(e) => {
                     self.conns.remove(&r.addr);
-                    answers.insert(r.addr.clone(), Err(e));
+                    answers.insert(con, Err(e));
                 }
             }
         }
@@ -726,6 +744,7 @@ impl ClusterCon {
             let Some(node) = self.conns.get_mut(&addr) else {
                 continue;
             };
+            let epoch = node.epoch;
             let r = node
                 .con
                 .set_read_timeout(Some(read_time(deadline)))
@@ -738,7 +757,7 @@ impl ClusterCon {
                 self.conns.remove(&addr);
                 self.stale = true;
             }
-            answers.insert(addr, r);
+            answers.insert((addr, epoch), r);
         }
         ran.iter()
             .map(|r| match r {
@@ -748,7 +767,7 @@ impl ClusterCon {
                      for the first send",
                 )),
                 Some(r) => answers
-                    .get(&r.addr)
+                    .get(&(r.addr.clone(), r.epoch))
                     .cloned()
                     .unwrap_or_else(|| Err(lost("no WAIT"))),
             })
@@ -819,6 +838,120 @@ mod tests {
             "a request whose reply was lost ended as {:?}",
             r[0]
         );
+    }
+
+    /// One command of RESP from `r` (an array of bulk strings), as text; None once the
+    /// connection is closed.
+    fn next_command(r: &mut impl std::io::BufRead) -> Option<Vec<String>> {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        let n: usize = line.trim_end().trim_start_matches('*').parse().unwrap();
+        (0..n)
+            .map(|_| {
+                line.clear();
+                r.read_line(&mut line).unwrap();
+                let len: usize = line.trim_end().trim_start_matches('$').parse().unwrap();
+                let mut arg = vec![0u8; len + 2];
+                r.read_exact(&mut arg).unwrap();
+                String::from_utf8_lossy(&arg[..len]).into_owned()
+            })
+            .collect::<Vec<_>>()
+            .into()
+    }
+
+    fn read_command(r: &mut impl std::io::BufRead) -> Vec<String> {
+        next_command(r).expect("a command")
+    }
+
+    /// Two writes of one pipeline ran on one node on two connections: X on the first,
+    /// which then broke, Y (sent back with NOSCRIPT on the first) on the second. The
+    /// `WAIT` on the second connection must not vouch for X: the node may have lost it
+    /// (a restart broke the connection), and only its own connection's `WAIT` counted
+    /// it. The "node" is a socket scripted here.
+    #[test]
+    fn a_wait_on_a_new_connection_does_not_vouch_for_a_write_on_the_old_one() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let node = std::thread::spawn(move || {
+            let (first, _) = listener.accept().unwrap();
+            let mut r = std::io::BufReader::new(first.try_clone().unwrap());
+            let mut w = first;
+            assert_eq!(read_command(&mut r), ["PING"]);
+            w.write_all(b"+PONG\r\n").unwrap();
+            let y = read_command(&mut r);
+            assert_eq!(y[0], "EVALSHA");
+            assert_eq!(read_command(&mut r), ["INCR", "x"]);
+            assert_eq!(read_command(&mut r), ["INCR", "z"]);
+            // Y unknown, X ran, then the connection breaks before Z's reply.
+            w.write_all(b"-NOSCRIPT No matching script.\r\n:1\r\n")
+                .unwrap();
+            drop((r, w));
+            let (second, _) = listener.accept().unwrap();
+            let mut r = std::io::BufReader::new(second.try_clone().unwrap());
+            let mut w = second;
+            assert_eq!(read_command(&mut r), ["CLUSTER", "SLOTS"]);
+            let map = format!("*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:{port}\r\n");
+            w.write_all(map.as_bytes()).unwrap();
+            assert_eq!(read_command(&mut r)[..2], ["SCRIPT", "LOAD"]);
+            assert_eq!(read_command(&mut r), y);
+            assert_eq!(read_command(&mut r), ["INCR", "z"]);
+            w.write_all(b"$3\r\nsha\r\n:1\r\n:1\r\n").unwrap();
+            // Any WAIT here counts one replica.
+            while let Some(cmd) = next_command(&mut r) {
+                assert_eq!(cmd[0], "WAIT");
+                w.write_all(b":1\r\n").unwrap();
+            }
+        });
+        let seed =
+            redis::IntoConnectionInfo::into_connection_info(format!("redis://127.0.0.1:{port}"))
+                .unwrap();
+        let settings = seed.redis_settings().clone().set_skip_set_lib_name();
+        let seed = seed.set_redis_settings(settings);
+        let mut c = ClusterCon {
+            nodes: NodeClients {
+                seeds: vec![seed],
+                ca: None,
+                connect_timeout: Duration::from_secs(1),
+                slow: Default::default(),
+            },
+            connect_timeout: Duration::from_secs(1),
+            slots: vec![Some(0); SLOTS],
+            addrs: vec![("127.0.0.1".to_owned(), port)],
+            conns: HashMap::new(),
+            epochs: 0,
+            stale: false,
+            ran: Vec::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let ping = Request::command("PING");
+        assert!(c.pipeline(&[&ping], deadline)[0].is_ok());
+        let mut script = redis::cmd("EVALSHA");
+        script.arg("0123").arg(1).arg("y");
+        let y = Request::script(script, "return redis.call('INCR', KEYS[1])", "y");
+        let (x, z) = (
+            Request::command("INCR").arg("x"),
+            Request::command("INCR").arg("z"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let replies = c.pipeline(&[&y, &x, &z], deadline);
+        assert!(
+            replies.iter().all(Result::is_ok),
+            "the pipeline: {replies:?}"
+        );
+        let ran = c.ran.clone();
+        let acked = c.wait(&ran, 1, Duration::from_millis(100), deadline);
+        drop(c);
+        node.join().unwrap();
+        assert!(matches!(acked[0], Ok(1)), "Y: {:?}", acked[0]);
+        assert!(
+            acked[1].is_err(),
+            "X, run on the connection that broke, was vouched for by a WAIT on the new \
+             one: {:?}",
+            acked[1]
+        );
+        assert!(acked[2].is_err(), "Z, sent again: {:?}", acked[2]);
     }
 
     /// Nodes once slow that are neither primaries in a new slot map nor seeds are

@@ -324,14 +324,19 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     /// other instances are woken and claim again. Records of another format version
     /// (a `v` field other than this crate's, with or without a `state`) are
     /// [`Error::Unavailable`] and left alone; any other hash without a `state` field
-    /// (not a record, see [`get`](Self::get)) is deleted.
+    /// (not a record, see [`get`](Self::get)) is deleted. A running record without a
+    /// lease deadline (damaged data) is given one lease from now and left alone (false)
+    /// until it ran out, as a claim does.
     ///
     /// It takes two steps: the record's identity (the lease token of the claim that
     /// wrote it) is read, then the record is deleted only if it still has that token.
     /// The deletion may be sent again after a lost reply; the resend finds the record
     /// gone (true) or a record a new claim made since, which it leaves alone (false).
     /// A removal that fails with [`Error::Unavailable`] may still have deleted the
-    /// record.
+    /// record. With [`min_replicas`](RedisStoreBuilder::min_replicas), a deletion is
+    /// followed by `WAIT`, and one that fewer replicas acknowledged is
+    /// [`Error::Unavailable`]: gone from the primary, but a failover could bring the
+    /// record back; remove it again.
     pub async fn remove(&self, key: &ScopedKey) -> Result<bool, Error> {
         let rt = self.inner.runtime.get()?;
         let record = self.inner.record_key(key);
@@ -342,20 +347,43 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             Identity::Version(v) => return Err(Inner::<E>::version_error(&v)),
             Identity::Token(token) => token,
         };
+        let min_replicas = self.inner.config.min_replicas;
+        let request = scripts
+            .remove
+            .on(&record)
+            .arg(Inner::<E>::channel(&record))
+            .arg(token)
+            .arg(millis(self.inner.config.lease))
+            .replicated(scripts::removal_deleted);
         let removed = rt
             .pool
-            .call::<Removal>(
-                scripts
-                    .remove
-                    .on(&record)
-                    .arg(Inner::<E>::channel(&record))
-                    .arg(token),
+            .call_to_end(
+                request,
+                move |removal: Removal, acked: Acked| {
+                    let short = match acked {
+                        Some(Ok(n)) if n < min_replicas => {
+                            Some(format!("{n} of the {min_replicas} replicas wanted"))
+                        }
+                        Some(Err(e)) => Some(format!("WAIT failed ({e}): no replica")),
+                        _ => None,
+                    };
+                    (removal, short)
+                },
+                || {},
             )
             .await;
         match self.counted(removed)? {
-            Removal::Deleted | Removal::Absent => Ok(true),
-            Removal::Other | Removal::Running => Ok(false),
-            Removal::Version(v) => Err(Inner::<E>::version_error(&v)),
+            // Like a claim (and unlike a completion, whose effect happened): an operator
+            // told the record is gone must be able to rely on it after a failover.
+            (Removal::Deleted, Some(short)) => self.counted(Err(Error::Unavailable(format!(
+                "Redis replication: the record was deleted on the primary but {short} \
+                 acknowledged the deletion within {:?}; a failover now could bring the \
+                 record back: remove it again later",
+                self.inner.config.min_replicas_timeout()
+            )))),
+            (Removal::Deleted | Removal::Absent, _) => Ok(true),
+            (Removal::Other | Removal::Running, _) => Ok(false),
+            (Removal::Version(v), _) => Err(Inner::<E>::version_error(&v)),
         }
     }
 

@@ -32,6 +32,10 @@ macro_rules! lua {
 /// Resent after a lost reply, it finds its own token and leads again (the lease
 /// restarted), instead of waiting for itself. An absent key (the common case: a new
 /// request) is found with `EXISTS`, cheaper for Redis than reading seven fields.
+/// A running record without a `deadline` that is a number (foreign or damaged data)
+/// has no lease to judge its leader by: it is given one from now, and answered as
+/// running (a live leader's renewal keeps it; once it runs out, a claim takes over). A
+/// missing `gen` counts as 1.
 const CLAIM: &str = lua!(
     r#"
 local function create()
@@ -50,11 +54,16 @@ if r[2] == 'done' then return {'replay', r[6] or ''} end
 local now = clock()
 if r[7] == ARGV[2] then
   redis.call('HSET', KEYS[1], 'deadline', ms(now + tonumber(ARGV[3])))
-  return {'lead', tonumber(r[5])}
+  return {'lead', tonumber(r[5]) or 1}
 end
-local left = tonumber(r[4]) - now
+local deadline = tonumber(r[4])
+if not deadline then
+  redis.call('HSET', KEYS[1], 'deadline', ms(now + tonumber(ARGV[3])))
+  return {'running', tonumber(ARGV[3])}
+end
+local left = deadline - now
 if left > 0 then return {'running', left} end
-local gen = tonumber(r[5]) + 1
+local gen = (tonumber(r[5]) or 1) + 1
 redis.call('HSET', KEYS[1], 'token', ARGV[2], 'deadline', ms(now + tonumber(ARGV[3])), 'gen',
   ms(gen))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
@@ -65,6 +74,8 @@ return {'lead', gen}
 /// KEYS[1] record; ARGV fingerprint.
 /// → {'done', result} | {'running', ms left} | {'expired'} | {'absent'} | {'mismatch'}
 ///   | {'version', v}
+/// A running record without a `deadline` that is a number is `expired`: the waiter
+/// claims, and the claim gives it a lease to be judged by (see CLAIM).
 const PEEK: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'result')
@@ -72,7 +83,9 @@ if not r[2] then return {'absent'} end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 if r[3] ~= ARGV[1] then return {'mismatch'} end
 if r[2] == 'done' then return {'done', r[5] or ''} end
-local left = tonumber(r[4]) - clock()
+local deadline = tonumber(r[4])
+if not deadline then return {'expired'} end
+local left = deadline - clock()
 if left > 0 then return {'running', left} end
 return {'expired'}
 "#
@@ -152,14 +165,16 @@ return {'token', r[3] or ''}
 "#
 );
 
-/// KEYS[1] record; ARGV channel, token (from IDENTIFY). → 1 removed | 0 absent
+/// KEYS[1] record; ARGV channel, token (from IDENTIFY), lease ms. → 1 removed | 0 absent
 ///   | {'other'} (another claim's record: left alone) | {'running', ms left} (a live
 ///   lease: left alone, its leader may still be running) | {'version', v}
 /// Only the record IDENTIFY saw is deleted, so a resend after a lost reply finds it
 /// gone, or a record a new claim made since (another token), and leaves that alone. A
 /// hash without a `state` is deleted (the claim would take it over), unless its `v`
-/// names another format version. Waiters are told,
-/// as after a release, so that one claims again at once.
+/// names another format version. A running record without a `deadline` that is a
+/// number is given a lease from now and left alone, as a claim does (see CLAIM): it is
+/// removed once that lease ran out. Waiters are told, as after a release, so that one
+/// claims again at once.
 const REMOVE: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'deadline', 'token')
@@ -169,8 +184,13 @@ if (r[4] or '') ~= ARGV[2] then return {'other'} end
 if r[2] then
   if r[1] ~= '1' then return {'version', tostring(r[1])} end
   if r[2] == 'running' then
-    local left = (tonumber(r[3]) or 0) - clock()
-    if left > 0 then return {'running', left} end
+    local now = clock()
+    local deadline = tonumber(r[3])
+    if not deadline then
+      redis.call('HSET', KEYS[1], 'deadline', ms(now + tonumber(ARGV[3])))
+      return {'running', tonumber(ARGV[3])}
+    end
+    if deadline - now > 0 then return {'running', deadline - now} end
   end
 end
 redis.call('DEL', KEYS[1])
@@ -311,6 +331,11 @@ pub(crate) fn claim_led(v: &Value) -> bool {
         .is_some_and(|tag| tag == "lead")
 }
 
+/// Whether a remove script's reply says this call deleted the record.
+pub(crate) fn removal_deleted(v: &Value) -> bool {
+    matches!(v, Value::Int(1))
+}
+
 /// Whether a complete script's reply says the result was stored.
 pub(crate) fn completion_stored(v: &Value) -> bool {
     matches!(v, Value::Int(1))
@@ -435,5 +460,57 @@ impl redis::FromRedisValue for Removal {
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::url;
+
+    /// The replies of PEEK and CLAIM (its own token resent) on a running record without
+    /// a `deadline` (or with one that is no number) and without a `gen`: a waiter's
+    /// look answers `expired` (it claims again, and the claim gives the record a lease),
+    /// a claim resent leads with generation 1; neither is a Lua error.
+    #[test]
+    #[ignore = "needs a Redis: run scripts/test-redis"]
+    fn peek_and_a_resent_claim_read_a_running_record_without_deadline_or_gen() {
+        let mut c = redis::Client::open(url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let k = format!(
+            "{{scripts-test:{}}}",
+            oncely::IdempotencyKey::random().as_str()
+        );
+        for deadline in [None, Some("soon")] {
+            let _: () = redis::cmd("DEL").arg(&k).query(&mut c).unwrap();
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&k)
+                .arg(&["v", "1", "state", "running", "fp", "fp", "token", "t"]);
+            if let Some(d) = deadline {
+                hset.arg(&["deadline", d]);
+            }
+            let _: () = hset.query(&mut c).unwrap();
+            let peek: Vec<String> = redis::Script::new(PEEK)
+                .key(&k)
+                .arg("fp")
+                .invoke(&mut c)
+                .unwrap();
+            assert_eq!(peek, ["expired"], "deadline {deadline:?}");
+            let claim: Claim = redis::Script::new(CLAIM)
+                .key(&k)
+                .arg("fp")
+                .arg("t")
+                .arg(1000)
+                .arg(60_000)
+                .invoke(&mut c)
+                .unwrap();
+            assert!(
+                matches!(claim, Claim::Lead { generation: 1 }),
+                "deadline {deadline:?}: {claim:?}"
+            );
+        }
+        let _: () = redis::cmd("DEL").arg(&k).query(&mut c).unwrap();
     }
 }

@@ -310,6 +310,11 @@ mod on_cluster {
             }
             assert_eq!(one.counters().completions_unreplicated, 0);
             assert_eq!(one.counters().claims_unreplicated, 0);
+            // A removal the replica acknowledged.
+            let gone = key();
+            block_on(one.execute(&gone, "f", || async { Ok(b"v".to_vec()) })).unwrap();
+            assert!(block_on(one.remove(&gone)).unwrap());
+            assert_eq!(one.counters().unavailable, 0);
 
             let two = store(2);
             let k = key();
@@ -329,6 +334,13 @@ mod on_cluster {
             // Released: the next caller leads at once (no lease to wait out).
             let r = block_on(one.execute(&k, "f", || async { Ok(b"w".to_vec()) }));
             assert_eq!(r.unwrap().value, b"w");
+            // A removal that cannot be acknowledged by 2: deleted on the master, and
+            // UNAVAILABLE (a failover could bring it back).
+            match block_on(two.remove(&k)) {
+                Err(Error::Unavailable(m)) => assert!(m.contains("replicas"), "{m}"),
+                r => panic!("{r:?}"),
+            }
+            assert!(block_on(one.get(&k)).unwrap().is_none());
         });
     }
 }

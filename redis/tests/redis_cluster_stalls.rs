@@ -5,7 +5,9 @@
 //! - a claim that Redis redirects (ASK, a slot being migrated) is replicated where it
 //!   ran: `WAIT` goes to the node that ran it, not to the slot's old owner;
 //! - a call to a paused master answers UNAVAILABLE by its deadline, not after retries;
-//! - one paused master does not stall the renewals of the leases on the others.
+//! - one paused master does not stall the renewals of the leases on the others;
+//! - nor does it take the time of a call another master sends back for a second round
+//!   (NOSCRIPT) in the same batch.
 //!
 //! The scenarios run one after another (each changes the cluster for a while); their
 //! own test binary, so they never run beside the other cluster tests.
@@ -189,6 +191,7 @@ fn on_cluster_stalled_nodes_and_migrating_slots() {
         redirected_claim_is_replicated_where_it_ran();
         connection_killed_during_wait_vouches_for_nothing();
         script_unknown_to_the_importing_node_is_loaded_there();
+        script_reload_keeps_its_time_beside_a_paused_master();
         paused_master_does_not_stall_renewals_elsewhere();
         call_to_paused_master_ends_by_its_deadline();
         let _ = tx.send(());
@@ -392,6 +395,80 @@ fn script_unknown_to_the_importing_node_is_loaded_there() {
     }
     let r = r.expect("a claim on an importing node that did not know the script");
     assert_eq!(r.value, vec![1]);
+}
+
+/// One batch holds a call on a paused master (A) and one on a master that forgot the
+/// scripts (B, `SCRIPT FLUSH`): B's call needs a second round (load the script, send
+/// again), which must get its share of the time, not what A's stall left (nothing).
+/// Twice: A read first (not yet known as slow), then A read last (known as slow).
+/// One worker; a short pause of a third master (C) holds it while the two calls queue
+/// up, so they go out together.
+fn script_reload_keeps_its_time_beside_a_paused_master() {
+    let prefix = format!("r{}", &IdempotencyKey::random().as_str()[..10]);
+    let s = builder(&prefix, 0)
+        .io_timeout(Duration::from_millis(600))
+        .lease(Duration::from_secs(2))
+        .workers(1)
+        .build()
+        .unwrap();
+    let ms = masters();
+    let (a, b, c) = (&ms[0], &ms[1], &ms[2]);
+    for m in [a, b, c] {
+        let (warm, _) = key_in(&s, &m.slots);
+        block_on(s.execute(&warm, "f", || async { Ok(vec![0]) })).unwrap();
+    }
+    // Found before the pause (key_in asks a node that may be A).
+    let keys: Vec<_> = (0..2)
+        .map(|_| {
+            (
+                key_in(&s, &a.slots).0,
+                key_in(&s, &b.slots).0,
+                key_in(&s, &c.slots).0,
+            )
+        })
+        .collect();
+    pause(a.port, 4000);
+    let started = Instant::now();
+    for (round, (ka, kb, kc)) in ["A read first", "A read last"].into_iter().zip(keys) {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut node(b.port))
+            .unwrap();
+        pause(c.port, 150);
+        std::thread::scope(|scope| {
+            let holder = scope.spawn(|| block_on(s.begin(&kc, "f", ExecuteOptions::default())));
+            std::thread::sleep(Duration::from_millis(50));
+            // Claims only: with one worker, what follows a claim on A (its release)
+            // waits for A again.
+            let (ra, rb) = block_on(futures::future::join(
+                s.begin(&ka, "f", ExecuteOptions::default()),
+                s.begin(&kb, "f", ExecuteOptions::default()),
+            ));
+            match ra {
+                Err(e) => assert_eq!(e.code(), Code::Unavailable, "{round}: {e}"),
+                Ok(other) => panic!("{round}: a claim on a paused master: {other:?}"),
+            }
+            match rb {
+                Ok(Begin::Lead(lease)) => drop(lease),
+                other => panic!(
+                    "{round}: a claim on a healthy master that needed its script loaded: \
+                     {other:?}"
+                ),
+            }
+            assert!(
+                matches!(holder.join().unwrap(), Ok(Begin::Lead(_))),
+                "{round}: the claim on C"
+            );
+        });
+        // What the claims left queued (the release of A's claim, sent to A) is done
+        // before the next round.
+        std::thread::sleep(Duration::from_millis(800));
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(3900),
+        "the scenario outlasted A's pause"
+    );
+    std::thread::sleep(Duration::from_millis(4100).saturating_sub(started.elapsed()));
 }
 
 /// A master paused (`CLIENT PAUSE`): a call on one of its keys answers UNAVAILABLE

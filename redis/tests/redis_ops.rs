@@ -269,3 +269,102 @@ fn counters_count_claims_replays_takeovers_and_lost_leases() {
         }
     );
 }
+
+/// A running record without a `deadline`, or with one that is no number, or without a
+/// `gen` (foreign or damaged data) is no error: with no lease to judge its leader by, a
+/// claim and `remove` give it one lease from now and leave it alone (its leader may be
+/// live and renew it), then take it over or delete it once that lease ran out; a waiter
+/// whose look finds the deadline gone claims again and waits that lease; `get` reads it.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn a_running_record_without_a_deadline_or_a_generation_is_given_a_lease() {
+    let lease = Duration::from_millis(400);
+    let s = store(&prefix(), lease);
+    let mut c = redis::Client::open(url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let record = |k: &ScopedKey| s.record_key(k);
+    // The record of a leader of generation 3 (or of none), with `deadline` set as given.
+    let write = |c: &mut redis::Connection, k: &ScopedKey, gen: bool, deadline: Option<&str>| {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(record(k))
+            .arg(&["v", "1", "state", "running", "fp", "fp", "token", "t"]);
+        if gen {
+            cmd.arg(&["gen", "3"]);
+        }
+        if let Some(d) = deadline {
+            cmd.arg(&["deadline", d]);
+        }
+        let _: () = cmd.query(c).unwrap();
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(record(k))
+            .arg(60_000)
+            .query(c)
+            .unwrap();
+    };
+    let redis_now_ms = |c: &mut redis::Connection| -> u64 {
+        let (s, us): (u64, u64) = redis::cmd("TIME").query(c).unwrap();
+        s * 1000 + us / 1000
+    };
+    let exists = |c: &mut redis::Connection, k: &ScopedKey| -> i64 {
+        redis::cmd("EXISTS").arg(record(k)).query(c).unwrap()
+    };
+    let after_the_lease = || std::thread::sleep(lease + Duration::from_millis(150));
+    for (gen, deadline) in [(true, None), (true, Some("soon")), (false, None)] {
+        let case = format!("gen: {gen}, deadline: {deadline:?}");
+        // A claim: in progress, the action not run, until the lease it gave ran out.
+        let k = key();
+        write(&mut c, &k, gen, deadline);
+        let r = block_on(s.execute_with(&k, "fp", ExecuteOptions::NO_WAIT, || async {
+            panic!("ran while a leader may be live ({case})")
+        }));
+        assert!(
+            matches!(r, Err(ExecuteError::Store(Error::InProgress { .. }))),
+            "{case}: {r:?}"
+        );
+        after_the_lease();
+        assert_eq!(run(&s, &k, b"v"), (b"v".to_vec(), Source::Led), "{case}");
+        let got = block_on(s.get(&k)).unwrap().unwrap();
+        assert_eq!(got.generation, if gen { 4 } else { 2 }, "{case}");
+
+        // get reads it; remove leaves it alone until the lease it gave ran out.
+        let k = key();
+        write(&mut c, &k, gen, deadline);
+        let got = block_on(s.get(&k)).unwrap().unwrap();
+        assert_eq!(got.generation, if gen { 3 } else { 0 }, "{case}");
+        assert!(
+            matches!(got.state, RecordState::Running { .. }),
+            "{case}: {got:?}"
+        );
+        assert!(!block_on(s.remove(&k)).unwrap(), "{case}");
+        assert_eq!(exists(&mut c, &k), 1, "{case}");
+        after_the_lease();
+        assert!(block_on(s.remove(&k)).unwrap(), "{case}");
+        assert_eq!(exists(&mut c, &k), 0, "{case}");
+
+        // A waiter whose look finds the record damaged while it waits.
+        let k = key();
+        let live = (redis_now_ms(&mut c) + 300).to_string();
+        write(&mut c, &k, gen, Some(&live));
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| run(&s, &k, b"w"));
+            std::thread::sleep(Duration::from_millis(100));
+            match deadline {
+                Some(d) => write(&mut c, &k, gen, Some(d)),
+                None => {
+                    let _: () = redis::cmd("HDEL")
+                        .arg(record(&k))
+                        .arg("deadline")
+                        .query(&mut c)
+                        .unwrap();
+                }
+            }
+            assert_eq!(
+                waiter.join().unwrap(),
+                (b"w".to_vec(), Source::Led),
+                "{case}"
+            );
+        });
+    }
+}

@@ -90,3 +90,31 @@ fn claims_batched_together_that_no_replica_acknowledged_are_released_unrun() {
     }
     assert_eq!(plain.counters().completions_unreplicated, 0);
 }
+
+/// A removal that no replica acknowledged fails UNAVAILABLE (a failover could bring the
+/// record back), after deleting the record on the primary; one that deletes nothing
+/// (no record, or a live lease) waits for no replica.
+#[test]
+#[ignore = "needs a Redis: run scripts/test-redis"]
+fn a_removal_no_replica_acknowledged_is_unavailable() {
+    let prefix = format!("repl{}", IdempotencyKey::random().as_str());
+    let (wanting, plain) = (store(&prefix, 1), store(&prefix, 0));
+    let k = key();
+    block_on(plain.execute(&k, "fp", || async { Ok(b"v".to_vec()) })).unwrap();
+    match block_on(wanting.remove(&k)) {
+        Err(Error::Unavailable(m)) => assert!(m.contains("replicas"), "{m}"),
+        r => panic!("expected UNAVAILABLE (no replica acknowledged), got {r:?}"),
+    }
+    assert_eq!(wanting.counters().unavailable, 1);
+    assert!(block_on(plain.get(&k)).unwrap().is_none());
+    // Removed again: nothing to delete, nothing to wait for.
+    assert!(!block_on(wanting.remove(&k)).unwrap());
+    // A live lease is left alone, without a WAIT.
+    let lease = match block_on(plain.begin(&k, "fp", Default::default())).unwrap() {
+        oncely::Begin::Lead(lease) => lease,
+        _ => panic!("expected to lead"),
+    };
+    assert!(!block_on(wanting.remove(&k)).unwrap());
+    assert_eq!(wanting.counters().unavailable, 1);
+    drop(lease);
+}

@@ -270,7 +270,9 @@ class RedisStore(_RedisStore, Driver):
         was none, when a live lease holds it (its leader may still be running, and a
         second leader must not start meanwhile; once the lease ran out it can be
         removed), or when a new claim replaced it meanwhile (left alone: look at it with
-        :meth:`get` before removing again)."""
+        :meth:`get` before removing again). With ``min_replicas``, a deletion fewer
+        replicas acknowledged raises ``StoreUnavailableError`` (gone from the primary,
+        but a failover could bring it back: remove it again)."""
         return bool(_checked(await wait_step(self._remove(scoped))))
 
     def remove_sync(self, scoped: ScopedKey) -> bool:
