@@ -65,6 +65,10 @@ pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
                 settle_local(&rt, local, &key, value.clone());
                 return Joined::Value(value);
             }
+            Ok(Peek::NotStored(type_name)) => {
+                drop(local);
+                return Joined::Error(crate::not_stored(&key, type_name));
+            }
             Ok(Peek::Running { left_ms: l }) => left_ms = l,
             // Gone (released after a failure, expired lease) or unreadable: look
             // again with a claim, which takes over or reports the error. Dropping

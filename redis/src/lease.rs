@@ -81,34 +81,41 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
         let local = self.local.take();
         // A result Redis would refuse (a bulk string over its `proto-max-bulk-len` drops
         // the connection, with every call of its batch) is never sent: the action ran,
-        // so it is recorded as not storable and not run again.
+        // so the record says its result was not stored (`nostore`), and it is not run
+        // again. `result` gets the codec's not-storable record, for instances that read
+        // no `nostore`.
         let max = inner.config.max_result_bytes;
         let too_large = (value.len() > max).then(|| {
             log::warn!(
                 "oncely-redis: the result of {} ({} bytes) is over max_result_bytes ({max}); \
-                 it is recorded as not storable",
+                 it is recorded as not stored",
                 self.scoped.as_str(),
                 value.len()
             );
-            StoredResult::NotStorable {
-                type_name: &format!(
-                    "result of {} bytes, over the store's max_result_bytes of {max}",
-                    value.len()
-                ),
+            let type_name = format!(
+                "result of {} bytes, over the store's max_result_bytes of {max}",
+                value.len()
+            );
+            let record = StoredResult::NotStorable {
+                type_name: &type_name,
             }
-            .encode()
+            .encode();
+            (record, type_name)
         });
         // A copy left by fork() sends nothing: the claim stays the parent's.
         let stored = rt.is_current().then(|| {
-            let request = inner
+            let mut request = inner
                 .scripts
                 .complete
                 .on(&self.record)
                 .arg(&self.token)
-                .arg(too_large.as_deref().unwrap_or(&value))
+                .arg(too_large.as_ref().map_or(&value[..], |(record, _)| record))
                 .arg(millis(inner.config.ttl))
-                .arg(Inner::<E>::channel(&self.record))
-                .replicated(scripts::completion_stored);
+                .arg(Inner::<E>::channel(&self.record));
+            if let Some((_, type_name)) = &too_large {
+                request = request.arg(type_name);
+            }
+            let request = request.replicated(scripts::completion_stored);
             let (renewer, renewal) = (rt.renewer.clone(), self.renewal);
             let min_replicas = inner.config.min_replicas;
             rt.pool.call_to_end(
@@ -247,10 +254,12 @@ mod tests {
     use crate::{RecordState, RedisStore};
 
     /// Concurrent completions on a Redis that refuses bulk strings over 1 MiB, one of
-    /// them 2 MiB: the others are stored and replayed; the large one is recorded as not
-    /// storable (its leader gets its value, later callers the not-storable record) and
-    /// is not sent; no action runs twice. (Sent, it broke the connection and its
-    /// leader got UNAVAILABLE, and the key ran again on the next call.)
+    /// them 2 MiB: the others are stored and replayed; the large one is not sent and
+    /// its record says its result was not stored: its leader gets its value, a later
+    /// caller on another instance `ResultNotStored` naming the key and the size (never
+    /// bytes that were not the result), `get` reports it; no action runs twice. (Sent,
+    /// it broke the connection and its leader got UNAVAILABLE, and the key ran again on
+    /// the next call.)
     #[test]
     #[ignore = "needs redis-server: run scripts/test-redis"]
     fn a_result_over_max_result_bytes_is_recorded_as_not_storable() {
@@ -328,23 +337,121 @@ mod tests {
         for i in 0..N {
             let again = block_on(other.execute(&keys[i], "f", || async {
                 Ok::<_, std::io::Error>(b"again".to_vec())
-            }))
-            .unwrap();
-            assert_eq!(again.source, Source::Replayed, "key {i}");
+            }));
             if i == BIG {
-                match decode(&again.value).unwrap() {
-                    StoredResult::NotStorable { type_name } => assert!(
-                        type_name.contains("2097152 bytes") && type_name.contains("1048576"),
-                        "{type_name}"
-                    ),
+                assert_not_stored(again, &keys[i]);
+                let record = block_on(other.get(&keys[i])).unwrap().unwrap();
+                match record.state {
+                    RecordState::NotStored { type_name } => assert_size(&type_name),
                     r => panic!("the large result's record: {r:?}"),
                 }
-                let record = block_on(other.get(&keys[i])).unwrap().unwrap();
-                assert!(matches!(record.state, RecordState::Done { value } if value[0] == b'x'));
             } else {
+                let again = again.unwrap();
+                assert_eq!(again.source, Source::Replayed, "key {i}");
                 assert_eq!(again.value, value(i), "key {i}");
             }
             assert_eq!(runs[i].load(Ordering::SeqCst), 1, "key {i} ran again");
+        }
+    }
+
+    fn assert_size(type_name: &str) {
+        assert!(
+            type_name.contains("2097152 bytes") && type_name.contains("1048576"),
+            "{type_name}"
+        );
+    }
+
+    /// The call ended with `ResultNotStored` for `key`, naming the size over the cap.
+    fn assert_not_stored(
+        r: Result<oncely::Executed<Vec<u8>>, oncely::ExecuteError<std::io::Error>>,
+        key: &ScopedKey,
+    ) {
+        match r {
+            Err(oncely::ExecuteError::Store(oncely::Error::ResultNotStored {
+                key: k,
+                type_name,
+            })) => {
+                assert_eq!(k, key.to_string());
+                assert_size(&type_name);
+            }
+            Ok(done) => panic!(
+                "{key}: {:?} {} bytes, not ResultNotStored",
+                done.source,
+                done.value.len()
+            ),
+            Err(e) => panic!("{key}: {e:?}"),
+        }
+    }
+
+    /// Callers on another instance waiting for a leader whose result is over
+    /// max_result_bytes (woken by its completion, or arriving after it) get
+    /// `ResultNotStored` naming the key; the action ran once; the leader gets its value.
+    /// The record left for readers that know no `nostore` is the codec's not-storable
+    /// record.
+    #[test]
+    #[ignore = "needs redis-server: run scripts/test-redis"]
+    fn waiters_on_another_instance_get_result_not_stored_for_a_result_over_max_result_bytes() {
+        let server = Server::start(&["--proto-max-bulk-len", "1mb"]);
+        let build = || -> RedisStore<std::io::Error> {
+            RedisStore::builder(server.url())
+                .workers(2)
+                .lease(Duration::from_secs(6))
+                .max_result_bytes(1 << 20)
+                .build()
+                .unwrap()
+        };
+        let (leader, waiting) = (build(), build());
+        let key = ScopedKey::new("acme", "Export", &IdempotencyKey::random()).unwrap();
+        let runs = AtomicUsize::new(0);
+        let (open, gate) = std::sync::mpsc::channel::<()>();
+        const WAITERS: usize = 8;
+        std::thread::scope(|scope| {
+            let (leader, key, runs) = (&leader, &key, &runs);
+            let led = scope.spawn(move || {
+                leader.execute_blocking(key, "f", Default::default(), || {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    gate.recv().unwrap();
+                    Ok(vec![b'y'; 2 << 20])
+                })
+            });
+            while runs.load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            let waiters: Vec<_> = (0..WAITERS)
+                .map(|_| {
+                    let waiting = &waiting;
+                    scope.spawn(move || {
+                        waiting.execute_blocking(key, "f", Default::default(), || {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            Ok(b"again".to_vec())
+                        })
+                    })
+                })
+                .collect();
+            // Bounded: a hang shows as a failure, not a stuck run.
+            let until = std::time::Instant::now() + Duration::from_secs(20);
+            while waiting.counters().remote_waits == 0 {
+                assert!(std::time::Instant::now() < until, "no waiter waits");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            open.send(()).unwrap();
+            let done = led.join().unwrap().unwrap();
+            assert_eq!(done.source, Source::Led);
+            assert_eq!(done.value.len(), 2 << 20);
+            for w in waiters {
+                assert_not_stored(w.join().unwrap(), key);
+            }
+        });
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the action ran again");
+        let mut c = server.con().unwrap();
+        let result: Vec<u8> = redis::cmd("HGET")
+            .arg(leader.record_key(&key))
+            .arg("result")
+            .query(&mut c)
+            .unwrap();
+        match decode(&result).unwrap() {
+            StoredResult::NotStorable { type_name } => assert_size(type_name),
+            r => panic!("{r:?}"),
         }
     }
 

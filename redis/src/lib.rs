@@ -144,6 +144,15 @@ pub enum RecordState {
         /// The result bytes (see the README's result encoding).
         value: Vec<u8>,
     },
+    /// Completed, but its result was not stored (it was over
+    /// [`RedisStoreBuilder::max_result_bytes`]): every later call gets
+    /// [`Error::ResultNotStored`] with this `type_name`, and the action is not run
+    /// again.
+    NotStored {
+        /// What the result was, e.g. `result of N bytes, over the store's
+        /// max_result_bytes of M`.
+        type_name: String,
+    },
 }
 
 struct Inner<E> {
@@ -295,10 +304,13 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 generation,
                 result,
                 left_ms,
+                not_stored,
             } => Some(RedisRecord {
                 fingerprint,
                 generation,
-                state: if done {
+                state: if let (true, Some(type_name)) = (done, not_stored) {
+                    RecordState::NotStored { type_name }
+                } else if done {
                     RecordState::Done { value: result }
                 } else {
                     RecordState::Running {
@@ -533,6 +545,12 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 settle_local(&rt, local, key, value.clone());
                 Ok(Begin::Replay(Ok(value)))
             }
+            // Dropping `local` lets local waiters look again: they find the same.
+            Claim::NotStored(type_name) => {
+                bump(&inner.counters.replays);
+                drop(local);
+                Err(not_stored(key, type_name))
+            }
             // Dropping `local` lets local waiters look again themselves.
             Claim::Unreplicated { acked, wanted } => {
                 bump(&inner.counters.claims_unreplicated);
@@ -612,6 +630,15 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                 std::future::ready(action())
             }))
         })
+    }
+}
+
+/// The error of a record whose result was not stored (DATA_LOSS): the action
+/// completed, and is not run again.
+fn not_stored(key: &ScopedKey, type_name: String) -> Error {
+    Error::ResultNotStored {
+        key: key.to_string(),
+        type_name,
     }
 }
 

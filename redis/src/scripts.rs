@@ -27,8 +27,10 @@ macro_rules! lua {
 
 /// KEYS[1] record; ARGV fingerprint, new token, lease ms, key TTL ms (max of the
 /// retention and two leases).
-/// → {'lead', generation} | {'replay', result} | {'mismatch'} | {'running', ms left}
-///   | {'version', v}
+/// → {'lead', generation} | {'replay', result} | {'notstored', type name}
+///   | {'mismatch'} | {'running', ms left} | {'version', v}
+/// `notstored`: completed, but the result was not stored (the `nostore` field, see
+/// COMPLETE): never replayed as bytes.
 /// Resent after a lost reply, it finds its own token and leads again (the lease
 /// restarted), instead of waiting for itself. An absent key (the common case: a new
 /// request) is found with `EXISTS`, cheaper for Redis than reading seven fields.
@@ -45,12 +47,16 @@ local function create()
   return {'lead', 1}
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return create() end
-local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'gen', 'result', 'token')
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'gen', 'result', 'token',
+  'nostore')
 if r[1] and r[1] ~= '1' then return {'version', r[1]} end
 if not r[2] then return create() end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 if r[3] ~= ARGV[1] then return {'mismatch'} end
-if r[2] == 'done' then return {'replay', r[6] or ''} end
+if r[2] == 'done' then
+  if r[8] then return {'notstored', r[8]} end
+  return {'replay', r[6] or ''}
+end
 local now = clock()
 if r[7] == ARGV[2] then
   redis.call('HSET', KEYS[1], 'deadline', ms(now + tonumber(ARGV[3])))
@@ -72,17 +78,20 @@ return {'lead', gen}
 );
 
 /// KEYS[1] record; ARGV fingerprint.
-/// → {'done', result} | {'running', ms left} | {'expired'} | {'absent'} | {'mismatch'}
-///   | {'version', v}
+/// → {'done', result} | {'notstored', type name} (see CLAIM) | {'running', ms left}
+///   | {'expired'} | {'absent'} | {'mismatch'} | {'version', v}
 /// A running record without a `deadline` that is a number is `expired`: the waiter
 /// claims, and the claim gives it a lease to be judged by (see CLAIM).
 const PEEK: &str = lua!(
     r#"
-local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'result')
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'deadline', 'result', 'nostore')
 if not r[2] then return {'absent'} end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
 if r[3] ~= ARGV[1] then return {'mismatch'} end
-if r[2] == 'done' then return {'done', r[5] or ''} end
+if r[2] == 'done' then
+  if r[6] then return {'notstored', r[6]} end
+  return {'done', r[5] or ''}
+end
 local deadline = tonumber(r[4])
 if not deadline then return {'expired'} end
 local left = deadline - clock()
@@ -106,8 +115,10 @@ return 1
 "#
 );
 
-/// KEYS[1] record; ARGV token, result, retention ms, channel. → 1 stored (or already
-/// stored with this token: a resend after a lost reply) | 0 lost
+/// KEYS[1] record; ARGV token, result, retention ms, channel, and, for a result that
+/// was not stored, its description (written in `nostore`; `result` then holds the
+/// codec's not-storable record, for readers that know no `nostore`).
+/// → 1 stored (or already stored with this token: a resend after a lost reply) | 0 lost
 /// The notification is best effort (`pcall`): a user without rights on the channel
 /// still stores its result, and waiters find it by polling.
 const COMPLETE: &str = lua!(
@@ -116,7 +127,8 @@ local r = redis.call('HMGET', KEYS[1], 'state', 'token')
 if r[1] == 'done' and r[2] == ARGV[1] then return 1 end
 if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'done_at', ms(clock()))
-redis.call('HDEL', KEYS[1], 'deadline')
+redis.call('HDEL', KEYS[1], 'deadline', 'nostore')
+if ARGV[5] then redis.call('HSET', KEYS[1], 'nostore', ARGV[5]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.pcall('PUBLISH', ARGV[4], 'done')
 return 1
@@ -136,20 +148,23 @@ return 1
 );
 
 /// KEYS[1] record. → {'absent'} | {'version', v}
-///   | {state ('running' | 'done'), fingerprint, generation, result, ms of lease left}
+///   | {state ('running' | 'done'), fingerprint, generation, result, ms of lease left,
+///     [the `nostore` description of a done record whose result was not stored]}
 /// A hash without a `state` (not a record: foreign or damaged data) is absent, as the
 /// claim sees it (it takes such a hash over), unless its `v` names another format
 /// version: every script refuses those, with or without a `state`, so that instances of
 /// two versions never take over or delete each other's records.
 const GET: &str = lua!(
     r#"
-local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'gen', 'result', 'deadline')
+local r = redis.call('HMGET', KEYS[1], 'v', 'state', 'fp', 'gen', 'result', 'deadline',
+  'nostore')
 if r[1] and r[1] ~= '1' then return {'version', r[1]} end
 if not r[2] then return {'absent'} end
 if r[1] ~= '1' then return {'version', tostring(r[1])} end
-local left = 0
+local left, nostore = 0, nil
 if r[2] == 'running' then left = math.max((tonumber(r[6]) or 0) - clock(), 0) end
-return {r[2], r[3] or '', tonumber(r[4]) or 0, r[5] or '', left}
+if r[2] == 'done' then nostore = r[7] end
+return {r[2], r[3] or '', tonumber(r[4]) or 0, r[5] or '', left, nostore}
 "#
 );
 
@@ -256,6 +271,8 @@ pub(crate) enum Claim {
         generation: u64,
     },
     Replay(Vec<u8>),
+    /// Completed, but the result was not stored: its description.
+    NotStored(String),
     Mismatch,
     Running {
         left_ms: u64,
@@ -272,6 +289,8 @@ pub(crate) enum Claim {
 #[derive(Debug)]
 pub(crate) enum Peek {
     Done(Vec<u8>),
+    /// Completed, but the result was not stored: its description.
+    NotStored(String),
     Running {
         left_ms: u64,
     },
@@ -349,6 +368,7 @@ impl redis::FromRedisValue for Claim {
                 generation: int(second)?,
             },
             "replay" => Claim::Replay(bytes(second)?),
+            "notstored" => Claim::NotStored(text(second)),
             "mismatch" => Claim::Mismatch,
             "running" => Claim::Running {
                 left_ms: int(second)?,
@@ -364,6 +384,7 @@ impl redis::FromRedisValue for Peek {
         let (tag, second) = parts(v)?;
         Ok(match tag.as_str() {
             "done" => Peek::Done(bytes(second)?),
+            "notstored" => Peek::NotStored(text(second)),
             "running" => Peek::Running {
                 left_ms: int(second)?,
             },
@@ -384,6 +405,8 @@ pub(crate) enum Got {
         generation: u64,
         result: Vec<u8>,
         left_ms: u64,
+        /// Done, but the result was not stored: its description.
+        not_stored: Option<String>,
     },
 }
 
@@ -400,12 +423,13 @@ impl redis::FromRedisValue for Got {
         Ok(match (tag.as_str(), items.len()) {
             ("absent", 0) => Got::Absent,
             ("version", 1) => Got::Version(text(items.next())),
-            ("running" | "done", 4) => Got::Record {
+            ("running" | "done", 4 | 5) => Got::Record {
                 done: tag == "done",
                 fingerprint: text(items.next()),
                 generation: int(items.next())?,
                 result: bytes(items.next())?,
                 left_ms: int(items.next())?,
+                not_stored: items.next().map(|v| text(Some(v))),
             },
             _ => return Err(bad()),
         })
