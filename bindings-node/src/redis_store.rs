@@ -397,6 +397,13 @@ impl Inner {
                             ("running", lease_left.as_secs_f64() * 1000.0, None)
                         }
                         oncely_redis::RecordState::Done { value } => ("done", 0.0, Some(value)),
+                        // Read back as the codec's not-storable record: decoding it
+                        // raises the not-stored error.
+                        oncely_redis::RecordState::NotStored { type_name } => (
+                            "done",
+                            0.0,
+                            Some(StoredResult::NotStorable { type_name: &type_name }.encode()),
+                        ),
                     };
                     let mut arr = ptr::null_mut();
                     sys::napi_create_array_with_length(env, 5, &mut arr);

@@ -536,6 +536,13 @@ impl PyRedisStore {
                             ("running", lease_left.as_secs_f64(), None)
                         }
                         RecordState::Done { value } => ("done", 0.0, Some(value)),
+                        // Read back as the codec's not-storable record: decoding it
+                        // raises the not-stored error.
+                        RecordState::NotStored { type_name } => (
+                            "done",
+                            0.0,
+                            Some(StoredResult::NotStorable { type_name: &type_name }.encode()),
+                        ),
                     };
                     let data = data.map(|d| PyBytes::new(py, &d).into_any().unbind());
                     match (state, r.fingerprint, r.generation, left, data).into_pyobject(py) {

@@ -815,6 +815,51 @@ def test_a_result_over_max_result_bytes_is_not_stored_and_not_run_again() -> Non
 
 
 @needs_redis
+async def test_waiters_on_another_instance_get_result_not_stored_for_a_result_over_max_result_bytes() -> (
+    None
+):
+    pfx = prefix()
+    s, other = store(pfx, max_result_bytes=1000), store(pfx)
+    k = key()
+    runs = Counter()
+    gate = asyncio.Event()
+    big = b"z" * 5000
+
+    async def lead() -> Any:
+        runs.bump()
+        await gate.wait()
+        return big
+
+    async def again() -> Any:
+        runs.bump()
+        return b"again"
+
+    leader = asyncio.create_task(s.execute(k, FP, lead))
+    while runs.calls == 0:
+        await asyncio.sleep(0.005)
+    waiters = [asyncio.create_task(other.execute(k, FP, again)) for _ in range(4)]
+    # Bounded: a hang fails the test instead of stalling it.
+    for _ in range(4000):
+        if other.counters()["remote_waits"]:
+            break
+        await asyncio.sleep(0.005)
+    assert other.counters()["remote_waits"]
+    gate.set()
+    assert (await leader).value is big
+    for w in waiters:
+        with pytest.raises(oncely.ResultNotStoredError) as info:
+            await asyncio.wait_for(w, 30)
+        assert info.value.key == k.value
+        assert "5001 bytes" in info.value.type_name and "1000" in info.value.type_name
+        assert info.value.code == oncely.Code.DATA_LOSS
+    assert runs.calls == 1
+    record = await other.get(k)
+    assert record is not None and record.state == "done" and record.data is not None
+    with pytest.raises(oncely.ResultNotStoredError, match="5001 bytes"):
+        decode_result(record.data)
+
+
+@needs_redis
 async def test_user_codec_round_trips_and_a_failing_decoder_does_not_rerun() -> None:
     pfx = prefix()
     s = store(pfx, dumps=pickle.dumps, loads=pickle.loads)

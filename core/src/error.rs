@@ -76,7 +76,8 @@ pub enum Error {
         key: String,
     },
     /// The operation ran and completed, but its result could not be stored (the store's
-    /// codec cannot encode it), so it cannot be replayed; it is not run again.
+    /// codec cannot encode it, or it is over the store's size cap), so it cannot be
+    /// replayed; it is not run again.
     #[error(
         "the operation with idempotency key {key} completed, but its result (a {type_name}) \
          could not be stored, so it cannot be replayed; the operation is not run again"
@@ -84,7 +85,8 @@ pub enum Error {
     ResultNotStored {
         /// The scoped key (as `tenant/method/key`).
         key: String,
-        /// The host-language type of the result that could not be encoded.
+        /// The host-language type of the result that could not be encoded, or, for a
+        /// result over a size cap, its size and the cap.
         type_name: String,
     },
 }
