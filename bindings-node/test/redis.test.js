@@ -445,6 +445,46 @@ test('a result over maxResultBytes is not stored: joiners get it, later callers 
   assert.equal(runs, 1)
 })
 
+test('a result over maxResultBytes: waiters on another instance, woken by the completion, get result_not_stored; get shows it', needsRedis, async () => {
+  const s = store({ maxResultBytes: 1000 })
+  const other = new RedisStore({ url: URL, prefix: s.prefix })
+  const k = key()
+  const value = Buffer.alloc(5000, 7)
+  const gate = deferred()
+  let runs = 0
+  const led = s.execute(k, fp, async () => {
+    runs++
+    await gate.promise
+    return value
+  })
+  await until(() => runs === 1, 'the leader')
+  const again = async () => {
+    runs++
+    return Buffer.from('again')
+  }
+  const waiters = [1, 2, 3, 4].map(() => other.execute(k, fp, again))
+  await until(() => other.counters().remoteWaits >= 1, 'the remote wait')
+  gate.resolve()
+  assert.deepEqual((await led).value, value)
+  for (const w of waiters) {
+    await assert.rejects(w, (e) => {
+      assert.equal(e.code, 'DATA_LOSS')
+      assert.equal(e.kind, 'result_not_stored')
+      assert.equal(e.key, k)
+      assert.match(e.typeName, /5001 bytes.*1000/)
+      return true
+    })
+  }
+  assert.equal(runs, 1)
+  const record = await other.get(k)
+  assert.equal(record.state, 'done')
+  assert.throws(() => decodeResult(record.data), (e) => {
+    assert.equal(e.kind, 'result_not_stored')
+    assert.match(e.typeName, /5001 bytes/)
+    return true
+  })
+})
+
 test('a result that cannot be stored runs once: joiners get it, later callers result_not_stored', needsRedis, async () => {
   for (const [make, typeName] of UNSTORABLE.slice(0, 7)) {
     const s = store()
