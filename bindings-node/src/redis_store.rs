@@ -402,7 +402,12 @@ impl Inner {
                         oncely_redis::RecordState::NotStored { type_name } => (
                             "done",
                             0.0,
-                            Some(StoredResult::NotStorable { type_name: &type_name }.encode()),
+                            Some(
+                                StoredResult::NotStorable {
+                                    type_name: &type_name,
+                                }
+                                .encode(),
+                            ),
                         ),
                     };
                     let mut arr = ptr::null_mut();

@@ -541,7 +541,12 @@ impl PyRedisStore {
                         RecordState::NotStored { type_name } => (
                             "done",
                             0.0,
-                            Some(StoredResult::NotStorable { type_name: &type_name }.encode()),
+                            Some(
+                                StoredResult::NotStorable {
+                                    type_name: &type_name,
+                                }
+                                .encode(),
+                            ),
                         ),
                     };
                     let data = data.map(|d| PyBytes::new(py, &d).into_any().unbind());

@@ -349,6 +349,8 @@ mod tests {
                 let again = again.unwrap();
                 assert_eq!(again.source, Source::Replayed, "key {i}");
                 assert_eq!(again.value, value(i), "key {i}");
+                let record = block_on(other.get(&keys[i])).unwrap().unwrap();
+                assert_eq!(record.state, RecordState::Done { value: value(i) });
             }
             assert_eq!(runs[i].load(Ordering::SeqCst), 1, "key {i} ran again");
         }
