@@ -471,7 +471,11 @@ export interface RedisRecord {
   generation: number
   /** Ms left on the leader's lease (running); 0 once it ran out (the next claim takes over). */
   leaseLeftMs: number
-  /** The stored result record (done): `decodeResult(data, decode)` gives the value. */
+  /**
+   * The stored result record (done): `decodeResult(data, decode)` gives the value, or
+   * throws `result_not_stored` for a result that was not stored (not storable, or over
+   * `maxResultBytes`).
+   */
   data?: Buffer
 }
 
