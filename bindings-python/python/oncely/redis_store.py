@@ -189,8 +189,9 @@ class RedisRecord:
     ``state`` is ``"running"`` (a leader holds or held the claim; ``lease_left`` is
     the seconds left on its lease, 0.0 once it ran out and the next claim takes over)
     or ``"done"`` (``data`` is the stored result record: ``decode_result(data,
-    store.loads)`` gives the value). ``generation`` is 1 for the first claim, +1 for
-    each takeover."""
+    store.loads)`` gives the value, or raises ``ResultNotStoredError`` for a result that
+    was not stored: not storable, or over ``max_result_bytes``). ``generation`` is 1 for
+    the first claim, +1 for each takeover."""
 
     state: Literal["running", "done"]
     fingerprint: str
