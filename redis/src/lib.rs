@@ -178,7 +178,12 @@ impl From<i64> for Completed {
 
 /// The release script's call: 1 deleted, 0 not ours (left alone).
 fn release(scripts: &Scripts, record: &str, token: &str) -> Request {
-    scripts.release.on(record).arg(token).arg(channel(record))
+    scripts
+        .release
+        .on(record)
+        .arg(token)
+        .arg(channel(record))
+        .arg(scripts.publish)
 }
 
 /// The notification channel of a record.
@@ -342,7 +347,8 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
                     .remove
                     .on(&record)
                     .arg(Inner::<E>::channel(&record))
-                    .arg(token),
+                    .arg(token)
+                    .arg(scripts.publish),
             )
             .await;
         match self.counted(removed)? {
