@@ -33,7 +33,8 @@ struct NotifyState {
 /// The blocking pub/sub read cannot be interrupted to send a SUBSCRIBE, so the
 /// listener also listens on a private wake channel: a waiter that needs a new
 /// subscription publishes there (see [`Subscription::needs_poke`]) and the listener
-/// subscribes at once instead of at its next tick.
+/// subscribes at once instead of at its next tick. (On a Cluster there is no wake
+/// channel: see [`Notifier::sharded_session`].)
 pub(crate) struct Notifier {
     state: Mutex<NotifyState>,
     /// Signalled on shutdown, to cut a back-off pause short, and (sharded) when a
@@ -278,11 +279,9 @@ impl Notifier {
                 (PushKind::SSubscribe, Some(ch)) => {
                     shard.channels.insert(ch);
                 }
-                (PushKind::SUnsubscribe, Some(ch)) => {
-                    if shard.channels.remove(&ch) {
-                        stale = true;
-                        self.notify([ch]);
-                    }
+                (PushKind::SUnsubscribe, Some(ch)) if shard.channels.remove(&ch) => {
+                    stale = true;
+                    self.notify([ch]);
                 }
                 (PushKind::Disconnection, _) => stale = true,
                 _ => {}
