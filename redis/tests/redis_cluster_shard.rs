@@ -313,6 +313,90 @@ fn owner_port(slot: u16) -> Option<u16> {
         .map(|n| n.port)
 }
 
+/// Many waiters on keys over every master, half of them dropped mid-wait (their
+/// channels unsubscribed when they were the last), then a new waiter per key (the
+/// channel subscribed again): every waiter still waiting is woken by the completion.
+fn waiters_come_and_go() {
+    const KEYS: usize = 24;
+    let p = prefix();
+    let a = store("redis://", &p, SLOW_POLL, 0);
+    let others = [
+        store("redis://", &p, SLOW_POLL, 0),
+        store("redis://", &p, SLOW_POLL, 0),
+    ];
+    let keys: Vec<ScopedKey> = (0..KEYS).map(|_| key()).collect();
+    let masters: std::collections::HashSet<u16> = keys
+        .iter()
+        .map(|k| owner(slot_of(&a.record_key(k))).port)
+        .collect();
+    assert_eq!(masters.len(), 3, "the keys should reach every master");
+    let leases: Vec<_> = keys
+        .iter()
+        .map(
+            |k| match block_on(a.begin(k, "f", Default::default())).unwrap() {
+                Begin::Lead(lease) => lease,
+                _ => panic!("expected to lead"),
+            },
+        )
+        .collect();
+    let wait = |k: &ScopedKey, b: &RedisStore<Boom>| {
+        let (b, k) = (b.clone(), k.clone());
+        let (cancel, cancelled) = futures::channel::oneshot::channel::<()>();
+        let h = std::thread::spawn(move || {
+            let call = Box::pin(b.execute(&k, "f", || async { Ok(b"not me".to_vec()) }));
+            match block_on(futures::future::select(call, cancelled)) {
+                futures::future::Either::Left((r, _)) => Some(r.map(|d| d.value)),
+                futures::future::Either::Right(_) => None,
+            }
+        });
+        (cancel, h)
+    };
+    let mut kept = Vec::new();
+    let mut dropped = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        for w in 0..3 {
+            let waiter = wait(k, &others[(i + w) % 2]);
+            // Every key loses a waiter; a third of them lose all of theirs.
+            if w == 0 || i % 3 == 0 {
+                dropped.push(waiter);
+            } else {
+                kept.push((i, waiter));
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for (cancel, h) in dropped {
+        cancel.send(()).unwrap();
+        assert!(
+            h.join().unwrap().is_none(),
+            "a dropped waiter got an answer"
+        );
+    }
+    for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        kept.push((i, wait(k, &others[i % 2])));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for (i, lease) in leases.into_iter().enumerate() {
+        block_on(LeaderLease::complete(lease, format!("v{i}").into_bytes())).unwrap();
+    }
+    let (tx, rx) = mpsc::channel();
+    let n = kept.len();
+    // A dropped sender cancels too: they are kept until the end.
+    let mut senders = Vec::new();
+    for (i, (cancel, h)) in kept {
+        senders.push(cancel);
+        let tx = tx.clone();
+        std::thread::spawn(move || tx.send((i, h.join().unwrap())));
+    }
+    for _ in 0..n {
+        let (i, got) = rx
+            .recv_timeout(BOUND)
+            .expect("a waiter was not woken by the completion");
+        let got = got.expect("a kept waiter was cancelled").unwrap();
+        assert_eq!(got, format!("v{i}").into_bytes());
+    }
+}
+
 /// A user without rights on any channel (`resetchannels`): `SSUBSCRIBE` is refused
 /// and the scripts' `SPUBLISH` fails (best effort); waiters poll and finish.
 fn refused_subscriptions_fall_back_to_polling() {
@@ -355,6 +439,7 @@ fn on_cluster_wake_ups_by_sharded_pub_sub() {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         woken_by_the_key_shard_only();
+        waiters_come_and_go();
         refused_subscriptions_fall_back_to_polling();
         woken_after_its_slot_migrated();
         woken_after_its_master_failed_over();
