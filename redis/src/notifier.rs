@@ -401,10 +401,15 @@ impl Notifier {
                                 },
                             );
                         }
-                        Err(_) => {
+                        // Not reached (a node down, a failover under way): ask the
+                        // map again next round.
+                        Err(e) if e.is_io_error() => {
                             stale = true;
                             continue;
                         }
+                        // Reached but refused (RESP3 unknown before Redis 6, the
+                        // credentials): waiters poll; try again after a pause.
+                        Err(_) => return Session::Failed,
                     }
                 }
                 let Some(shard) = shards.get_mut(addr) else {
