@@ -108,6 +108,7 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
                 .arg(too_large.as_deref().unwrap_or(&value))
                 .arg(millis(inner.config.ttl))
                 .arg(Inner::<E>::channel(&self.record))
+                .arg(inner.scripts.publish)
                 .replicated(scripts::completion_stored);
             let (renewer, renewal) = (rt.renewer.clone(), self.renewal);
             let min_replicas = inner.config.min_replicas;

@@ -179,7 +179,12 @@ impl From<i64> for Completed {
 
 /// The release script's call: 1 deleted, 0 not ours (left alone).
 fn release(scripts: &Scripts, record: &str, token: &str) -> Request {
-    scripts.release.on(record).arg(token).arg(channel(record))
+    scripts
+        .release
+        .on(record)
+        .arg(token)
+        .arg(channel(record))
+        .arg(scripts.publish)
 }
 
 /// The notification channel of a record.
@@ -354,6 +359,7 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             .arg(Inner::<E>::channel(&record))
             .arg(token)
             .arg(millis(self.inner.config.lease))
+            .arg(scripts.publish)
             .replicated(scripts::removal_deleted);
         let removed = rt
             .pool

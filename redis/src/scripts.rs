@@ -106,8 +106,9 @@ return 1
 "#
 );
 
-/// KEYS[1] record; ARGV token, result, retention ms, channel. → 1 stored (or already
-/// stored with this token: a resend after a lost reply) | 0 lost
+/// KEYS[1] record; ARGV token, result, retention ms, channel, publish mode (see
+/// [`Scripts::publish`]). → 1 stored (or already stored with this token: a resend
+/// after a lost reply) | 0 lost
 /// The notification is best effort (`pcall`): a user without rights on the channel
 /// still stores its result, and waiters find it by polling.
 const COMPLETE: &str = lua!(
@@ -118,19 +119,20 @@ if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'done_at', ms(clock()))
 redis.call('HDEL', KEYS[1], 'deadline')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.pcall('PUBLISH', ARGV[4], 'done')
+redis.pcall(ARGV[5] == 'shard' and 'SPUBLISH' or 'PUBLISH', ARGV[4], 'done')
 return 1
 "#
 );
 
-/// KEYS[1] record; ARGV token, channel. → 1 deleted | 0 not ours (left alone, also
-/// when resent after it deleted). The notification is best effort, as in COMPLETE.
+/// KEYS[1] record; ARGV token, channel, publish mode. → 1 deleted | 0 not ours (left
+/// alone, also when resent after it deleted). The notification is best effort, as in
+/// COMPLETE.
 const RELEASE: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'state', 'token')
 if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.pcall('PUBLISH', ARGV[2], 'released')
+redis.pcall(ARGV[3] == 'shard' and 'SPUBLISH' or 'PUBLISH', ARGV[2], 'released')
 return 1
 "#
 );
@@ -165,7 +167,8 @@ return {'token', r[3] or ''}
 "#
 );
 
-/// KEYS[1] record; ARGV channel, token (from IDENTIFY), lease ms. → 1 removed | 0 absent
+/// KEYS[1] record; ARGV channel, token (from IDENTIFY), lease ms, publish mode. → 1
+///   removed | 0 absent
 ///   | {'other'} (another claim's record: left alone) | {'running', ms left} (a live
 ///   lease: left alone, its leader may still be running) | {'version', v}
 /// Only the record IDENTIFY saw is deleted, so a resend after a lost reply finds it
@@ -194,7 +197,7 @@ if r[2] then
   end
 end
 redis.call('DEL', KEYS[1])
-redis.pcall('PUBLISH', ARGV[1], 'released')
+redis.pcall(ARGV[4] == 'shard' and 'SPUBLISH' or 'PUBLISH', ARGV[1], 'released')
 return 1
 "#
 );
@@ -232,10 +235,15 @@ pub(crate) struct Scripts {
     pub get: Lua,
     pub identify: Lua,
     pub remove: Lua,
+    /// The notification's publish mode, the last argument of the complete, release
+    /// and remove scripts: `shard` (`SPUBLISH`, on a Cluster: the channel carries the
+    /// record key's hash tag, so only the key's shard hears it) or `all` (`PUBLISH`).
+    pub publish: &'static str,
 }
 
 impl Scripts {
-    pub(crate) fn new() -> Self {
+    /// The scripts; `sharded` on a Cluster (see [`Scripts::publish`]).
+    pub(crate) fn new(sharded: bool) -> Self {
         Scripts {
             claim: Lua::new(CLAIM),
             peek: Lua::new(PEEK),
@@ -245,6 +253,7 @@ impl Scripts {
             get: Lua::new(GET),
             identify: Lua::new(IDENTIFY),
             remove: Lua::new(REMOVE),
+            publish: if sharded { "shard" } else { "all" },
         }
     }
 }
