@@ -134,27 +134,47 @@ function idempotency(options) {
 
     // Set once the led response has ended: sends it (when it was held), or does nothing.
     let finish = null
-    const lead = (owner) =>
-      new Promise((resolve, reject) => {
+    // Returns the outcome at once when the handler answered within `next()` (the store
+    // then settles the key without a Promise hop), else a Promise of it.
+    const lead = (owner) => {
         s.counters.led++
+        // The outcome once known: record bytes, or an error (Unstored, Released).
+        let outcome
+        let known = false
+        let resolve = null
+        let reject = null
+        const done = (o) => {
+          if (known) return
+          known = true
+          outcome = o
+          if (resolve === null) return
+          if (o instanceof Error) reject(o)
+          else resolve(o)
+        }
         const chunks = []
         let size = 0
         let over = false
         let ended = false
         let away = false
-        const keep = (chunk, encoding) => {
+        // `last`: the chunk given to `end`, read into the record before `end` returns, so
+        // kept without a copy (an answer that is not stored copies its body in `settle`).
+        // A chunk given to `write` is copied unless it is new bytes of a string: the
+        // caller may reuse its buffer.
+        const keep = (chunk, encoding, last) => {
           if (over || chunk === undefined || chunk === null) return
-          const b = Buffer.isBuffer(chunk)
-            ? chunk
-            : typeof chunk === 'string'
-              ? Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8')
-              : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength)
+          let b
+          if (typeof chunk === 'string') {
+            b = Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8')
+          } else {
+            b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength)
+            if (!last) b = Buffer.from(b)
+          }
           size += b.length
           if (size > cap) {
             over = true
             chunks.length = 0
           } else {
-            chunks.push(Buffer.from(b))
+            chunks.push(b)
           }
         }
         const { write, end, writeHead } = res
@@ -186,7 +206,7 @@ function idempotency(options) {
             cb = encoding
             encoding = undefined
           }
-          keep(chunk, encoding)
+          keep(chunk, encoding, true)
           ended = true
           const outcome = settle()
           if (s.settlesAtOnce) {
@@ -198,8 +218,7 @@ function idempotency(options) {
           } else {
             hold(chunk, encoding, cb)
           }
-          if (outcome instanceof Error) reject(outcome)
-          else resolve(outcome)
+          done(outcome)
           return this
         }
         // The end of the response, held until the store has settled the key (a store
@@ -250,7 +269,8 @@ function idempotency(options) {
           const body = bodyless(req.method, status) ? EMPTY : chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size)
           if (stored) return http.encodeRecord(status, fields, body)
           s.counters.notStored++
-          return new Unstored(owner, { status, fields, body })
+          // Replayed later by the waiters: not the handler's own buffer.
+          return new Unstored(owner, { status, fields, body: Buffer.from(body) })
         }
         // A client that goes away mid-response (a stream under way): the handler still
         // runs, so it keeps the key until it ends its response; that response is then not
@@ -268,14 +288,22 @@ function idempotency(options) {
           }
           restore()
           s.counters.notStored++
-          reject(new Released(owner, 'the response was not sent whole'))
+          done(new Released(owner, 'the response was not sent whole'))
         })
         try {
           next()
         } catch (e) {
           next(e)
         }
-      })
+        if (known) {
+          if (outcome instanceof Error) throw outcome
+          return outcome
+        }
+        return new Promise((res, rej) => {
+          resolve = res
+          reject = rej
+        })
+      }
 
     let outcome
     try {
