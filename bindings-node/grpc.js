@@ -4,7 +4,7 @@
 // application/grpc, the length-prefixed message as the body, grpc-status and
 // grpc-message as trailers.
 
-const { Unstored, Released, settings, scopeOf, dedup, goneOf, replayed, http } = require('./adapter.js')
+const { Unstored, Released, settings, requestOf, dedup, goneOf, replayed, http } = require('./adapter.js')
 
 // A cancelled call leaves its handler running: the key stays held until the handler
 // answers, and that answer is kept as usual, so a retry does not run the handler again.
@@ -85,9 +85,22 @@ function withIdempotency(service, implementation, options) {
   return out
 }
 
-/** Stored record bytes as the answer form of this adapter (that of its Unstored records). */
+/**
+ * Stored record bytes as the answer form of this adapter (that of its Unstored records):
+ * read with `http.decodeRecord` (one flat array, no object per field), the body a view
+ * of the record.
+ */
 function decodeRecord(bytes) {
-  return http.decodeResponse(Buffer.from(bytes))
+  const record = Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes)
+  const flat = http.decodeRecord(record)
+  const headers = []
+  const trailers = []
+  for (let i = 4; i < flat.length; i += 2) {
+    const f = { name: flat[i], value: Buffer.from(flat[i + 1], 'latin1') }
+    if (i < 4 + 2 * flat[3]) headers.push(f)
+    else trailers.push(f)
+  }
+  return { status: flat[0], headers, body: record.subarray(flat[1], flat[2]), trailers }
 }
 
 function trailer(grpc, extra) {
@@ -111,14 +124,13 @@ function wrap(s, grpc, def, handler) {
       callback({ code: Number(m['grpc-status']), details: p.detail, metadata: md })
     }
     if (decision.problem) return refuse(decision.problem)
-    const sc = scopeOf(s, call, 'POST', path, decision.key)
-    if (sc.problem) return refuse(sc.problem)
-    const scoped = sc.scoped
     const message = def.requestSerialize(call.request)
-    // Over the framed message, as every adapter computes it (SPEC §8).
-    const fp = s.fingerprint
-      ? s.fingerprint(call, message)
-      : http.requestFingerprint('POST', path, 'application/grpc', frame(message))
+    // The scoped key and the fingerprint in one call into the core; the fingerprint over
+    // the framed message, as every adapter computes it (SPEC §8).
+    const r = s.fingerprint ? requestOf(s, call, 'POST', path, decision.key) : requestOf(s, call, 'POST', path, decision.key, path, 'application/grpc', frame(message))
+    if (!Array.isArray(r)) return refuse(r)
+    const scoped = r[0]
+    const fp = s.fingerprint ? s.fingerprint(call, message) : r[1]
 
     let cancelled = false
     call.once('cancelled', () => {
