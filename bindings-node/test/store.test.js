@@ -88,6 +88,7 @@ test('an action that returns at once settles its key before execute returns: the
   assert.equal(b.value, value)
   // A thenable (not a Promise) is still awaited, and a synchronous throw still fails.
   const k2 = key()
+  // biome-ignore lint/suspicious/noThenProperty: a thenable that is not a Promise, on purpose
   const t = await store.execute(k2, fp, () => ({ then: (resolve) => resolve('from a thenable') }))
   assert.equal(t.value, 'from a thenable')
   const boom = new Error('boom')
