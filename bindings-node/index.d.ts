@@ -585,11 +585,12 @@ export declare const http: {
   /** Reads record bytes back; anything else throws UNAVAILABLE. */
   decodeResponse(record: Buffer): HttpStoredResponse
   /**
-   * The record bytes of an HTTP response (no trailers) from its status, its stored headers
-   * as one flat list `[name, value, ...]` (values as Latin-1 strings, as Node keeps them,
-   * or Buffers) and its body: the bytes `encodeResponse` makes of the same response.
+   * The record bytes of an HTTP response from its status, its stored headers as one flat
+   * list `[name, value, ...]` (values as Latin-1 strings, as Node keeps them, or Buffers),
+   * its body and, optionally, its trailers in the same flat form (a gRPC answer's
+   * `grpc-status`): the bytes `encodeResponse` makes of the same response.
    */
-  encodeRecord(status: number, fields: Array<string | Buffer>, body: Buffer): Buffer
+  encodeRecord(status: number, fields: Array<string | Buffer>, body: Buffer, trailers?: Array<string | Buffer> | null): Buffer
   /**
    * Record bytes read back flat: `[status, bodyStart, bodyEnd, headerCount, name, value,
    * ...]` (headers, then trailers; values as Latin-1 strings); the body is
