@@ -188,6 +188,48 @@ fn redis_fork() {
     parents_lease_and_flight_stay_the_parents();
     child_renews_its_leases_not_the_parents();
     calls_in_flight_at_the_fork_end_in_the_child();
+    a_fork_while_other_threads_use_the_store_does_not_hang_the_child();
+}
+
+/// Other threads of the parent use the store (calls in flight, `after_fork`, which
+/// does nothing in the parent) while it forks again and again: a lock one of them held
+/// at a fork never comes free in the child, where that thread is gone. Each child's
+/// `after_fork` and first call must not wait on one (a hang is killed by the child's
+/// alarm).
+fn a_fork_while_other_threads_use_the_store_does_not_hang_the_child() {
+    let prefix = format!("f{}", IdempotencyKey::random().as_str());
+    let (s, other) = (store(&prefix), store(&prefix));
+    warm_up(&s, &other);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                s.after_fork();
+            }
+        });
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    // Errors (a loaded machine's I/O timeouts) do not matter here.
+                    let k = key();
+                    let _ = run(&s, &k, b"v");
+                    let _ = run(&s, &k, b"x");
+                }
+            });
+        }
+        let outcome = (0..40).try_for_each(|i| {
+            std::thread::sleep(Duration::from_millis(2));
+            fork(|| {
+                s.after_fork();
+                block_on(s.ping()).map_err(|e| format!("ping in the child: {e}"))
+            })
+            .wait()
+            .map_err(|e| format!("fork {i}: {e}"))
+        });
+        stop.store(true, Ordering::Relaxed);
+        outcome.unwrap();
+    });
+    expect("parent lead", run(&s, &key(), b"p"), b"p", Source::Led).unwrap();
 }
 
 /// A waker that counts its wakes.
