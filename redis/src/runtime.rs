@@ -117,6 +117,50 @@ impl Waiters {
     }
 }
 
+/// A value a future holds that belongs to the process that made it (an in-process
+/// lease, an interest in a pub/sub channel): dropped there as usual, forgotten in a
+/// child after `fork()`, where its drop would take locks that a parent thread may have
+/// held at the fork (see the module's doc).
+pub(crate) struct ThisProcess<T> {
+    value: Option<T>,
+    pid: u32,
+}
+
+impl<T> ThisProcess<T> {
+    pub(crate) fn new(value: T) -> Self {
+        ThisProcess {
+            value: Some(value),
+            pid: std::process::id(),
+        }
+    }
+
+    /// The value, to be used (or dropped) in this process.
+    pub(crate) fn into_inner(mut self) -> T {
+        self.value.take().expect("taken only here")
+    }
+}
+
+impl<T> std::ops::Deref for ThisProcess<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value.as_ref().expect("taken only by into_inner")
+    }
+}
+
+impl<T> std::ops::DerefMut for ThisProcess<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.value.as_mut().expect("taken only by into_inner")
+    }
+}
+
+impl<T> Drop for ThisProcess<T> {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            std::mem::forget(self.value.take());
+        }
+    }
+}
+
 /// The threads and the in-process tier of one process.
 pub(crate) struct Runtime<E> {
     /// The process that made it; anywhere else it is a copy left by `fork()`.
