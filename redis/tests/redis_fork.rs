@@ -230,6 +230,8 @@ fn a_fork_while_other_threads_use_the_store_does_not_hang_the_child() {
                     .map_err(|e| format!("{e:?}"))
             });
             let mut wait = Some(wait);
+            let (ka, kb) = (key(), key());
+            let mut leases = Some((lead(&s, &ka), lead(&s, &kb)));
             let waits = s.counters().remote_waits;
             until("the call waits on Redis", || {
                 let pending = wait.as_mut().is_some_and(|w| {
@@ -242,10 +244,23 @@ fn a_fork_while_other_threads_use_the_store_does_not_hang_the_child() {
             let child = fork(|| {
                 s.after_fork();
                 drop(wait.take());
+                // The parent's leases: completing one fails, dropping the other
+                // releases nothing.
+                let (la, lb) = leases.take().ok_or("no leases")?;
+                match block_on(la.complete(b"copy".to_vec())) {
+                    Err(Error::LeaseLost) => {}
+                    other => return Err(format!("completing the parent's lease: {other:?}")),
+                }
+                drop(lb);
                 block_on(s.ping()).map_err(|e| format!("ping in the child: {e}"))
             });
             child.wait().map_err(|e| format!("fork {i}: {e}"))?;
             block_on(l.complete(b"led".to_vec())).map_err(|e| format!("complete: {e}"))?;
+            let (la, lb) = leases.take().ok_or("the leases were taken in the parent")?;
+            for (lease, k) in [(la, &ka), (lb, &kb)] {
+                block_on(lease.complete(b"a".to_vec())).map_err(|e| format!("complete: {e}"))?;
+                expect("a parent's lease", run(&s, k, b"y"), b"a", Source::Replayed)?;
+            }
             let wait = wait.take().ok_or("the wait was taken in the parent")?;
             expect(
                 "the wait in the parent",
