@@ -196,6 +196,90 @@ fn woken_by_the_key_shard_only() {
     }
 }
 
+/// The listener threads of this process (named `oncely-redis-listen`, cut to 15
+/// bytes by the kernel).
+fn listener_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "oncely-redis-li")
+        .count()
+}
+
+/// A store dropped while waits on every master are pending (subscribed, the listener
+/// reading its shards), the waits dropped with it: its listener thread ends and its
+/// subscriber connections close, within the bound.
+fn a_dropped_store_leaves_no_listener_or_subscriber() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Context;
+    let before = listener_threads();
+    let p = prefix();
+    let (a, b) = (
+        store("redis://", &p, SLOW_POLL, 0),
+        store("redis://", &p, SLOW_POLL, 0),
+    );
+    type Wait<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + 'a>>;
+    let noop = futures::task::noop_waker();
+    let mut masters = std::collections::HashSet::new();
+    let (mut leases, mut waits, mut channels) = (Vec::new(), Vec::new(), Vec::new());
+    while masters.len() < 3 {
+        let k = key();
+        let ch = channel(&b.record_key(&k));
+        if !masters.insert(owner(slot_of(&ch)).port) {
+            continue;
+        }
+        let Begin::Lead(lease) = block_on(a.begin(&k, "f", Default::default())).unwrap() else {
+            panic!("expected to lead")
+        };
+        let b = &b;
+        let mut wait: Wait<'_> = Box::pin(async move {
+            b.execute(&k, "f", || async { Ok(b"not me".to_vec()) })
+                .await
+                .map(|d| d.value)
+                .map_err(|e| format!("{e:?}"))
+        });
+        let end = Instant::now() + BOUND;
+        while shard_subscribers(&ch).iter().all(|(_, n)| *n == 0) {
+            assert!(
+                wait.as_mut()
+                    .poll(&mut Context::from_waker(&noop))
+                    .is_pending(),
+                "the wait ended"
+            );
+            assert!(Instant::now() < end, "{ch} was never subscribed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        leases.push(lease);
+        waits.push(wait);
+        channels.push(ch);
+    }
+    assert!(listener_threads() > before);
+    drop(waits);
+    drop(b);
+    let end = Instant::now() + BOUND;
+    loop {
+        let subscribed: Vec<(String, Vec<(u16, i64)>)> = channels
+            .iter()
+            .map(|ch| (ch.clone(), shard_subscribers(ch)))
+            .filter(|(_, on)| on.iter().any(|(_, n)| *n > 0))
+            .collect();
+        let threads = listener_threads();
+        if subscribed.is_empty() && threads <= before {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "after the store was dropped: {threads} listener threads (before: {before}), \
+             still subscribed: {subscribed:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for lease in leases {
+        block_on(lease.complete(b"v".to_vec())).unwrap();
+    }
+}
+
 /// Moves the slot of a key a waiter waits on to another master (SETSLOT IMPORTING /
 /// MIGRATING, MIGRATE, SETSLOT NODE): the listener subscribes on the new owner and
 /// the waiter is woken by the completion.
@@ -439,6 +523,7 @@ fn on_cluster_wake_ups_by_sharded_pub_sub() {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         woken_by_the_key_shard_only();
+        a_dropped_store_leaves_no_listener_or_subscriber();
         waiters_come_and_go();
         refused_subscriptions_fall_back_to_polling();
         woken_after_its_slot_migrated();
