@@ -512,7 +512,9 @@ export declare class RedisStore {
    * not start meanwhile; once the lease ran out it can be removed), or when a new claim
    * replaced it meanwhile (left alone: look at it with `get` before removing again).
    * With `minReplicas`, a deletion fewer replicas acknowledged rejects with UNAVAILABLE
-   * (gone from the primary, but a failover could bring it back: remove it again).
+   * (gone from the primary, but a failover could bring it back: remove it again); a
+   * removal that finds no record waits for the replicas too, and rejects so until they
+   * acknowledged the deletion.
    */
   remove(scoped: ScopedKey): Promise<boolean>
   /** Health check: PING within the I/O timeout; rejects with UNAVAILABLE. */

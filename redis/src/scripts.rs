@@ -340,9 +340,16 @@ pub(crate) fn claim_led(v: &Value) -> bool {
         .is_some_and(|tag| tag == "lead")
 }
 
-/// Whether a remove script's reply says this call deleted the record.
-pub(crate) fn removal_deleted(v: &Value) -> bool {
-    matches!(v, Value::Int(1))
+/// Whether a remove script's reply says the record is gone (deleted by this call, or
+/// found deleted): the deletion the replicas must have.
+pub(crate) fn removal_gone(v: &Value) -> bool {
+    matches!(v, Value::Int(1) | Value::Int(0))
+}
+
+/// Whether an identify script's reply says there is no record (see
+/// [`removal_gone`]).
+pub(crate) fn identity_absent(v: &Value) -> bool {
+    matches!(v, Value::Array(items) if items.len() == 1)
 }
 
 /// Whether a complete script's reply says the result was stored.

@@ -2,8 +2,9 @@
 //! which sets `ONCELY_REDIS_CLUSTER_URLS` and `ONCELY_REDIS_CLUSTER_DIR`): a waiter on
 //! another instance subscribes with `SSUBSCRIBE` on the master that owns its key's
 //! slot only, a completion's message reaches that shard only, and wake-ups go on
-//! across a slot migration and a failover. One test runs the scenarios in turn, as
-//! the later ones change the cluster.
+//! across a slot migration and a failover; a dropped store's listener ends; one
+//! master refusing a call leaves the other masters' writes their `WAIT`s. One test runs
+//! the scenarios in turn, as the later ones change the cluster.
 
 mod support;
 use std::process::Command;
@@ -194,6 +195,207 @@ fn woken_by_the_key_shard_only() {
             "a classic subscriber heard the completion of {ch}"
         );
     }
+}
+
+/// The listener threads of this process (named `oncely-redis-listen`, cut to 15
+/// bytes by the kernel).
+fn listener_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "oncely-redis-li")
+        .count()
+}
+
+/// A store dropped while waits on every master are pending (subscribed, the listener
+/// reading its shards), the waits dropped with it: its listener thread ends and its
+/// subscriber connections close, within the bound.
+fn a_dropped_store_leaves_no_listener_or_subscriber() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Context;
+    // The stores of the scenarios before are dropped: their listeners end too.
+    let end = Instant::now() + BOUND;
+    while listener_threads() > 0 {
+        assert!(
+            Instant::now() < end,
+            "the listeners of dropped stores are still running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = 0;
+    let p = prefix();
+    let (a, b) = (
+        store("redis://", &p, SLOW_POLL, 0),
+        store("redis://", &p, SLOW_POLL, 0),
+    );
+    type Wait<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + 'a>>;
+    let noop = futures::task::noop_waker();
+    let mut masters = std::collections::HashSet::new();
+    let (mut leases, mut waits, mut channels) = (Vec::new(), Vec::new(), Vec::new());
+    while masters.len() < 3 {
+        let k = key();
+        let ch = channel(&b.record_key(&k));
+        if !masters.insert(owner(slot_of(&ch)).port) {
+            continue;
+        }
+        let Begin::Lead(lease) = block_on(a.begin(&k, "f", Default::default())).unwrap() else {
+            panic!("expected to lead")
+        };
+        let b = &b;
+        let mut wait: Wait<'_> = Box::pin(async move {
+            b.execute(&k, "f", || async { Ok(b"not me".to_vec()) })
+                .await
+                .map(|d| d.value)
+                .map_err(|e| format!("{e:?}"))
+        });
+        let end = Instant::now() + BOUND;
+        while shard_subscribers(&ch).iter().all(|(_, n)| *n == 0) {
+            assert!(
+                wait.as_mut()
+                    .poll(&mut Context::from_waker(&noop))
+                    .is_pending(),
+                "the wait ended"
+            );
+            assert!(Instant::now() < end, "{ch} was never subscribed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        leases.push(lease);
+        waits.push(wait);
+        channels.push(ch);
+    }
+    assert!(listener_threads() > before);
+    drop(waits);
+    drop(b);
+    let end = Instant::now() + BOUND;
+    loop {
+        let subscribed: Vec<(String, Vec<(u16, i64)>)> = channels
+            .iter()
+            .map(|ch| (ch.clone(), shard_subscribers(ch)))
+            .filter(|(_, on)| on.iter().any(|(_, n)| *n > 0))
+            .collect();
+        let threads = listener_threads();
+        if subscribed.is_empty() && threads <= before {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "after the store was dropped: {threads} listener threads (before: {before}), \
+             still subscribed: {subscribed:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for lease in leases {
+        block_on(lease.complete(b"v".to_vec())).unwrap();
+    }
+}
+
+/// With `min_replicas(1)`, a batch of one worker holds a completion that one master
+/// refuses by closing the connection (over its `proto-max-bulk-len`, with the store's
+/// `max_result_bytes` above it) and claims on another master: the claims' `WAIT`s still
+/// go to their master, whose replica acknowledges them, and they lead. (The whole
+/// cluster connection was dropped before the `WAIT`s: every claim of the batch was
+/// released as unreplicated, UNAVAILABLE.)
+fn a_call_refused_by_one_master_leaves_the_waits_on_the_others() {
+    let p = prefix();
+    let urls = urls();
+    let s: RedisStore<Boom> = RedisStore::builder(urls[0].clone())
+        .seeds(urls[1..].to_vec())
+        .cluster(true)
+        .prefix(&p)
+        .lease(Duration::from_secs(30))
+        .io_timeout(Duration::from_secs(5))
+        .min_replicas(1)
+        .min_replicas_timeout(Duration::from_secs(2))
+        .max_result_bytes(4 << 20)
+        .workers(1)
+        .build()
+        .unwrap();
+    let master = |k: &ScopedKey| owner(slot_of(&s.record_key(k))).port;
+    let masters: Vec<u16> = {
+        let mut m: Vec<u16> = nodes()
+            .into_iter()
+            .filter(|n| n.master && !n.failed)
+            .map(|n| n.port)
+            .collect();
+        m.sort();
+        m
+    };
+    let (paused, refusing, claimed) = (masters[0], masters[1], masters[2]);
+    let key_on = |port: u16| loop {
+        let k = key();
+        if master(&k) == port {
+            return k;
+        }
+    };
+    // Every replica has caught up (a cluster just started, or failed over, may not).
+    for port in &masters {
+        let end = Instant::now() + BOUND;
+        let mut c = node(*port).unwrap();
+        loop {
+            let n: usize = redis::cmd("WAIT").arg(1).arg(200).query(&mut c).unwrap();
+            if n >= 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "the replica of {port} does not acknowledge"
+            );
+        }
+    }
+    let big = key_on(refusing);
+    let Begin::Lead(lease) = block_on(s.begin(&big, "f", Default::default())).unwrap() else {
+        panic!("expected to lead")
+    };
+    let set_limit = |v: &str| {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("proto-max-bulk-len")
+            .arg(v)
+            .query(&mut node(refusing).unwrap())
+            .unwrap();
+    };
+    set_limit("1mb");
+    // The worker is held by a claim on the paused master while the others queue.
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1000)
+        .arg("WRITE")
+        .query(&mut node(paused).unwrap())
+        .unwrap();
+    let first = {
+        let (s, k) = (s.clone(), key_on(paused));
+        std::thread::spawn(move || {
+            block_on(s.execute(&k, "f", || async { Ok(b"first".to_vec()) })).map(|d| d.value)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let complete = std::thread::spawn(move || block_on(lease.complete(vec![b'x'; (1 << 20) + 1])));
+    let claims: Vec<_> = (0..4)
+        .map(|i| {
+            let (s, k) = (s.clone(), key_on(claimed));
+            std::thread::spawn(move || {
+                block_on(s.execute(&k, "f", || async move { Ok(format!("c{i}").into_bytes()) }))
+                    .map(|d| d.value)
+            })
+        })
+        .collect();
+    let first = first.join().unwrap();
+    let complete = complete.join().unwrap();
+    let claims: Vec<_> = claims.into_iter().map(|c| c.join().unwrap()).collect();
+    set_limit("512mb");
+    assert_eq!(first.unwrap(), b"first");
+    assert!(
+        complete.is_err(),
+        "Redis took a value over its proto-max-bulk-len"
+    );
+    for (i, c) in claims.into_iter().enumerate() {
+        match c {
+            Ok(v) => assert_eq!(v, format!("c{i}").into_bytes()),
+            Err(e) => panic!("claim {i} on master {claimed}: {e:?}"),
+        }
+    }
+    assert_eq!(s.counters().claims_unreplicated, 0);
 }
 
 /// Moves the slot of a key a waiter waits on to another master (SETSLOT IMPORTING /
@@ -439,6 +641,8 @@ fn on_cluster_wake_ups_by_sharded_pub_sub() {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         woken_by_the_key_shard_only();
+        a_dropped_store_leaves_no_listener_or_subscriber();
+        a_call_refused_by_one_master_leaves_the_waits_on_the_others();
         waiters_come_and_go();
         refused_subscriptions_fall_back_to_polling();
         woken_after_its_slot_migrated();
