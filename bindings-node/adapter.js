@@ -207,16 +207,6 @@ function setAnswerHeaders(res, fields) {
 }
 
 /**
- * The scoped key of a request, or the problem to answer: a tenant the tenant function
- * gave that cannot scope a key is the server's fault (500 tenant-unusable), not the
- * client's.
- */
-function scopeOf(s, req, method, route, key) {
-  const r = requestOf(s, req, method, route, key)
-  return Array.isArray(r) ? { scoped: r[0] } : { problem: r }
-}
-
-/**
  * The scoped key and the fingerprint of a request in one call into the core
  * (`http.request`): `[scoped, fingerprint]` (`[scoped]` without `target`), or the
  * problem to answer. The tenant comes from the tenant function; one that is not a
@@ -334,7 +324,6 @@ module.exports = {
   isEventStream,
   answerOf,
   setAnswerHeaders,
-  scopeOf,
   requestOf,
   dedup,
   goneOf,

@@ -134,148 +134,176 @@ function idempotency(options) {
 
     // Set once the led response has ended: sends it (when it was held), or does nothing.
     let finish = null
-    const lead = (owner) =>
-      new Promise((resolve, reject) => {
-        s.counters.led++
-        const chunks = []
-        let size = 0
-        let over = false
-        let ended = false
-        let away = false
-        const keep = (chunk, encoding) => {
-          if (over || chunk === undefined || chunk === null) return
-          const b = Buffer.isBuffer(chunk)
-            ? chunk
-            : typeof chunk === 'string'
-              ? Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8')
-              : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength)
-          size += b.length
-          if (size > cap) {
-            over = true
-            chunks.length = 0
-          } else {
-            chunks.push(Buffer.from(b))
-          }
+    // Returns the outcome at once when the handler answered within `next()` (the store
+    // then settles the key without a Promise hop), else a Promise of it.
+    const lead = (owner) => {
+      s.counters.led++
+      // The outcome once known: record bytes, or an error (Unstored, Released).
+      let outcome
+      let known = false
+      let resolve = null
+      let reject = null
+      const done = (o) => {
+        if (known) return
+        known = true
+        outcome = o
+        if (resolve === null) return
+        if (o instanceof Error) reject(o)
+        else resolve(o)
+      }
+      const chunks = []
+      let size = 0
+      let over = false
+      let ended = false
+      let away = false
+      // `last`: the chunk given to `end`, read into the record before `end` returns, so
+      // kept without a copy (an answer that is not stored copies its body in `settle`).
+      // A chunk given to `write` is copied unless it is new bytes of a string: the
+      // caller may reuse its buffer.
+      const keep = (chunk, encoding, last) => {
+        if (over || chunk === undefined || chunk === null) return
+        let b
+        if (typeof chunk === 'string') {
+          b = Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8')
+        } else {
+          b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength)
+          if (!last) b = Buffer.from(b)
         }
-        const { write, end, writeHead } = res
-        const restore = () => {
-          res.write = write
-          res.end = end
-          res.writeHead = writeHead
+        size += b.length
+        if (size > cap) {
+          over = true
+          chunks.length = 0
+        } else {
+          chunks.push(b)
         }
-        res.writeHead = function (status, reason, headers) {
-          if (typeof reason === 'object' && reason !== null) {
-            headers = reason
-            reason = undefined
-          }
-          if (headers && !Array.isArray(headers)) {
-            for (const [n, v] of Object.entries(headers)) this.setHeader(n, v)
-            headers = undefined
-          }
-          return writeHead.call(this, status, reason, headers)
+      }
+      const { write, end, writeHead } = res
+      const restore = () => {
+        res.write = write
+        res.end = end
+        res.writeHead = writeHead
+      }
+      res.writeHead = function (status, reason, headers) {
+        if (typeof reason === 'object' && reason !== null) {
+          headers = reason
+          reason = undefined
         }
-        res.write = function (chunk, encoding, cb) {
-          keep(chunk, encoding)
-          return write.call(this, chunk, encoding, cb)
+        if (headers && !Array.isArray(headers)) {
+          for (const [n, v] of Object.entries(headers)) this.setHeader(n, v)
+          headers = undefined
         }
-        res.end = function (chunk, encoding, cb) {
-          if (typeof chunk === 'function') {
-            cb = chunk
-            chunk = undefined
-          } else if (typeof encoding === 'function') {
-            cb = encoding
-            encoding = undefined
-          }
-          keep(chunk, encoding)
-          ended = true
-          const outcome = settle()
-          if (s.settlesAtOnce) {
-            // The store settles the key in this tick, before the server reads another
-            // request: the response goes out now, as without the middleware.
-            restore()
-            finish = noop
-            end.call(res, chunk, encoding, cb)
-          } else {
-            hold(chunk, encoding, cb)
-          }
-          if (outcome instanceof Error) reject(outcome)
-          else resolve(outcome)
+        return writeHead.call(this, status, reason, headers)
+      }
+      res.write = function (chunk, encoding, cb) {
+        keep(chunk, encoding)
+        return write.call(this, chunk, encoding, cb)
+      }
+      res.end = function (chunk, encoding, cb) {
+        if (typeof chunk === 'function') {
+          cb = chunk
+          chunk = undefined
+        } else if (typeof encoding === 'function') {
+          cb = encoding
+          encoding = undefined
+        }
+        keep(chunk, encoding, true)
+        ended = true
+        const outcome = settle()
+        if (s.settlesAtOnce) {
+          // The store settles the key in this tick, before the server reads another
+          // request: the response goes out now, as without the middleware.
+          restore()
+          finish = noop
+          end.call(res, chunk, encoding, cb)
+        } else {
+          hold(chunk, encoding, cb)
+        }
+        done(outcome)
+        return this
+      }
+      // The end of the response, held until the store has settled the key (a store
+      // that settles later, e.g. a RedisStore): a retry sent once the client has the
+      // whole answer finds the key stored or released.
+      const hold = (chunk, encoding, cb) => {
+        // The response is whole: until it is sent, nothing after it (an error handler
+        // answering a late `next(err)`, a stray write) may change or replace it.
+        const status = res.statusCode
+        const headers = res.getHeaders()
+        res.write = () => true
+        res.end = function () {
           return this
         }
-        // The end of the response, held until the store has settled the key (a store
-        // that settles later, e.g. a RedisStore): a retry sent once the client has the
-        // whole answer finds the key stored or released.
-        const hold = (chunk, encoding, cb) => {
-          // The response is whole: until it is sent, nothing after it (an error handler
-          // answering a late `next(err)`, a stray write) may change or replace it.
-          const status = res.statusCode
-          const headers = res.getHeaders()
-          res.write = () => true
-          res.end = function () {
-            return this
-          }
-          res.writeHead = function () {
-            return this
-          }
-          finish = () => {
-            restore()
-            if (!res.headersSent) {
-              res.statusCode = status
-              for (const n of res.getHeaderNames()) if (!(n in headers)) res.removeHeader(n)
-              for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
-            }
-            end.call(res, chunk, encoding, cb)
-          }
+        res.writeHead = function () {
+          return this
         }
-        // What the whole response leaves in the store: record bytes, or the error that
-        // tells the store (and its waiters) it is not stored.
-        const settle = () => {
-          if (away) {
-            s.counters.notStored++
-            return new Released(owner, 'the response was not sent whole')
-          }
-          if (over) {
-            s.counters.notStored++
-            return new Released(owner, 'the body is over the cap')
-          }
-          if (isEventStream(s, res.getHeader('content-type'))) {
-            // Sent as produced; the key was held until its end and is released now.
-            s.counters.notStored++
-            return new Released(owner, 'an event stream is not stored')
-          }
-          const status = res.statusCode
-          const stored = http.storableStatus(status)
-          const fields = recordFields(s, res.getHeaders(), stored)
-          // What was sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
-          const body = bodyless(req.method, status) ? EMPTY : chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size)
-          if (stored) return http.encodeRecord(status, fields, body)
-          s.counters.notStored++
-          return new Unstored(owner, { status, fields, body })
-        }
-        // A client that goes away mid-response (a stream under way): the handler still
-        // runs, so it keeps the key until it ends its response; that response is then not
-        // stored (it was not sent whole) and the key is released. One that goes away before
-        // the answer began leaves the answer, once given, kept as usual. A response cut by
-        // the server instead (Express destroys the socket when a handler fails after its
-        // headers were sent; a handler may destroy it before answering) means the handler
-        // has stopped: the key is released now.
-        res.once('close', () => {
-          if (ended) return
-          const socket = req.socket
-          if (socket && (socket.readableEnded || socket.errored)) {
-            if (res.headersSent) away = true
-            return
-          }
+        finish = () => {
           restore()
-          s.counters.notStored++
-          reject(new Released(owner, 'the response was not sent whole'))
-        })
-        try {
-          next()
-        } catch (e) {
-          next(e)
+          if (!res.headersSent) {
+            res.statusCode = status
+            for (const n of res.getHeaderNames()) if (!(n in headers)) res.removeHeader(n)
+            for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
+          }
+          end.call(res, chunk, encoding, cb)
         }
+      }
+      // What the whole response leaves in the store: record bytes, or the error that
+      // tells the store (and its waiters) it is not stored.
+      const settle = () => {
+        if (away) {
+          s.counters.notStored++
+          return new Released(owner, 'the response was not sent whole')
+        }
+        if (over) {
+          s.counters.notStored++
+          return new Released(owner, 'the body is over the cap')
+        }
+        if (isEventStream(s, res.getHeader('content-type'))) {
+          // Sent as produced; the key was held until its end and is released now.
+          s.counters.notStored++
+          return new Released(owner, 'an event stream is not stored')
+        }
+        const status = res.statusCode
+        const stored = http.storableStatus(status)
+        const fields = recordFields(s, res.getHeaders(), stored)
+        // What was sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
+        const body = bodyless(req.method, status) ? EMPTY : chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size)
+        if (stored) return http.encodeRecord(status, fields, body)
+        s.counters.notStored++
+        // Replayed later by the waiters: not the handler's own buffer.
+        return new Unstored(owner, { status, fields, body: Buffer.from(body) })
+      }
+      // A client that goes away mid-response (a stream under way): the handler still
+      // runs, so it keeps the key until it ends its response; that response is then not
+      // stored (it was not sent whole) and the key is released. One that goes away before
+      // the answer began leaves the answer, once given, kept as usual. A response cut by
+      // the server instead (Express destroys the socket when a handler fails after its
+      // headers were sent; a handler may destroy it before answering) means the handler
+      // has stopped: the key is released now.
+      res.once('close', () => {
+        if (ended) return
+        const socket = req.socket
+        if (socket && (socket.readableEnded || socket.errored)) {
+          if (res.headersSent) away = true
+          return
+        }
+        restore()
+        s.counters.notStored++
+        done(new Released(owner, 'the response was not sent whole'))
       })
+      try {
+        next()
+      } catch (e) {
+        next(e)
+      }
+      if (known) {
+        if (outcome instanceof Error) throw outcome
+        return outcome
+      }
+      return new Promise((res, rej) => {
+        resolve = res
+        reject = rej
+      })
+    }
 
     let outcome
     try {

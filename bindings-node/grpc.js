@@ -4,7 +4,7 @@
 // application/grpc, the length-prefixed message as the body, grpc-status and
 // grpc-message as trailers.
 
-const { Unstored, Released, settings, scopeOf, dedup, goneOf, replayed, http } = require('./adapter.js')
+const { Unstored, Released, settings, requestOf, dedup, goneOf, replayed, http } = require('./adapter.js')
 
 // A cancelled call leaves its handler running: the key stays held until the handler
 // answers, and that answer is kept as usual, so a retry does not run the handler again.
@@ -25,17 +25,35 @@ function unframe(body) {
 // Trailers the record writes itself, or that a replay adds.
 const OWN = new Set(['grpc-status', 'grpc-message', http.REPLAYED_HEADER])
 
-/** The trailing metadata the handler gave (with its answer or its error): kept with the answer. */
-function trailersOf(md) {
-  const out = []
+/**
+ * Appends the trailing metadata the handler gave (with its answer or its error), kept with
+ * the answer, to `out` as `name, value` (the values as bytes).
+ */
+function pushTrailers(out, md) {
   if (!md || typeof md.toJSON !== 'function') return out
   for (const [name, values] of Object.entries(md.toJSON())) {
     const n = name.toLowerCase()
     if (OWN.has(n)) continue
-    for (const v of values) out.push({ name: n, value: Buffer.isBuffer(v) ? v : Buffer.from(String(v), 'utf8') })
+    for (const v of values) out.push(n, Buffer.isBuffer(v) ? v : Buffer.from(String(v), 'utf8'))
   }
   return out
 }
+
+/**
+ * Fields given flat (`name, value, ...`, the values bytes or Latin-1 strings) as
+ * `{ name, value }` objects, the values Buffers: the answer form of this adapter.
+ */
+function fieldObjects(flat) {
+  const out = []
+  for (let i = 0; i < flat.length; i += 2) {
+    const v = flat[i + 1]
+    out.push({ name: flat[i], value: typeof v === 'string' ? Buffer.from(v, 'latin1') : v })
+  }
+  return out
+}
+
+/** The headers of every gRPC record, flat. */
+const GRPC_HEADERS = ['content-type', 'application/grpc']
 
 /** `grpc-message` as sent on the wire (and stored by every adapter): percent-encoded UTF-8. */
 function percentEncode(text) {
@@ -60,10 +78,6 @@ function percentDecode(raw) {
   return Buffer.from(out).toString('utf8')
 }
 
-function field(name, value) {
-  return { name, value: Buffer.from(String(value), 'utf8') }
-}
-
 /**
  * Wraps the unary handlers of `implementation` (for `service`, a grpc-js service
  * definition) so that a call with `x-idempotency-key` metadata runs once per key: a
@@ -75,6 +89,8 @@ function withIdempotency(service, implementation, options) {
   if (service === null || typeof service !== 'object') throw new TypeError('service must be a grpc-js service definition')
   if (implementation === null || typeof implementation !== 'object') throw new TypeError('implementation must be an object of handlers')
   const s = settings(options)
+  // `readGrpcKey` as a plain function: no class-method dispatch, no decision object.
+  s.readGrpcKey = s.config.grpcKeyReader()
   const grpc = options.grpc ?? require('@grpc/grpc-js')
   const out = { ...implementation }
   for (const [name, def] of Object.entries(service)) {
@@ -85,9 +101,22 @@ function withIdempotency(service, implementation, options) {
   return out
 }
 
-/** Stored record bytes as the answer form of this adapter (that of its Unstored records). */
+/**
+ * Stored record bytes as the answer form of this adapter (that of its Unstored records):
+ * read with `http.decodeRecord` (one flat array, no object per field), the body a view
+ * of the record.
+ */
 function decodeRecord(bytes) {
-  return http.decodeResponse(Buffer.from(bytes))
+  const record = Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes)
+  const flat = http.decodeRecord(record)
+  const headers = []
+  const trailers = []
+  for (let i = 4; i < flat.length; i += 2) {
+    const f = { name: flat[i], value: Buffer.from(flat[i + 1], 'latin1') }
+    if (i < 4 + 2 * flat[3]) headers.push(f)
+    else trailers.push(f)
+  }
+  return { status: flat[0], headers, body: record.subarray(flat[1], flat[2]), trailers }
 }
 
 function trailer(grpc, extra) {
@@ -99,8 +128,8 @@ function trailer(grpc, extra) {
 function wrap(s, grpc, def, handler) {
   const path = def.path
   return function idempotentUnary(call, callback) {
-    const decision = s.config.readGrpcKey(path, call.metadata.get(http.GRPC_KEY_METADATA))
-    if (decision.passThrough) {
+    const key = s.readGrpcKey(path, call.metadata.get(http.GRPC_KEY_METADATA))
+    if (key === null) {
       s.counters.passedThrough++
       return handler.call(this, call, callback)
     }
@@ -110,15 +139,14 @@ function wrap(s, grpc, def, handler) {
       const md = trailer(grpc, m['grpc-retry-pushback-ms'] ? [['grpc-retry-pushback-ms', m['grpc-retry-pushback-ms']]] : [])
       callback({ code: Number(m['grpc-status']), details: p.detail, metadata: md })
     }
-    if (decision.problem) return refuse(decision.problem)
-    const sc = scopeOf(s, call, 'POST', path, decision.key)
-    if (sc.problem) return refuse(sc.problem)
-    const scoped = sc.scoped
+    if (typeof key !== 'string') return refuse(key)
     const message = def.requestSerialize(call.request)
-    // Over the framed message, as every adapter computes it (SPEC §8).
-    const fp = s.fingerprint
-      ? s.fingerprint(call, message)
-      : http.requestFingerprint('POST', path, 'application/grpc', frame(message))
+    // The scoped key and the fingerprint in one call into the core; the fingerprint over
+    // the framed message, as every adapter computes it (SPEC §8).
+    const r = s.fingerprint ? requestOf(s, call, 'POST', path, key) : requestOf(s, call, 'POST', path, key, path, 'application/grpc', frame(message))
+    if (!Array.isArray(r)) return refuse(r)
+    const scoped = r[0]
+    const fp = s.fingerprint ? s.fingerprint(call, message) : r[1]
 
     let cancelled = false
     call.once('cancelled', () => {
@@ -150,21 +178,17 @@ function wrap(s, grpc, def, handler) {
               return reject(new Released(owner, 'the response could not be serialized'))
             }
           }
-          const own = [field('grpc-status', code)]
-          if (detail) own.push({ name: 'grpc-message', value: percentEncode(detail) })
-          const record = {
-            status: 200,
-            headers: [field('content-type', 'application/grpc')],
-            body,
-            trailers: [...own, ...trailersOf(err ? err.metadata : trailerMd)],
-          }
+          // The trailers flat, `name, value, ...` (the form `http.encodeRecord` takes).
+          const trailers = ['grpc-status', String(code)]
+          if (detail) trailers.push('grpc-message', percentEncode(detail))
+          pushTrailers(trailers, err ? err.metadata : trailerMd)
           if (body.length > s.config.bodyCap) {
             s.counters.notStored++
             return reject(new Released(owner, 'the body is over the cap'))
           }
-          if (http.storableGrpcStatus(String(code))) return resolve(http.encodeResponse(record))
+          if (http.storableGrpcStatus(String(code))) return resolve(http.encodeRecord(200, GRPC_HEADERS, body, trailers))
           s.counters.notStored++
-          reject(new Unstored(owner, record))
+          reject(new Unstored(owner, { status: 200, headers: fieldObjects(GRPC_HEADERS), body, trailers: fieldObjects(trailers) }))
         }
         try {
           const r = handler.call(this, call, answer)

@@ -516,7 +516,9 @@ export declare class RedisStore {
    * not start meanwhile; once the lease ran out it can be removed), or when a new claim
    * replaced it meanwhile (left alone: look at it with `get` before removing again).
    * With `minReplicas`, a deletion fewer replicas acknowledged rejects with UNAVAILABLE
-   * (gone from the primary, but a failover could bring it back: remove it again).
+   * (gone from the primary, but a failover could bring it back: remove it again); a
+   * removal that finds no record waits for the replicas too, and rejects so until they
+   * acknowledged the deletion.
    */
   remove(scoped: ScopedKey): Promise<boolean>
   /** Health check: PING within the I/O timeout; rejects with UNAVAILABLE. */
@@ -589,11 +591,12 @@ export declare const http: {
   /** Reads record bytes back; anything else throws UNAVAILABLE. */
   decodeResponse(record: Buffer): HttpStoredResponse
   /**
-   * The record bytes of an HTTP response (no trailers) from its status, its stored headers
-   * as one flat list `[name, value, ...]` (values as Latin-1 strings, as Node keeps them,
-   * or Buffers) and its body: the bytes `encodeResponse` makes of the same response.
+   * The record bytes of an HTTP response from its status, its stored headers as one flat
+   * list `[name, value, ...]` (values as Latin-1 strings, as Node keeps them, or Buffers),
+   * its body and, optionally, its trailers in the same flat form (a gRPC answer's
+   * `grpc-status`): the bytes `encodeResponse` makes of the same response.
    */
-  encodeRecord(status: number, fields: Array<string | Buffer>, body: Buffer): Buffer
+  encodeRecord(status: number, fields: Array<string | Buffer>, body: Buffer, trailers?: Array<string | Buffer> | null): Buffer
   /**
    * Record bytes read back flat: `[status, bodyStart, bodyEnd, headerCount, name, value,
    * ...]` (headers, then trailers; values as Latin-1 strings); the body is

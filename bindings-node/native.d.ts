@@ -66,6 +66,12 @@ export declare class HttpConfig {
    * array of the `Idempotency-Key` values (strings or Buffers; empty: no header).
    */
   keyReader(): (method: string, values: Array<string | Buffer>) => string | null | HttpProblem
+  /**
+   * `readGrpcKey` as a plain function bound to these settings, for a gRPC server's hot
+   * path: `(fullMethod, values)` gives what `keyReader()`'s function gives, `values`
+   * being the `x-idempotency-key` metadata values.
+   */
+  grpcKeyReader(): (fullMethod: string, values: Array<string | Buffer>) => string | null | HttpProblem
 }
 
 /**
@@ -435,10 +441,11 @@ export declare function httpDecodeResponse(record: Buffer): HttpStoredResponse
  * The record bytes (`OHR1`) of an HTTP response in one call: `status`, `fields` the
  * stored headers as one flat array `[name, value, name, value, ...]` (values as
  * Latin-1 strings, one byte per character as Node keeps header values, or Buffers),
- * and the body. What `encodeResponse` makes of the same response, without trailers.
- * A status outside 100..=999 or a malformed field list throws INVALID_ARGUMENT.
+ * the body and, optionally, the trailers in the same flat form (a gRPC answer's
+ * `grpc-status`): what `encodeResponse` makes of the same response. A status outside
+ * 100..=999 or a malformed field list throws INVALID_ARGUMENT.
  */
-export declare function httpEncodeRecord(status: number, fields: Array<string | Buffer>, body: Buffer): Buffer
+export declare function httpEncodeRecord(status: number, fields: Array<string | Buffer>, body: Buffer, trailers?: Array<string | Buffer> | null): Buffer
 
 /** The record bytes of a stored response (the format every adapter shares). */
 export declare function httpEncodeResponse(response: HttpStoredResponse): Buffer

@@ -102,15 +102,18 @@ for (const [name, { app, c }] of Object.entries(makeApps(50))) {
 }
 
 // 2. Time per request, one at a time on one keep-alive connection.
+// `[median µs per request, CPU µs per request (client and server, user + system)]`.
 async function time(port, keyOf, agent) {
   for (let i = 0; i < 300; i++) await post(port, keyOf(), agent)
   const each = new Float64Array(N)
+  const cpu = process.cpuUsage()
   for (let i = 0; i < N; i++) {
     const t = process.hrtime.bigint()
     await post(port, keyOf(), agent)
     each[i] = Number(process.hrtime.bigint() - t) / 1000
   }
-  return [...each].sort((a, b) => a - b)[N >> 1]
+  const used = process.cpuUsage(cpu)
+  return [[...each].sort((a, b) => a - b)[N >> 1], (used.user + used.system) / N]
 }
 const apps = makeApps(0)
 const servers = {}
@@ -133,12 +136,15 @@ for (let r = 0; r < ROUNDS; r++) {
   }
 }
 const med = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
-const out = Object.fromEntries(Object.entries(runs).map(([n, r]) => [n, { first: med(r.first), replay: med(r.replay) }]))
+const at = (xs, i) => med(xs.map((x) => x[i]))
+const out = Object.fromEntries(Object.entries(runs).map(([n, r]) => [n, { first: at(r.first, 0), replay: at(r.replay, 0), firstCpu: at(r.first, 1), replayCpu: at(r.replay, 1) }]))
 const base = out.none.first
-console.log(`\n| middleware | first call, µs (added) | replay, µs (added) |  (median request, median of ${ROUNDS} rounds × ${N})`)
-console.log('|---|---|---|')
+const baseCpu = out.none.firstCpu
+console.log(`\n| middleware | first call, µs (added) | replay, µs (added) | CPU first call, µs (added) | CPU replay, µs (added) |  (median request, median of ${ROUNDS} rounds × ${N})`)
+console.log('|---|---|---|---|---|')
+const cell = (v, b) => `${v.toFixed(1)} (${(v - b).toFixed(1)})`
 for (const [name, r] of Object.entries(out)) {
-  console.log(`| ${name} | ${r.first.toFixed(1)} (${(r.first - base).toFixed(1)}) | ${r.replay.toFixed(1)} (${(r.replay - base).toFixed(1)}) |`)
+  console.log(`| ${name} | ${cell(r.first, base)} | ${cell(r.replay, base)} | ${cell(r.firstCpu, baseCpu)} | ${cell(r.replayCpu, baseCpu)} |`)
 }
 agent.destroy()
 for (const s of Object.values(servers)) s.close()

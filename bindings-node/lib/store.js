@@ -199,6 +199,11 @@ class ActionInfo {
   }
 }
 
+/** Whether `v` is a Promise or another thenable (an action's value to wait for). */
+function isThenable(v) {
+  return v !== null && (typeof v === 'object' || typeof v === 'function') && typeof v.then === 'function'
+}
+
 /** Runs `fn` as the action of `flight`: always a Promise, never a synchronous throw. */
 function act(flight, fn) {
   try {
@@ -336,7 +341,23 @@ class IdempotencyStore {
     const lease = this.#slot[0]
     this.#slot[0] = undefined
     const flight = new Flight(this, enter(this.#callers, scoped), fingerprint)
-    const done = act(flight, fn).then(
+    let out
+    try {
+      out = acting.run(flight, fn, flight.info)
+    } catch (e) {
+      out = Promise.reject(e)
+    }
+    if (!isThenable(out)) {
+      // An action that answered synchronously settles its key now: no Promise hop
+      // between its value and the store (a server adapter whose handler answered at
+      // once stores the record before the server reads the next request).
+      flight.end()
+      if (signal === undefined) flight.leaderLeaves()
+      this.#native.complete(lease, out)
+      const led = Promise.resolve({ value: out, replayed: false, source: LED })
+      return signal === undefined ? led : waitFor(led, signal, () => flight.leaderLeaves())
+    }
+    const done = Promise.resolve(out).then(
       (value) => {
         flight.end()
         if (signal === undefined) flight.leaderLeaves()
@@ -389,4 +410,4 @@ function httpStatusOf(err) {
   return isOncelyError(err) ? err.httpStatus : undefined
 }
 
-module.exports = { ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }
+module.exports = { ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }

@@ -729,6 +729,28 @@ unsafe extern "C" fn key_reader_fn(
     env: sys::napi_env,
     info: sys::napi_callback_info,
 ) -> sys::napi_value {
+    read_key_call(env, info, false)
+}
+
+/// `(fullMethod, values)` of `HttpConfig.grpcKeyReader()`.
+unsafe extern "C" fn grpc_key_reader_fn(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
+    read_key_call(env, info, true)
+}
+
+/// `ServerConfig::read_key` or `read_grpc_key`.
+type ReadKey = fn(&ServerConfig, &str, &[&[u8]]) -> std::result::Result<KeyDecision, Problem>;
+
+/// A key reader's call: `ServerConfig::read_key` (an HTTP method) or, with `grpc`,
+/// `read_grpc_key` (a gRPC method's full name).
+fn read_key_call(env: sys::napi_env, info: sys::napi_callback_info, grpc: bool) -> sys::napi_value {
+    let (what, read): (&str, ReadKey) = if grpc {
+        ("fullMethod", ServerConfig::read_grpc_key)
+    } else {
+        ("method", ServerConfig::read_key)
+    };
     js_call(env, info, |argv, data| {
         // SAFETY: the data of a key reader: a boxed `ServerConfig` freed by its finalizer.
         let config = unsafe { &*(data as *const ServerConfig) };
@@ -739,12 +761,12 @@ unsafe extern "C" fn key_reader_fn(
             "values",
             "an array of the Idempotency-Key values",
         )?;
-        let decision = lossy_str(env, argv[0], "method", |method| -> Result<_> {
+        let decision = lossy_str(env, argv[0], what, |method| -> Result<_> {
             Ok(match n {
-                0 => config.read_key(method, &[]),
+                0 => read(config, method, &[]),
                 1 => {
                     let v = element(env, values, 0)?;
-                    with_bytes(env, v, "values", |b| config.read_key(method, &[b]))?
+                    with_bytes(env, v, "values", |b| read(config, method, &[b]))?
                 }
                 _ => {
                     let mut owned = Vec::with_capacity(n as usize);
@@ -753,7 +775,7 @@ unsafe extern "C" fn key_reader_fn(
                         owned.push(with_bytes(env, v, "values", <[u8]>::to_vec)?);
                     }
                     let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
-                    config.read_key(method, &refs)
+                    read(config, method, &refs)
                 }
             })
         })??;
@@ -790,6 +812,23 @@ impl HttpConfig {
             env,
             c"readKey",
             key_reader_fn,
+            data.cast(),
+            Some(finalize_config),
+        )
+    }
+
+    /// `readGrpcKey` as a plain function bound to these settings, for a gRPC server's hot
+    /// path: `(fullMethod, values)` gives what `keyReader()`'s function gives, `values`
+    /// being the `x-idempotency-key` metadata values.
+    #[napi(
+        ts_return_type = "(fullMethod: string, values: Array<string | Buffer>) => string | null | HttpProblem"
+    )]
+    pub fn grpc_key_reader<'env>(&self, env: &'env Env) -> Result<Unknown<'env>> {
+        let data = Box::into_raw(Box::new(self.inner.clone()));
+        plain_function(
+            env,
+            c"readGrpcKey",
+            grpc_key_reader_fn,
             data.cast(),
             Some(finalize_config),
         )
@@ -892,10 +931,11 @@ fn scoped_or_problem(
 /// The record bytes (`OHR1`) of an HTTP response in one call: `status`, `fields` the
 /// stored headers as one flat array `[name, value, name, value, ...]` (values as
 /// Latin-1 strings, one byte per character as Node keeps header values, or Buffers),
-/// and the body. What `encodeResponse` makes of the same response, without trailers.
-/// A status outside 100..=999 or a malformed field list throws INVALID_ARGUMENT.
+/// the body and, optionally, the trailers in the same flat form (a gRPC answer's
+/// `grpc-status`): what `encodeResponse` makes of the same response. A status outside
+/// 100..=999 or a malformed field list throws INVALID_ARGUMENT.
 #[napi(
-    ts_args_type = "status: number, fields: Array<string | Buffer>, body: Buffer",
+    ts_args_type = "status: number, fields: Array<string | Buffer>, body: Buffer, trailers?: Array<string | Buffer> | null",
     ts_return_type = "Buffer"
 )]
 pub fn http_encode_record<'env>(
@@ -903,34 +943,15 @@ pub fn http_encode_record<'env>(
     status: Unknown<'env>,
     fields: Unknown<'env>,
     body: Unknown<'env>,
+    trailers: Option<Unknown<'env>>,
 ) -> Result<Unknown<'env>> {
     let raw = env.raw();
     let status = convert::integer(raw, status.raw(), "status", 100.0, 999.0)? as u16;
-    let n = array_len(raw, fields.raw(), "fields", "an array of names and values")?;
-    if n % 2 != 0 {
-        return Err(range_error(
-            raw,
-            "fields",
-            &format!("must hold a value for every name, got {n} items"),
-        ));
-    }
-    let mut headers = Vec::with_capacity(n as usize / 2);
-    for i in (0..n).step_by(2) {
-        let name = lossy_str(
-            raw,
-            element(raw, fields.raw(), i)?,
-            "fields",
-            str::to_ascii_lowercase,
-        )?;
-        let mut value = Vec::new();
-        push_latin1(
-            raw,
-            element(raw, fields.raw(), i + 1)?,
-            "fields",
-            &mut value,
-        )?;
-        headers.push((name, value));
-    }
+    let headers = flat_fields(raw, fields.raw(), "fields")?;
+    let trailers = match trailers.map(|t| t.raw()) {
+        Some(t) if !convert::is_nullish(raw, t) => flat_fields(raw, t, "trailers")?,
+        _ => Vec::new(),
+    };
     let Some(body) = buffer_bytes(raw, body.raw()) else {
         return Err(type_error(
             raw,
@@ -945,7 +966,7 @@ pub fn http_encode_record<'env>(
         status,
         headers,
         body: body.to_vec(),
-        trailers: Vec::new(),
+        trailers,
     }
     .encode();
     let mut v = ptr::null_mut();
@@ -956,6 +977,31 @@ pub fn http_encode_record<'env>(
     };
     // SAFETY: a live value of this call.
     Ok(unsafe { Unknown::from_raw_unchecked(raw, v) })
+}
+
+/// Fields given flat, `[name, value, ...]`: names lower-cased, values as Latin-1 strings
+/// (one byte per character) or Buffers. Anything else is INVALID_ARGUMENT naming `field`.
+fn flat_fields(
+    raw: sys::napi_env,
+    v: sys::napi_value,
+    field: &str,
+) -> Result<Vec<(String, Vec<u8>)>> {
+    let n = array_len(raw, v, field, "an array of names and values")?;
+    if n % 2 != 0 {
+        return Err(range_error(
+            raw,
+            field,
+            &format!("must hold a value for every name, got {n} items"),
+        ));
+    }
+    let mut out = Vec::with_capacity(n as usize / 2);
+    for i in (0..n).step_by(2) {
+        let name = lossy_str(raw, element(raw, v, i)?, field, str::to_ascii_lowercase)?;
+        let mut value = Vec::new();
+        push_latin1(raw, element(raw, v, i + 1)?, field, &mut value)?;
+        out.push((name, value));
+    }
+    Ok(out)
 }
 
 /// Reads record bytes back in one call, flat: `[status, bodyStart, bodyEnd, headerCount,

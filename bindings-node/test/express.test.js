@@ -536,6 +536,36 @@ for (const [name, storeOf] of [
   })
 }
 
+test('a handler that reuses its buffer once it has ended the response: duplicates and replays get the bytes it sent', async () => {
+  const app = require('express')()
+  let calls = 0
+  app.post('/orders', idempotency({ store: new IdempotencyStore() }), async (req, res) => {
+    calls++
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    const buf = Buffer.from(`answer ${req.headers['x-status']}`)
+    res.status(Number(req.headers['x-status'])).end(buf)
+    buf.fill('x')
+  })
+  const server = await listen(app)
+  const url = `http://127.0.0.1:${server.address().port}/orders`
+  try {
+    for (const status of ['201', '503']) {
+      const post = () => fetch(url, { method: 'POST', headers: { 'idempotency-key': `order-reuse-${status}`, 'x-status': status } })
+      const all = await Promise.all(Array.from({ length: 6 }, post))
+      if (status === '201') all.push(await post())
+      const bodies = await Promise.all(all.map((r) => r.text()))
+      assert.ok(all.some((r) => r.headers.get('idempotent-replayed') === 'true'), 'nothing was replayed')
+      for (const [i, r] of all.entries()) {
+        assert.equal(r.status, Number(status))
+        assert.equal(bodies[i], `answer ${status}`)
+      }
+    }
+    assert.equal(calls, 2)
+  } finally {
+    server.close()
+  }
+})
+
 test('a handler that fails after its whole response was sent: the response is the answer, and stored', async () => {
   const s = await start(EXPRESSES['express 5'], { store: new IdempotencyStore() }, (app, mw, call) => {
     app.post('/late', mw, (req, res, next) => {

@@ -73,9 +73,11 @@ const run = {
     // The flat forms: header values as Latin-1 strings, the body a view of the record.
     const latin1 = ([name, value]) => [name, Buffer.from(value, 'utf8').toString('latin1')]
     const fields = c.response.headers.flatMap(latin1)
-    if (c.response.trailers.length === 0) {
+    const trailers = c.response.trailers.flatMap(latin1)
+    if (trailers.length === 0) {
       assert.equal(http.encodeRecord(c.response.status, fields, response.body).toString('hex'), c.hex)
     }
+    assert.equal(http.encodeRecord(c.response.status, fields, response.body, trailers).toString('hex'), c.hex)
     const record = Buffer.from(c.hex, 'hex')
     const flat = http.decodeRecord(record)
     assert.deepEqual(flat.slice(0, 1), [c.response.status])
@@ -155,6 +157,23 @@ test('the hot-path forms: problems the client or the server caused, and bad argu
   assert.throws(() => read(7, []), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
   assert.throws(() => read('POST', [7]), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
 
+  // The gRPC reader gives what readGrpcKey decides, as the HTTP one does for readKey.
+  const config = new http.HttpConfig({})
+  const readGrpc = config.grpcKeyReader()
+  const method = '/orders.Orders/Create'
+  assert.equal(readGrpc(method, ['order-0001']), 'order-0001')
+  assert.equal(readGrpc(method, [Buffer.from('order-0001')]), 'order-0001')
+  for (const values of [[], ['order-0001', 'order-0002'], ['bad key!']]) {
+    const p = readGrpc(method, values)
+    const expected = config.readGrpcKey(method, values).problem
+    assert.equal(p.status, 400)
+    assert.deepEqual([p.type, p.grpcMetadata], [expected.type, expected.grpcMetadata])
+  }
+  assert.equal(new http.HttpConfig({ required: false }).grpcKeyReader()(method, []), null)
+  assert.throws(() => readGrpc(method, 'order-0001'), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => readGrpc(7, []), { name: 'TypeError', code: 'INVALID_ARGUMENT', message: /fullMethod/ })
+  assert.throws(() => readGrpc(method, [7]), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+
   // A tenant that cannot scope a key is the server's fault; a method or key the client's.
   for (const tenant of ['', 'x'.repeat(2000)]) {
     const p = http.request(tenant, 'POST', '/orders', 'order-0001', '/orders', null, '')
@@ -187,6 +206,10 @@ test('the hot-path forms: problems the client or the server caused, and bad argu
   assert.throws(() => http.encodeRecord(200, ['etag', 1], body), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
   assert.throws(() => http.encodeRecord(200, {}, body), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
   assert.throws(() => http.encodeRecord(200, [], '{}'), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.encodeRecord(200, [], body, ['grpc-status']), { name: 'RangeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.encodeRecord(200, [], body, ['grpc-status', 0]), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.throws(() => http.encodeRecord(200, [], body, 'grpc-status: 0'), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  assert.equal(http.encodeRecord(200, [], body, null).toString('hex'), http.encodeRecord(200, [], body).toString('hex'))
   assert.throws(() => http.decodeRecord('OHR1'), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
   assert.throws(() => http.decodeRecord(Buffer.from('OHR1')), { code: 'UNAVAILABLE' })
   // Names any case (stored lower-case), values one byte per character, repeats kept.

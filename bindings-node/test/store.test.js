@@ -73,6 +73,34 @@ test('a completed entry is replayed: the same object, the action not run again',
   assert.deepEqual(store.counters(), { leads: 1, joins: 0, replays: 1, conflicts: 0, expirations: 0, evictions: 0 })
 })
 
+test('an action that returns at once settles its key before execute returns: the next call replays', async () => {
+  const store = new IdempotencyStore()
+  const k = key()
+  const value = { order: 'o-1' }
+  const led = store.execute(k, fp, () => value)
+  // Not awaited: the key is already stored, so this call replays instead of joining.
+  const again = store.execute(k, fp, () => assert.fail('the action ran twice'))
+  assert.equal(store.pendingWaiters, 0)
+  const [a, b] = await Promise.all([led, again])
+  assert.equal(a.source, 'led')
+  assert.equal(a.value, value)
+  assert.equal(b.source, 'replayed')
+  assert.equal(b.value, value)
+  // A thenable (not a Promise) is still awaited, and a synchronous throw still fails.
+  const k2 = key()
+  // biome-ignore lint/suspicious/noThenProperty: a thenable that is not a Promise, on purpose
+  const t = await store.execute(k2, fp, () => ({ then: (resolve) => resolve('from a thenable') }))
+  assert.equal(t.value, 'from a thenable')
+  const boom = new Error('boom')
+  await assert.rejects(
+    store.execute(key(), fp, () => {
+      throw boom
+    }),
+    (e) => e === boom,
+  )
+  assert.deepEqual(store.counters(), { leads: 3, joins: 0, replays: 1, conflicts: 0, expirations: 0, evictions: 0 })
+})
+
 test('any value is kept as is: primitives, undefined, functions, symbols', async () => {
   const store = new IdempotencyStore()
   const fn = () => 1

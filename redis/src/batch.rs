@@ -75,7 +75,10 @@ fn run_pipeline(conn: &mut Conn, queue: &Queue, batch: Vec<Call>) {
     };
     match replies {
         Ok(mut replies) => {
-            if replies.iter().any(closes_connection) {
+            // Redis closed the connection after a protocol error. On a Cluster that is
+            // one node's connection, found broken and replaced on its next use: the
+            // others stay, and with them the WAITs the writes they ran need.
+            if !matches!(conn.con, Some(Con::Cluster(_))) && replies.iter().any(closes_connection) {
                 conn.con = None;
             }
             if conn.resent {

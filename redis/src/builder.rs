@@ -623,7 +623,7 @@ impl<E> RedisStoreBuilder<E> {
             inner: Arc::new(Inner {
                 identity,
                 runtime,
-                scripts: Arc::new(Scripts::new()),
+                scripts: Arc::new(Scripts::new(config.cluster)),
                 link,
                 counters: AtomicCounters::default(),
                 config,

@@ -43,7 +43,7 @@ const ROUNDS: usize = 5;
 const GRACE: Duration = Duration::from_millis(1);
 
 /// A node's address.
-type Addr = (String, u16);
+pub(crate) type Addr = (String, u16);
 
 /// Where a request ran: the node and the connection (see [`ClusterCon::wait`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,6 +168,12 @@ impl ClusterCon {
     /// A connection to `addr` with the seeds' settings (auth, database, TLS).
     fn open(&self, addr: &Addr, deadline: Instant) -> RedisResult<redis::Connection> {
         let time = time_left(deadline).ok_or_else(timed_out)?;
+        open_client(self.node_info(addr)?, self.nodes.ca.clone())?
+            .get_connection_with_timeout(self.connect_timeout.min(time))
+    }
+
+    /// The settings of a connection to `addr`: the seeds' (auth, database, TLS).
+    fn node_info(&self, addr: &Addr) -> RedisResult<redis::ConnectionInfo> {
         let seed =
             self.nodes.seeds.first().ok_or_else(|| {
                 RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seed"))
@@ -186,8 +192,37 @@ impl ClusterCon {
             },
             _ => ConnectionAddr::Tcp(host, port),
         };
-        open_client(seed.clone().set_addr(to), self.nodes.ca.clone())?
-            .get_connection_with_timeout(self.connect_timeout.min(time))
+        Ok(seed.clone().set_addr(to))
+    }
+
+    /// A RESP3 connection to `addr` for sharded pub/sub (`SSUBSCRIBE`): its push
+    /// messages go to `pushes` as they are read.
+    pub(crate) fn open_subscriber(
+        &self,
+        addr: &Addr,
+        deadline: Instant,
+        pushes: std::sync::mpsc::Sender<redis::PushInfo>,
+    ) -> RedisResult<redis::Connection> {
+        let time = time_left(deadline).ok_or_else(timed_out)?;
+        let info = self.node_info(addr)?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let mut con = open_client(info.set_redis_settings(settings), self.nodes.ca.clone())?
+            .get_connection_with_timeout(self.connect_timeout.min(time))?;
+        con.set_push_sender(pushes);
+        Ok(con)
+    }
+
+    /// The primary that serves `key`'s slot in the slot map, if one does.
+    pub(crate) fn primary_of(&self, key: &[u8]) -> Option<Addr> {
+        self.slots[slot(key)].map(|i| self.addrs[usize::from(i)].clone())
+    }
+
+    /// Reads the slot map again, by `deadline` (a failure keeps the map it had).
+    pub(crate) fn reload(&mut self, deadline: Instant) -> RedisResult<()> {
+        self.refresh(deadline)
     }
 
     /// The connection to `addr`, opened if needed; true when it was open already.

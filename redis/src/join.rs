@@ -11,7 +11,7 @@ use std::time::Duration;
 use oncely::{Join, Joined, Lease, ScopedKey};
 
 use crate::request::Request;
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, ThisProcess};
 use crate::scripts::Peek;
 use crate::{settle_local, Inner, RedisStore};
 
@@ -27,9 +27,14 @@ pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
     mut left_ms: u64,
 ) -> Joined<Vec<u8>, E> {
     let inner = &store.inner;
-    let sub = rt
-        .notifier
-        .subscribe(&inner.link, Inner::<E>::channel(&record));
+    // In a child after fork(), a copy of this wait must not touch the parent's locks
+    // when it ends or is dropped: the in-process lease, the subscription and its
+    // listener are the parent's.
+    let local = ThisProcess::new(local);
+    let sub = ThisProcess::new(
+        rt.notifier
+            .subscribe(&inner.link, Inner::<E>::channel(&record)),
+    );
     if sub.needs_poke {
         let wake = rt.notifier.wake_channel().to_owned();
         rt.pool
@@ -37,11 +42,11 @@ pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
     }
     let mut delay = inner.config.poll_min;
     loop {
-        let mut listener = sub.event.listen();
+        let mut listener = ThisProcess::new(sub.event.listen());
         let wait = delay.min(Duration::from_millis(left_ms.saturating_add(1)));
         let mut timer = rt.timers.sleep(wait);
         poll_fn(|cx: &mut Context<'_>| {
-            if Pin::new(&mut listener).poll(cx).is_ready()
+            if Pin::new(&mut *listener).poll(cx).is_ready()
                 || Pin::new(&mut timer).poll(cx).is_ready()
             {
                 Poll::Ready(())
@@ -62,7 +67,7 @@ pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
             .await;
         match peek {
             Ok(Peek::Done(value)) => {
-                settle_local(&rt, local, &key, value.clone());
+                settle_local(&rt, local.into_inner(), &key, value.clone());
                 return Joined::Value(value);
             }
             Ok(Peek::NotStored(type_name)) => {

@@ -111,7 +111,8 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
                 .arg(&self.token)
                 .arg(too_large.as_ref().map_or(&value[..], |(record, _)| record))
                 .arg(millis(inner.config.ttl))
-                .arg(Inner::<E>::channel(&self.record));
+                .arg(Inner::<E>::channel(&self.record))
+                .arg(inner.scripts.publish);
             if let Some((_, type_name)) = &too_large {
                 request = request.arg(type_name);
             }
@@ -141,8 +142,10 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
         drop(self);
         async move {
             let Some(stored) = stored else {
-                // Local waiters look again, and wait for the parent in Redis.
-                drop(local);
+                // The in-process lease is the parent's (its waiters here were ended by
+                // `after_fork`): dropping it would take a lock a parent thread may
+                // have held at the fork.
+                std::mem::forget(local);
                 return Err(Error::LeaseLost);
             };
             let stored = stored.await;
@@ -181,10 +184,9 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
 
     async fn fail_async(mut self, error: E) -> Arc<E> {
         if !self.rt.is_current() {
-            return match self.local.take() {
-                Some(local) => local.fail_now(error),
-                None => Arc::new(error),
-            };
+            // The parent's: see `complete_sent`.
+            std::mem::forget(self.local.take());
+            return Arc::new(error);
         }
         let inner = self.store.inner.clone();
         let rt = self.rt.clone();
@@ -205,6 +207,11 @@ impl<E: Send + Sync + 'static> RedisLease<E> {
 impl<E: Send + Sync + 'static> Drop for RedisLease<E> {
     fn drop(&mut self) {
         if let Some(local) = self.local.take() {
+            if !self.rt.is_current() {
+                // The parent's: see `complete_sent`.
+                std::mem::forget(local);
+                return;
+            }
             // Unsettled: abandoned (cancelled) or panicked.
             self.stop_renewing();
             self.release_in_background();
@@ -224,7 +231,12 @@ impl<E: Send + Sync + 'static> LeaderLease<Vec<u8>, E> for RedisLease<E> {
         self.stop_renewing();
         self.release_in_background();
         if let Some(local) = self.local.take() {
-            local.panicked_now(message);
+            if self.rt.is_current() {
+                local.panicked_now(message);
+            } else {
+                // The parent's: see `complete_sent`.
+                std::mem::forget(local);
+            }
         }
     }
 }

@@ -188,7 +188,12 @@ impl From<i64> for Completed {
 
 /// The release script's call: 1 deleted, 0 not ours (left alone).
 fn release(scripts: &Scripts, record: &str, token: &str) -> Request {
-    scripts.release.on(record).arg(token).arg(channel(record))
+    scripts
+        .release
+        .on(record)
+        .arg(token)
+        .arg(channel(record))
+        .arg(scripts.publish)
 }
 
 /// The notification channel of a record.
@@ -348,55 +353,81 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
     /// record. With [`min_replicas`](RedisStoreBuilder::min_replicas), a deletion is
     /// followed by `WAIT`, and one that fewer replicas acknowledged is
     /// [`Error::Unavailable`]: gone from the primary, but a failover could bring the
-    /// record back; remove it again.
+    /// record back; remove it again. A removal that finds no record waits for the
+    /// replicas too (a deletion before it, by a removal that failed so or another
+    /// remover, may not have reached them): false once they acknowledged,
+    /// [`Error::Unavailable`] while too few do.
     pub async fn remove(&self, key: &ScopedKey) -> Result<bool, Error> {
         let rt = self.inner.runtime.get()?;
         let record = self.inner.record_key(key);
         let scripts = &self.inner.scripts;
-        let identity = rt.pool.call::<Identity>(scripts.identify.on(&record)).await;
-        let token = match self.counted(identity)? {
-            Identity::Absent => return Ok(false),
-            Identity::Version(v) => return Err(Inner::<E>::version_error(&v)),
-            Identity::Token(token) => token,
-        };
         let min_replicas = self.inner.config.min_replicas;
+        // What the replicas acknowledged of a removal that deleted the record or found
+        // it gone (`None`: enough, or not asked).
+        let short = move |acked: Acked| match acked {
+            Some(Ok(n)) if n < min_replicas => {
+                Some(format!("{n} of the {min_replicas} replicas wanted"))
+            }
+            Some(Err(e)) => Some(format!("WAIT failed ({e}): no replica")),
+            _ => None,
+        };
+        // A record found gone may have been deleted by a removal that failed with
+        // UNAVAILABLE (or by another remover) and not have reached the replicas yet:
+        // the WAIT after this read (Redis counts every write before it) says whether
+        // it did, so that a removal sent again can tell.
+        let identity = rt
+            .pool
+            .call_to_end(
+                scripts
+                    .identify
+                    .on(&record)
+                    .replicated(scripts::identity_absent),
+                move |identity: Identity, acked: Acked| (identity, short(acked)),
+                || {},
+            )
+            .await;
+        let token = match self.counted(identity)? {
+            (Identity::Absent, None) => return Ok(false),
+            (Identity::Absent, Some(short)) => return self.counted(Err(self.unreplicated(short))),
+            (Identity::Version(v), _) => return Err(Inner::<E>::version_error(&v)),
+            (Identity::Token(token), _) => token,
+        };
         let request = scripts
             .remove
             .on(&record)
             .arg(Inner::<E>::channel(&record))
             .arg(token)
             .arg(millis(self.inner.config.lease))
-            .replicated(scripts::removal_deleted);
+            .arg(scripts.publish)
+            .replicated(scripts::removal_gone);
         let removed = rt
             .pool
             .call_to_end(
                 request,
-                move |removal: Removal, acked: Acked| {
-                    let short = match acked {
-                        Some(Ok(n)) if n < min_replicas => {
-                            Some(format!("{n} of the {min_replicas} replicas wanted"))
-                        }
-                        Some(Err(e)) => Some(format!("WAIT failed ({e}): no replica")),
-                        _ => None,
-                    };
-                    (removal, short)
-                },
+                move |removal: Removal, acked: Acked| (removal, short(acked)),
                 || {},
             )
             .await;
         match self.counted(removed)? {
             // Like a claim (and unlike a completion, whose effect happened): an operator
             // told the record is gone must be able to rely on it after a failover.
-            (Removal::Deleted, Some(short)) => self.counted(Err(Error::Unavailable(format!(
-                "Redis replication: the record was deleted on the primary but {short} \
-                 acknowledged the deletion within {:?}; a failover now could bring the \
-                 record back: remove it again later",
-                self.inner.config.min_replicas_timeout()
-            )))),
-            (Removal::Deleted | Removal::Absent, _) => Ok(true),
+            (Removal::Deleted | Removal::Absent, Some(short)) => {
+                self.counted(Err(self.unreplicated(short)))
+            }
+            (Removal::Deleted | Removal::Absent, None) => Ok(true),
             (Removal::Other | Removal::Running, _) => Ok(false),
             (Removal::Version(v), _) => Err(Inner::<E>::version_error(&v)),
         }
+    }
+
+    /// The error of a removal whose deletion fewer replicas than wanted acknowledged.
+    fn unreplicated(&self, short: String) -> Error {
+        Error::Unavailable(format!(
+            "Redis replication: the record is gone from the primary but {short} \
+             acknowledged its deletion within {:?}; a failover now could bring the record \
+             back: remove it again later",
+            self.inner.config.min_replicas_timeout()
+        ))
     }
 
     /// Call in a child process right after `fork()` (the Python binding does, through

@@ -22,7 +22,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -117,6 +117,50 @@ impl Waiters {
     }
 }
 
+/// A value a future holds that belongs to the process that made it (an in-process
+/// lease, an interest in a pub/sub channel): dropped there as usual, forgotten in a
+/// child after `fork()`, where its drop would take locks that a parent thread may have
+/// held at the fork (see the module's doc).
+pub(crate) struct ThisProcess<T> {
+    value: Option<T>,
+    pid: u32,
+}
+
+impl<T> ThisProcess<T> {
+    pub(crate) fn new(value: T) -> Self {
+        ThisProcess {
+            value: Some(value),
+            pid: std::process::id(),
+        }
+    }
+
+    /// The value, to be used (or dropped) in this process.
+    pub(crate) fn into_inner(mut self) -> T {
+        self.value.take().expect("taken only here")
+    }
+}
+
+impl<T> std::ops::Deref for ThisProcess<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value.as_ref().expect("taken only by into_inner")
+    }
+}
+
+impl<T> std::ops::DerefMut for ThisProcess<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.value.as_mut().expect("taken only by into_inner")
+    }
+}
+
+impl<T> Drop for ThisProcess<T> {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            std::mem::forget(self.value.take());
+        }
+    }
+}
+
 /// The threads and the in-process tier of one process.
 pub(crate) struct Runtime<E> {
     /// The process that made it; anywhere else it is a copy left by `fork()`.
@@ -170,8 +214,10 @@ impl<E> Runtime<E> {
             return;
         }
         // Failed first: a claim woken below drops its in-process lease, which would
-        // tell the joiners to lead.
-        self.local.fail_running(&in_flight_at_fork());
+        // tell the joiners to lead. (Skipped when a parent thread held the table's lock
+        // at the fork: those waits are then left as they are, rather than the child
+        // waiting for ever here.)
+        let _ = self.local.fail_running(&in_flight_at_fork());
         self.waiters.wake_all_in_child();
     }
 }
@@ -185,9 +231,32 @@ impl<E> Drop for Runtime<E> {
 }
 
 /// The runtime of the current process, made again on first use after `fork()`.
+///
+/// Found without taking a lock: a lock that another thread of the parent held at the
+/// fork never comes free in the child, where that thread is gone, and the child's
+/// `after_fork` and first call would wait for it for ever. Each process's runtime is a
+/// [`Level`] below its parent's: the maker reads its own at the root, a child (and its
+/// children) walk down to theirs, made on first use (a fork copies the whole chain, so
+/// each child fills in its own copy of the slot below its parent's).
 pub(crate) struct PerProcess<E> {
-    current: Mutex<Arc<Runtime<E>>>,
+    root: Level<E>,
     make: Box<dyn Fn() -> Result<Runtime<E>, Error> + Send + Sync>,
+}
+
+/// One process's runtime and the slot of the runtime of a child it forked (see
+/// [`PerProcess`]).
+struct Level<E> {
+    runtime: Arc<Runtime<E>>,
+    below: OnceLock<Box<Level<E>>>,
+}
+
+impl<E> Level<E> {
+    fn new(runtime: Runtime<E>) -> Self {
+        Level {
+            runtime: Arc::new(runtime),
+            below: OnceLock::new(),
+        }
+    }
 }
 
 impl<E> PerProcess<E> {
@@ -195,42 +264,53 @@ impl<E> PerProcess<E> {
         make: impl Fn() -> Result<Runtime<E>, Error> + Send + Sync + 'static,
     ) -> Result<Self, Error> {
         Ok(PerProcess {
-            current: Mutex::new(Arc::new(make()?)),
+            root: Level::new(make()?),
             make: Box::new(make),
         })
     }
 
     /// This process's runtime.
     pub(crate) fn get(&self) -> Result<Arc<Runtime<E>>, Error> {
-        let mut current = lock(&self.current);
-        if !current.is_current() {
-            current.end_waits_in_child();
-            let parents = std::mem::replace(&mut *current, Arc::new((self.make)()?));
-            // Dropping it would join no thread but could wait on a lock a parent
-            // thread held at the fork: it is leaked (one per fork) instead.
-            std::mem::forget(parents);
+        let mut level = &self.root;
+        while !level.runtime.is_current() {
+            // Made by this process's parent (or one before it): its waits end here.
+            level.runtime.end_waits_in_child();
+            level = match level.below.get() {
+                Some(below) => below,
+                None => {
+                    let made = Box::new(Level::new((self.make)()?));
+                    // Another thread of this process may have set it first: `made`
+                    // is then dropped (this process's own, never used).
+                    let _ = level.below.set(made);
+                    level.below.get().expect("set just now")
+                }
+            };
         }
-        Ok(current.clone())
+        Ok(level.runtime.clone())
     }
-}
 
-impl<E> PerProcess<E> {
     /// In a child after `fork()`: ends the waits the parent had in flight (see the
     /// module's doc) without making a runtime yet. Nothing in the parent.
     pub(crate) fn after_fork(&self) {
-        let current = lock(&self.current);
-        if !current.is_current() {
-            current.end_waits_in_child();
+        let mut level = Some(&self.root);
+        while let Some(l) = level.filter(|l| !l.runtime.is_current()) {
+            l.runtime.end_waits_in_child();
+            level = l.below.get().map(|b| &**b);
         }
     }
 }
 
 impl<E> Drop for PerProcess<E> {
     fn drop(&mut self) {
-        let current = self.current.get_mut().unwrap_or_else(|e| e.into_inner());
-        if !current.is_current() {
-            // A child that never used the store: the parent's runtime is leaked too.
-            std::mem::forget(current.clone());
+        // Dropping a runtime of another process (copied by fork) would join no thread
+        // but could wait on a lock a parent thread held at the fork: it is leaked (one
+        // per fork) instead.
+        let mut level = Some(&self.root);
+        while let Some(l) = level {
+            if !l.runtime.is_current() {
+                std::mem::forget(l.runtime.clone());
+            }
+            level = l.below.get().map(|b| &**b);
         }
     }
 }

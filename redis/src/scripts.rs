@@ -115,9 +115,10 @@ return 1
 "#
 );
 
-/// KEYS[1] record; ARGV token, result, retention ms, channel, and, for a result that
-/// was not stored, its description (written in `nostore`; `result` then holds the
-/// codec's not-storable record, for readers that know no `nostore`).
+/// KEYS[1] record; ARGV token, result, retention ms, channel, publish mode (see
+/// [`Scripts::publish`]), and, for a result that was not stored, its description
+/// (written in `nostore`; `result` then holds the codec's not-storable record, for
+/// readers that know no `nostore`).
 /// → 1 stored (or already stored with this token: a resend after a lost reply) | 0 lost
 /// The notification is best effort (`pcall`): a user without rights on the channel
 /// still stores its result, and waiters find it by polling.
@@ -128,21 +129,22 @@ if r[1] == 'done' and r[2] == ARGV[1] then return 1 end
 if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[2], 'done_at', ms(clock()))
 redis.call('HDEL', KEYS[1], 'deadline', 'nostore')
-if ARGV[5] then redis.call('HSET', KEYS[1], 'nostore', ARGV[5]) end
+if ARGV[6] then redis.call('HSET', KEYS[1], 'nostore', ARGV[6]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.pcall('PUBLISH', ARGV[4], 'done')
+redis.pcall(ARGV[5] == 'shard' and 'SPUBLISH' or 'PUBLISH', ARGV[4], 'done')
 return 1
 "#
 );
 
-/// KEYS[1] record; ARGV token, channel. → 1 deleted | 0 not ours (left alone, also
-/// when resent after it deleted). The notification is best effort, as in COMPLETE.
+/// KEYS[1] record; ARGV token, channel, publish mode. → 1 deleted | 0 not ours (left
+/// alone, also when resent after it deleted). The notification is best effort, as in
+/// COMPLETE.
 const RELEASE: &str = lua!(
     r#"
 local r = redis.call('HMGET', KEYS[1], 'state', 'token')
 if r[1] ~= 'running' or r[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.pcall('PUBLISH', ARGV[2], 'released')
+redis.pcall(ARGV[3] == 'shard' and 'SPUBLISH' or 'PUBLISH', ARGV[2], 'released')
 return 1
 "#
 );
@@ -181,7 +183,8 @@ return {'token', r[3] or ''}
 "#
 );
 
-/// KEYS[1] record; ARGV channel, token (from IDENTIFY), lease ms. → 1 removed | 0 absent
+/// KEYS[1] record; ARGV channel, token (from IDENTIFY), lease ms, publish mode. → 1
+///   removed | 0 absent
 ///   | {'other'} (another claim's record: left alone) | {'running', ms left} (a live
 ///   lease: left alone, its leader may still be running) | {'version', v}
 /// Only the record IDENTIFY saw is deleted, so a resend after a lost reply finds it
@@ -210,7 +213,7 @@ if r[2] then
   end
 end
 redis.call('DEL', KEYS[1])
-redis.pcall('PUBLISH', ARGV[1], 'released')
+redis.pcall(ARGV[4] == 'shard' and 'SPUBLISH' or 'PUBLISH', ARGV[1], 'released')
 return 1
 "#
 );
@@ -248,10 +251,16 @@ pub(crate) struct Scripts {
     pub get: Lua,
     pub identify: Lua,
     pub remove: Lua,
+    /// The notification's publish mode, an argument of the complete, release and
+    /// remove scripts (the last one, but for the complete script's optional not-stored
+    /// text after it): `shard` (`SPUBLISH`, on a Cluster: the channel carries the
+    /// record key's hash tag, so only the key's shard hears it) or `all` (`PUBLISH`).
+    pub publish: &'static str,
 }
 
 impl Scripts {
-    pub(crate) fn new() -> Self {
+    /// The scripts; `sharded` on a Cluster (see [`Scripts::publish`]).
+    pub(crate) fn new(sharded: bool) -> Self {
         Scripts {
             claim: Lua::new(CLAIM),
             peek: Lua::new(PEEK),
@@ -261,6 +270,7 @@ impl Scripts {
             get: Lua::new(GET),
             identify: Lua::new(IDENTIFY),
             remove: Lua::new(REMOVE),
+            publish: if sharded { "shard" } else { "all" },
         }
     }
 }
@@ -351,9 +361,16 @@ pub(crate) fn claim_led(v: &Value) -> bool {
         .is_some_and(|tag| tag == "lead")
 }
 
-/// Whether a remove script's reply says this call deleted the record.
-pub(crate) fn removal_deleted(v: &Value) -> bool {
-    matches!(v, Value::Int(1))
+/// Whether a remove script's reply says the record is gone (deleted by this call, or
+/// found deleted): the deletion the replicas must have.
+pub(crate) fn removal_gone(v: &Value) -> bool {
+    matches!(v, Value::Int(1) | Value::Int(0))
+}
+
+/// Whether an identify script's reply says there is no record (see
+/// [`removal_gone`]).
+pub(crate) fn identity_absent(v: &Value) -> bool {
+    matches!(v, Value::Array(items) if items.len() == 1)
 }
 
 /// Whether a complete script's reply says the result was stored.
@@ -569,7 +586,7 @@ mod tests {
         let complete = |c: &mut redis::Connection, token: &str, nostore: Option<&str>| -> i64 {
             let script = redis::Script::new(COMPLETE);
             let mut call = script.key(&k);
-            call.arg(token).arg("r").arg(60_000).arg("ch");
+            call.arg(token).arg("r").arg(60_000).arg("ch").arg("all");
             if let Some(n) = nostore {
                 call.arg(n);
             }

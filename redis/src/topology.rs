@@ -108,31 +108,16 @@ impl Topology {
         }
     }
 
-    /// A plain connection for pub/sub: to the node, to the Sentinels' primary, or to
-    /// the first seed of a Cluster that answers (a Cluster forwards every `PUBLISH` to
-    /// all its nodes, so one node hears the notifications of every slot).
+    /// A plain connection for classic pub/sub: to the node, or to the Sentinels'
+    /// primary. (A Cluster's listener subscribes per master, see
+    /// `notifier::Notifier::sharded_session`.)
     pub(crate) fn listen_connection(&self, timeout: Duration) -> RedisResult<redis::Connection> {
-        match self {
-            Topology::Cluster(nodes) => {
-                let mut last = None;
-                for seed in &nodes.seeds {
-                    match open_client(seed.clone(), nodes.ca.clone())
-                        .and_then(|c| c.get_connection_with_timeout(timeout))
-                    {
-                        Ok(con) => return Ok(con),
-                        Err(e) => last = Some(e),
-                    }
-                }
-                Err(last.unwrap_or_else(|| {
-                    redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no seed"))
-                }))
-            }
-            _ => {
-                let Some(client) = self.node_client()? else {
-                    unreachable!("a node client for one node or a Sentinel")
-                };
-                client.get_connection_with_timeout(timeout)
-            }
+        match self.node_client()? {
+            Some(client) => client.get_connection_with_timeout(timeout),
+            None => Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "a Cluster has no one pub/sub connection",
+            ))),
         }
     }
 

@@ -296,9 +296,11 @@ fn remote_waiter_woken_by_notification() {
             (r.value.as_slice(), r.source),
             (&b"yes"[..], Source::Joined)
         );
+        // Its next poll is 5 s after its first: any wake well before that came from
+        // the notification (a loaded machine can take a few hundred ms to get there).
         let lag = at.duration_since(completed);
         assert!(
-            lag < Duration::from_millis(300),
+            lag < Duration::from_millis(2500),
             "woken after {lag:?}: by polling, not pub/sub"
         );
         assert_eq!(b.counters().remote_waits, 1);

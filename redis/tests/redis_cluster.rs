@@ -341,6 +341,14 @@ mod on_cluster {
                 r => panic!("{r:?}"),
             }
             assert!(block_on(one.get(&k)).unwrap().is_none());
+            // Sent again, it finds no record: still UNAVAILABLE for 2 replicas, while
+            // the one replica there is has the deletion (false: nothing to remove).
+            match block_on(two.remove(&k)) {
+                Err(Error::Unavailable(m)) => assert!(m.contains("replicas"), "{m}"),
+                r => panic!("{r:?}"),
+            }
+            assert!(!block_on(one.remove(&k)).unwrap());
+            assert_eq!(one.counters().unavailable, 0);
         });
     }
 }

@@ -12,73 +12,10 @@ use std::time::{Duration, Instant};
 use futures::executor::block_on;
 use oncely::{Error, ExecuteError, IdempotencyKey, ScopedKey, Source};
 use oncely_redis::RedisStore;
-use support::{cluster_dir, port_of, urls};
+use support::{cluster_dir, node, nodes, owner, port_of, slot_of, urls, wait_cluster_ok, NodeInfo};
 
 #[derive(Debug)]
 struct Boom;
-
-fn node(port: u16) -> redis::RedisResult<redis::Connection> {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))?
-        .get_connection_with_timeout(Duration::from_millis(500))
-}
-
-/// One line of `CLUSTER NODES`.
-#[derive(Debug, Clone)]
-struct NodeInfo {
-    id: String,
-    port: u16,
-    master: bool,
-    failed: bool,
-    slots: Vec<(u16, u16)>,
-}
-
-/// The cluster as a live node sees it.
-fn nodes() -> Vec<NodeInfo> {
-    let text: String = urls()
-        .iter()
-        .find_map(|u| {
-            let mut c = node(port_of(u)).ok()?;
-            redis::cmd("CLUSTER").arg("NODES").query(&mut c).ok()
-        })
-        .expect("no live node");
-    text.lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let port = f[1].split('@').next().unwrap().rsplit(':').next().unwrap();
-            NodeInfo {
-                id: f[0].to_owned(),
-                port: port.parse().unwrap(),
-                master: f[2].contains("master"),
-                failed: f[2].contains("fail"),
-                slots: f[8..]
-                    .iter()
-                    .filter(|s| !s.starts_with('['))
-                    .map(|s| match s.split_once('-') {
-                        Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
-                        None => (s.parse().unwrap(), s.parse().unwrap()),
-                    })
-                    .collect(),
-            }
-        })
-        .collect()
-}
-
-fn slot_of(record_key: &str) -> u16 {
-    let port = port_of(&urls()[0]);
-    let mut c = node(port).unwrap();
-    redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(record_key)
-        .query(&mut c)
-        .unwrap()
-}
-
-fn owner(slot: u16) -> NodeInfo {
-    nodes()
-        .into_iter()
-        .find(|n| n.master && !n.failed && n.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
-        .unwrap_or_else(|| panic!("slot {slot} is not served"))
-}
 
 fn store(prefix: &str, min_replicas: usize) -> RedisStore<Boom> {
     let urls = urls();
@@ -240,29 +177,6 @@ fn redis_cli(args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Waits until every slot is served by a live master and every node agrees.
-fn wait_cluster_ok(what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ok = urls().iter().all(|u| match node(port_of(u)) {
-            // A killed node does not answer: it has no say.
-            Err(_) => true,
-            Ok(mut c) => redis::cmd("CLUSTER")
-                .arg("INFO")
-                .query::<String>(&mut c)
-                .is_ok_and(|i| i.contains("cluster_state:ok")),
-        });
-        if ok {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the cluster did not recover after {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Moves 100 slots from one master to another with `redis-cli --cluster reshard`

@@ -188,6 +188,92 @@ fn redis_fork() {
     parents_lease_and_flight_stay_the_parents();
     child_renews_its_leases_not_the_parents();
     calls_in_flight_at_the_fork_end_in_the_child();
+    a_fork_while_other_threads_use_the_store_does_not_hang_the_child();
+}
+
+/// Other threads of the parent use the store (calls in flight, `after_fork`, which
+/// does nothing in the parent) while it forks again and again, a wait on another
+/// instance's leader pending in the forking thread: a lock one of them held at a fork
+/// never comes free in the child, where that thread is gone. Each child's `after_fork`,
+/// the drop of its copy of the pending wait, and its first call must not wait on one (a
+/// hang is killed by the child's alarm). In the parent, the wait gets the leader's
+/// result.
+fn a_fork_while_other_threads_use_the_store_does_not_hang_the_child() {
+    use std::task::Context;
+    let prefix = format!("f{}", IdempotencyKey::random().as_str());
+    let (s, other) = (store(&prefix), store(&prefix));
+    warm_up(&s, &other);
+    let stop = AtomicBool::new(false);
+    let noop = futures::task::noop_waker();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                s.after_fork();
+            }
+        });
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    // Errors (a loaded machine's I/O timeouts) do not matter here.
+                    let k = key();
+                    let _ = run(&s, &k, b"v");
+                    let _ = run(&s, &k, b"x");
+                }
+            });
+        }
+        let outcome = (0..40).try_for_each(|i| {
+            let k = key();
+            let l = lead(&other, &k);
+            let wait: Call<'_> = Box::pin(async {
+                s.execute(&k, "f", || async { Ok(b"never".to_vec()) })
+                    .await
+                    .map_err(|e| format!("{e:?}"))
+            });
+            let mut wait = Some(wait);
+            let (ka, kb) = (key(), key());
+            let mut leases = Some((lead(&s, &ka), lead(&s, &kb)));
+            let waits = s.counters().remote_waits;
+            until("the call waits on Redis", || {
+                let pending = wait.as_mut().is_some_and(|w| {
+                    w.as_mut()
+                        .poll(&mut Context::from_waker(&noop))
+                        .is_pending()
+                });
+                pending && s.counters().remote_waits > waits
+            })?;
+            let child = fork(|| {
+                s.after_fork();
+                drop(wait.take());
+                // The parent's leases: completing one fails, dropping the other
+                // releases nothing.
+                let (la, lb) = leases.take().ok_or("no leases")?;
+                match block_on(la.complete(b"copy".to_vec())) {
+                    Err(Error::LeaseLost) => {}
+                    other => return Err(format!("completing the parent's lease: {other:?}")),
+                }
+                drop(lb);
+                block_on(s.ping()).map_err(|e| format!("ping in the child: {e}"))
+            });
+            child.wait().map_err(|e| format!("fork {i}: {e}"))?;
+            block_on(l.complete(b"led".to_vec())).map_err(|e| format!("complete: {e}"))?;
+            let (la, lb) = leases.take().ok_or("the leases were taken in the parent")?;
+            for (lease, k) in [(la, &ka), (lb, &kb)] {
+                block_on(lease.complete(b"a".to_vec())).map_err(|e| format!("complete: {e}"))?;
+                expect("a parent's lease", run(&s, k, b"y"), b"a", Source::Replayed)?;
+            }
+            let wait = wait.take().ok_or("the wait was taken in the parent")?;
+            expect(
+                "the wait in the parent",
+                block_on(wait),
+                b"led",
+                Source::Joined,
+            )
+            .map_err(|e| format!("fork {i}: {e}"))
+        });
+        stop.store(true, Ordering::Relaxed);
+        outcome.unwrap();
+    });
+    expect("parent lead", run(&s, &key(), b"p"), b"p", Source::Led).unwrap();
 }
 
 /// A waker that counts its wakes.

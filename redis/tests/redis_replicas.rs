@@ -92,8 +92,9 @@ fn claims_batched_together_that_no_replica_acknowledged_are_released_unrun() {
 }
 
 /// A removal that no replica acknowledged fails UNAVAILABLE (a failover could bring the
-/// record back), after deleting the record on the primary; one that deletes nothing
-/// (no record, or a live lease) waits for no replica.
+/// record back), after deleting the record on the primary, and so does the same removal
+/// sent again (it finds no record, but nothing says the deletion reached a replica);
+/// one that leaves a live lease alone waits for no replica.
 #[test]
 #[ignore = "needs a Redis: run scripts/test-redis"]
 fn a_removal_no_replica_acknowledged_is_unavailable() {
@@ -107,14 +108,21 @@ fn a_removal_no_replica_acknowledged_is_unavailable() {
     }
     assert_eq!(wanting.counters().unavailable, 1);
     assert!(block_on(plain.get(&k)).unwrap().is_none());
-    // Removed again: nothing to delete, nothing to wait for.
-    assert!(!block_on(wanting.remove(&k)).unwrap());
+    // Removed again: nothing left to delete on the primary, but the deletion is still
+    // not acknowledged by any replica.
+    match block_on(wanting.remove(&k)) {
+        Err(Error::Unavailable(m)) => assert!(m.contains("replicas"), "{m}"),
+        r => panic!("expected UNAVAILABLE (the deletion is still unreplicated), got {r:?}"),
+    }
+    assert_eq!(wanting.counters().unavailable, 2);
+    // Without min_replicas: there is none.
+    assert!(!block_on(plain.remove(&k)).unwrap());
     // A live lease is left alone, without a WAIT.
     let lease = match block_on(plain.begin(&k, "fp", Default::default())).unwrap() {
         oncely::Begin::Lead(lease) => lease,
         _ => panic!("expected to lead"),
     };
     assert!(!block_on(wanting.remove(&k)).unwrap());
-    assert_eq!(wanting.counters().unavailable, 1);
+    assert_eq!(wanting.counters().unavailable, 2);
     drop(lease);
 }

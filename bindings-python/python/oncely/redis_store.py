@@ -273,7 +273,9 @@ class RedisStore(_RedisStore, Driver):
         removed), or when a new claim replaced it meanwhile (left alone: look at it with
         :meth:`get` before removing again). With ``min_replicas``, a deletion fewer
         replicas acknowledged raises ``StoreUnavailableError`` (gone from the primary,
-        but a failover could bring it back: remove it again)."""
+        but a failover could bring it back: remove it again); a removal that finds no
+        record waits for the replicas too, and raises so until they acknowledged the
+        deletion."""
         return bool(_checked(await wait_step(self._remove(scoped))))
 
     def remove_sync(self, scoped: ScopedKey) -> bool:

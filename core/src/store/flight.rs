@@ -65,15 +65,29 @@ impl<V: Clone, E> Flight<V, E> {
 
     /// Publishes the outcome and wakes every waiter. Only the first settle counts.
     pub(crate) fn settle(&self, outcome: Joined<V, E>) {
-        let wakers = {
-            let mut s = self.lock();
-            if s.result.is_some() {
-                return;
+        Self::settle_locked(self.lock(), outcome);
+    }
+
+    /// [`settle`](Self::settle), unless the flight is locked (then nothing is done): for
+    /// a child after `fork()`, where a lock a parent thread held never comes free.
+    pub(crate) fn try_settle(&self, outcome: Joined<V, E>) {
+        match self.state.try_lock() {
+            Ok(s) => Self::settle_locked(s, outcome),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                Self::settle_locked(p.into_inner(), outcome)
             }
-            s.result = Some(outcome);
-            s.free = Vec::new();
-            std::mem::take(&mut s.wakers)
-        };
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+    }
+
+    fn settle_locked(mut s: crate::sync::MutexGuard<'_, State<V, E>>, outcome: Joined<V, E>) {
+        if s.result.is_some() {
+            return;
+        }
+        s.result = Some(outcome);
+        s.free = Vec::new();
+        let wakers = std::mem::take(&mut s.wakers);
+        drop(s);
         for w in wakers.into_iter().flatten() {
             w.wake();
         }

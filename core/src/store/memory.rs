@@ -435,10 +435,19 @@ impl<V: Clone, E> MemoryStore<V, E> {
     /// unlike [`forget_running`](Self::forget_running), the waiters do not lead in its
     /// place (their leader may still be running in the parent). Returns how many running
     /// entries were failed.
-    pub fn fail_running(&self, error: &Error) -> usize {
+    ///
+    /// It never waits for a lock: in the child, a lock that another thread of the
+    /// parent held at the fork never comes free. When the store's table is locked it
+    /// does nothing and returns `None`; a wait whose own lock is held is left as it is.
+    pub fn fail_running(&self, error: &Error) -> Option<usize> {
         let mut flights = Vec::new();
         let failed = {
-            let mut t = self.shared.lock();
+            let mut t = match self.shared.table.try_lock() {
+                Ok(t) => t,
+                // Consistent when poisoned: see `Shared::lock`.
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            };
             let before = t.map.len();
             t.map.retain(|slot| match slot {
                 Slot::Running { flight, .. } => {
@@ -450,9 +459,9 @@ impl<V: Clone, E> MemoryStore<V, E> {
             before - t.map.len()
         };
         for f in flights {
-            f.settle(Joined::Error(error.clone()));
+            f.try_settle(Joined::Error(error.clone()));
         }
-        failed
+        Some(failed)
     }
 }
 

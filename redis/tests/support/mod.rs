@@ -2,6 +2,8 @@
 // Each test binary uses a part of it.
 #![allow(dead_code)]
 
+use std::time::{Duration, Instant};
+
 /// The throwaway Redis that scripts/test-redis starts (`ONCELY_REDIS_URL`). Only that
 /// script sets it; no test touches any other address.
 pub fn url() -> String {
@@ -33,4 +35,98 @@ pub fn cluster_dir() -> String {
 /// The port of a `redis://host:port` URL.
 pub fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// A connection to the cluster node on `port` (127.0.0.1).
+pub fn node(port: u16) -> redis::RedisResult<redis::Connection> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))?
+        .get_connection_with_timeout(Duration::from_millis(500))
+}
+
+/// One line of `CLUSTER NODES`.
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    pub id: String,
+    pub port: u16,
+    pub master: bool,
+    pub failed: bool,
+    pub slots: Vec<(u16, u16)>,
+}
+
+/// The cluster as a live node sees it.
+pub fn nodes() -> Vec<NodeInfo> {
+    let text: String = urls()
+        .iter()
+        .find_map(|u| {
+            let mut c = node(port_of(u)).ok()?;
+            redis::cmd("CLUSTER").arg("NODES").query(&mut c).ok()
+        })
+        .expect("no live node");
+    text.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let port = f[1].split('@').next().unwrap().rsplit(':').next().unwrap();
+            NodeInfo {
+                id: f[0].to_owned(),
+                port: port.parse().unwrap(),
+                master: f[2].contains("master"),
+                failed: f[2].contains("fail"),
+                slots: f[8..]
+                    .iter()
+                    .filter(|s| !s.starts_with('['))
+                    .map(|s| match s.split_once('-') {
+                        Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+                        None => (s.parse().unwrap(), s.parse().unwrap()),
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The slot of `record_key`.
+pub fn slot_of(record_key: &str) -> u16 {
+    // Any live node (one may have been killed).
+    urls()
+        .iter()
+        .find_map(|u| {
+            let mut c = node(port_of(u)).ok()?;
+            redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(record_key)
+                .query(&mut c)
+                .ok()
+        })
+        .expect("no live node")
+}
+
+/// The live master serving `slot`.
+pub fn owner(slot: u16) -> NodeInfo {
+    nodes()
+        .into_iter()
+        .find(|n| n.master && !n.failed && n.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
+        .unwrap_or_else(|| panic!("slot {slot} is not served"))
+}
+
+/// Waits until every slot is served by a live master and every node agrees.
+pub fn wait_cluster_ok(what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ok = urls().iter().all(|u| match node(port_of(u)) {
+            // A killed node does not answer: it has no say.
+            Err(_) => true,
+            Ok(mut c) => redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query::<String>(&mut c)
+                .is_ok_and(|i| i.contains("cluster_state:ok")),
+        });
+        if ok {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cluster did not recover after {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
