@@ -430,14 +430,24 @@ pub(crate) enum Got {
 
 impl redis::FromRedisValue for Got {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let orig = format!("{v:?}");
-        let bad =
-            || -> ParsingError { format!("unexpected reply from the get script: {orig}").into() };
+        // Written out only for a reply of an unexpected shape: a record's result may be
+        // hundreds of MiB, and its text many times that.
         let Value::Array(items) = v else {
-            return Err(bad());
+            return Err(bad_reply(&v));
         };
-        let mut items = items.into_iter();
-        let tag: String = redis::from_redis_value(items.next().unwrap_or(Value::Nil))?;
+        let tag: String = redis::from_redis_value_ref(items.first().unwrap_or(&Value::Nil))?;
+        let expected = matches!(
+            (tag.as_str(), items.len().saturating_sub(1)),
+            ("absent", 0) | ("version", 1) | ("running" | "done", 4 | 5)
+        );
+        if !expected {
+            return Err(format!(
+                "unexpected reply from the get script: {:?}",
+                Value::Array(items)
+            )
+            .into());
+        }
+        let mut items = items.into_iter().skip(1);
         Ok(match (tag.as_str(), items.len()) {
             ("absent", 0) => Got::Absent,
             ("version", 1) => Got::Version(text(items.next())),
@@ -452,7 +462,7 @@ impl redis::FromRedisValue for Got {
                     .filter(|v| !matches!(v, Value::Nil))
                     .map(|v| text(Some(v))),
             },
-            _ => return Err(bad()),
+            _ => return Err("unexpected reply from the get script".into()),
         })
     }
 }
@@ -512,6 +522,49 @@ impl redis::FromRedisValue for Removal {
 mod tests {
     use super::*;
     use crate::testing::url;
+    use redis::FromRedisValue;
+
+    /// The get script's replies: a record with or without the not-stored text (a nil
+    /// in its place is none), absent, another version; any other shape is an error
+    /// naming the reply.
+    #[test]
+    fn get_replies_are_read_by_their_shape() {
+        let s = |t: &str| Value::BulkString(t.as_bytes().to_vec());
+        let record = |extra: Option<Value>| {
+            let mut v = vec![s("done"), s("fp"), Value::Int(2), s("r"), Value::Int(0)];
+            v.extend(extra);
+            Got::from_redis_value(Value::Array(v))
+        };
+        for extra in [None, Some(Value::Nil)] {
+            assert!(matches!(
+                record(extra),
+                Ok(Got::Record { done: true, generation: 2, ref result, not_stored: None, .. })
+                    if result == b"r"
+            ));
+        }
+        assert!(matches!(
+            record(Some(s("too big"))),
+            Ok(Got::Record { not_stored: Some(ref n), .. }) if n == "too big"
+        ));
+        assert!(matches!(
+            Got::from_redis_value(Value::Array(vec![s("absent")])),
+            Ok(Got::Absent)
+        ));
+        assert!(matches!(
+            Got::from_redis_value(Value::Array(vec![s("version"), s("2")])),
+            Ok(Got::Version(ref v)) if v == "2"
+        ));
+        for bad in [
+            Value::Array(vec![s("done"), s("fp"), Value::Int(2), s("r")]),
+            Value::Array(vec![s("absent"), s("x")]),
+            Value::Array(vec![s("other")]),
+            Value::Array(vec![]),
+            Value::Int(1),
+        ] {
+            let e = Got::from_redis_value(bad.clone()).map(|_| ()).unwrap_err();
+            assert!(!e.to_string().is_empty(), "{bad:?}");
+        }
+    }
 
     /// The replies of PEEK and CLAIM (its own token resent) on a running record without
     /// a `deadline` (or with one that is no number) and without a `gen`: a waiter's
