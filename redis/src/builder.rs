@@ -470,12 +470,12 @@ impl<E> RedisStoreBuilder<E> {
     /// The largest result stored, in bytes (default [`DEFAULT_MAX_RESULT_BYTES`],
     /// 64 MiB; at most [`MAX_RESULT_BYTES_LIMIT`]). Redis refuses a bulk string over its
     /// `proto-max-bulk-len` (512 MiB by default) and drops the connection, so a larger
-    /// completion is never sent: the action has run, so it is recorded as not storable
-    /// (the result codec's `x` record, see [`codec`](crate::codec)) and is not run
-    /// again; its caller and the callers of its process that waited for it get the
-    /// value, later callers [`Error::ResultNotStored`] (DATA_LOSS) when they read the
-    /// record through the codec. Keep it at or below the server's
-    /// `proto-max-bulk-len`.
+    /// completion is never sent: the action has run, so the record says its result was
+    /// not stored (see the README's record layout, `nostore`) and it is not run again;
+    /// its caller and the callers of its process that waited for it get the value,
+    /// every later caller [`Error::ResultNotStored`] (DATA_LOSS, Rust callers of raw
+    /// bytes included), and [`RedisStore::get`] shows [`RecordState::NotStored`](crate::RecordState::NotStored). Keep
+    /// it at or below the server's `proto-max-bulk-len`.
     pub fn max_result_bytes(mut self, n: usize) -> Self {
         self.config.max_result_bytes = n;
         self
