@@ -955,8 +955,7 @@ pub fn http_encode_record<'env>(
 /// length when it fits (the record is `scratch.subarray(0, length)`, to be copied out
 /// before the next call), else a new Buffer holding the record. A server copies a small
 /// record out of `scratch` into Node's shared Buffer pool: a Buffer made here has a
-/// memory block of its own, which costs V8 more to allocate and collect than the rest of
-/// the call.
+/// memory block of its own, which V8 allocates and sweeps one by one.
 #[napi(
     ts_args_type = "scratch: Buffer, status: number, fields: Array<string | Buffer>, body: Buffer, trailers?: Array<string | Buffer> | null",
     ts_return_type = "number | Buffer"
