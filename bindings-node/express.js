@@ -272,6 +272,11 @@ function idempotency(options) {
         // Replayed later by the waiters: not the handler's own buffer.
         return new Unstored(owner, { status, fields, body: Buffer.from(body) })
       }
+      try {
+        next()
+      } catch (e) {
+        next(e)
+      }
       // A client that goes away mid-response (a stream under way): the handler still
       // runs, so it keeps the key until it ends its response; that response is then not
       // stored (it was not sent whole) and the key is released. One that goes away before
@@ -279,21 +284,20 @@ function idempotency(options) {
       // the server instead (Express destroys the socket when a handler fails after its
       // headers were sent; a handler may destroy it before answering) means the handler
       // has stopped: the key is released now.
-      res.once('close', () => {
-        if (ended) return
-        const socket = req.socket
-        if (socket && (socket.readableEnded || socket.errored)) {
-          if (res.headersSent) away = true
-          return
-        }
-        restore()
-        s.counters.notStored++
-        done(new Released(owner, 'the response was not sent whole'))
-      })
-      try {
-        next()
-      } catch (e) {
-        next(e)
+      // Listened for only when the handler has not ended its response within `next()`:
+      // 'close' is emitted in a later tick, and an ended response ignores it.
+      if (!ended) {
+        res.once('close', () => {
+          if (ended) return
+          const socket = req.socket
+          if (socket && (socket.readableEnded || socket.errored)) {
+            if (res.headersSent) away = true
+            return
+          }
+          restore()
+          s.counters.notStored++
+          done(new Released(owner, 'the response was not sent whole'))
+        })
       }
       if (known) {
         if (outcome instanceof Error) throw outcome

@@ -22,6 +22,22 @@ const { Attempt, retry } = require('./lib/retry.js')
 const { IdempotencyStore, httpStatusOf } = require('./lib/store.js')
 const { encodeResult, decodeResult, RedisStore } = require('./lib/redis-store.js')
 
+// `http.encodeRecord` has the core write a record into this Buffer, then copies it into
+// Node's shared Buffer pool: a Buffer made by the addon has a memory block of its own,
+// which V8 allocates and sweeps one by one (≈ 0.3 µs more per record, measured; a server
+// stores one record per first call). A record too large for the pool comes from the
+// addon as before, without the extra copy.
+const SCRATCH = Buffer.allocUnsafeSlow((Buffer.poolSize >>> 1) - 1)
+
+/** `http.encodeRecord`: see index.d.ts. */
+function encodeRecord(status, fields, body, trailers) {
+  const r = native.httpEncodeRecordInto(SCRATCH, status, fields, body, trailers)
+  if (typeof r !== 'number') return r
+  const out = Buffer.allocUnsafe(r)
+  SCRATCH.copy(out, 0, 0, r)
+  return out
+}
+
 module.exports = {
   // backoff, classification, the retry loop
   RetryPolicy,
@@ -80,7 +96,7 @@ module.exports = {
     isEventStream: native.httpIsEventStream,
     encodeResponse: native.httpEncodeResponse,
     decodeResponse: native.httpDecodeResponse,
-    encodeRecord: native.httpEncodeRecord,
+    encodeRecord,
     decodeRecord: native.httpDecodeRecord,
     problem: native.httpProblem,
     KEY_HEADER: 'idempotency-key',

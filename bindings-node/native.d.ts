@@ -447,6 +447,15 @@ export declare function httpDecodeResponse(record: Buffer): HttpStoredResponse
  */
 export declare function httpEncodeRecord(status: number, fields: Array<string | Buffer>, body: Buffer, trailers?: Array<string | Buffer> | null): Buffer
 
+/**
+ * `encodeRecord` writing into `scratch`, a Buffer the caller reuses: the record's
+ * length when it fits (the record is `scratch.subarray(0, length)`, to be copied out
+ * before the next call), else a new Buffer holding the record. A server copies a small
+ * record out of `scratch` into Node's shared Buffer pool: a Buffer made here has a
+ * memory block of its own, which V8 allocates and sweeps one by one.
+ */
+export declare function httpEncodeRecordInto(scratch: Buffer, status: number, fields: Array<string | Buffer>, body: Buffer, trailers?: Array<string | Buffer> | null): number | Buffer
+
 /** The record bytes of a stored response (the format every adapter shares). */
 export declare function httpEncodeResponse(response: HttpStoredResponse): Buffer
 

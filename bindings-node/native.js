@@ -859,6 +859,7 @@ module.exports.fingerprintText = nativeBinding.fingerprintText
 module.exports.httpDecodeRecord = nativeBinding.httpDecodeRecord
 module.exports.httpDecodeResponse = nativeBinding.httpDecodeResponse
 module.exports.httpEncodeRecord = nativeBinding.httpEncodeRecord
+module.exports.httpEncodeRecordInto = nativeBinding.httpEncodeRecordInto
 module.exports.httpEncodeResponse = nativeBinding.httpEncodeResponse
 module.exports.httpIsEventStream = nativeBinding.httpIsEventStream
 module.exports.httpIsGrpc = nativeBinding.httpIsGrpc

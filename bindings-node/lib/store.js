@@ -226,6 +226,7 @@ function reentry(store, key, fingerprint) {
 
 /** The code of a leader's error for the cache decision; UNKNOWN when it cannot be read. */
 const EXECUTE_DEFAULTS = Object.freeze({ wait: true, signal: undefined })
+const EXECUTE_NO_WAIT = Object.freeze({ wait: false, signal: undefined })
 
 /**
  * Checks the arguments of either store's `execute` and reads its options once:
@@ -243,7 +244,8 @@ function executeArgs(scoped, fingerprint, fn, options) {
   let wait = options.wait
   if (wait === undefined) wait = true
   else if (typeof wait !== 'boolean') throw mustBe('a boolean', 'wait', wait)
-  if (signal !== undefined && signal.aborted) throw signal.reason
+  if (signal === undefined) return wait ? EXECUTE_DEFAULTS : EXECUTE_NO_WAIT
+  if (signal.aborted) throw signal.reason
   return { wait, signal }
 }
 

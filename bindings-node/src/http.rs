@@ -946,6 +946,72 @@ pub fn http_encode_record<'env>(
     trailers: Option<Unknown<'env>>,
 ) -> Result<Unknown<'env>> {
     let raw = env.raw();
+    let record = record_of(raw, status, fields, body, trailers)?;
+    // SAFETY: a live value of this call.
+    Ok(unsafe { Unknown::from_raw_unchecked(raw, buffer_copy(raw, &record)) })
+}
+
+/// `encodeRecord` writing into `scratch`, a Buffer the caller reuses: the record's
+/// length when it fits (the record is `scratch.subarray(0, length)`, to be copied out
+/// before the next call), else a new Buffer holding the record. A server copies a small
+/// record out of `scratch` into Node's shared Buffer pool: a Buffer made here has a
+/// memory block of its own, which V8 allocates and sweeps one by one.
+#[napi(
+    ts_args_type = "scratch: Buffer, status: number, fields: Array<string | Buffer>, body: Buffer, trailers?: Array<string | Buffer> | null",
+    ts_return_type = "number | Buffer"
+)]
+pub fn http_encode_record_into<'env>(
+    env: &'env Env,
+    scratch: Unknown<'env>,
+    status: Unknown<'env>,
+    fields: Unknown<'env>,
+    body: Unknown<'env>,
+    trailers: Option<Unknown<'env>>,
+) -> Result<Unknown<'env>> {
+    let raw = env.raw();
+    // Every argument is read (which may run JavaScript: getters, proxies) before the
+    // scratch Buffer is written.
+    let record = record_of(raw, status, fields, body, trailers)?;
+    let mut is_buffer = false;
+    // SAFETY: a live value of this call.
+    unsafe { sys::napi_is_buffer(raw, scratch.raw(), &mut is_buffer) };
+    if !is_buffer {
+        return Err(type_error(
+            raw,
+            "scratch",
+            &format!(
+                "scratch must be a Buffer, got {}",
+                convert::type_name(raw, scratch.raw())
+            ),
+        ));
+    }
+    let mut p = ptr::null_mut();
+    let mut len = 0usize;
+    // SAFETY: `scratch` is a Buffer of this call.
+    unsafe { sys::napi_get_buffer_info(raw, scratch.raw(), &mut p, &mut len) };
+    let out = if record.len() <= len && !record.is_empty() {
+        // SAFETY: `p` holds `len >= record.len()` writable bytes, not aliased by `record`
+        // (a Vec of its own); no JavaScript runs during the copy.
+        unsafe { ptr::copy_nonoverlapping(record.as_ptr(), p.cast::<u8>(), record.len()) };
+        let mut n = ptr::null_mut();
+        // SAFETY: on the JS thread.
+        unsafe { sys::napi_create_double(raw, record.len() as f64, &mut n) };
+        n
+    } else {
+        buffer_copy(raw, &record)
+    };
+    // SAFETY: a live value of this call.
+    Ok(unsafe { Unknown::from_raw_unchecked(raw, out) })
+}
+
+/// The record bytes of `encodeRecord`'s arguments.
+fn record_of<'env>(
+    raw: sys::napi_env,
+    status: Unknown<'env>,
+    fields: Unknown<'env>,
+    body: Unknown<'env>,
+    trailers: Option<Unknown<'env>>,
+) -> Result<Vec<u8>> {
     let status = convert::integer(raw, status.raw(), "status", 100.0, 999.0)? as u16;
     let headers = flat_fields(raw, fields.raw(), "fields")?;
     let trailers = match trailers.map(|t| t.raw()) {
@@ -962,21 +1028,24 @@ pub fn http_encode_record<'env>(
             ),
         ));
     };
-    let record = StoredResponse {
+    Ok(StoredResponse {
         status,
         headers,
         body: body.to_vec(),
         trailers,
     }
-    .encode();
+    .encode())
+}
+
+/// A new Buffer holding a copy of `bytes`.
+fn buffer_copy(raw: sys::napi_env, bytes: &[u8]) -> sys::napi_value {
     let mut v = ptr::null_mut();
     let mut data = ptr::null_mut();
-    // SAFETY: on the JS thread; `record` is valid for its length.
+    // SAFETY: on the JS thread; `bytes` is valid for its length.
     unsafe {
-        sys::napi_create_buffer_copy(raw, record.len(), record.as_ptr().cast(), &mut data, &mut v)
+        sys::napi_create_buffer_copy(raw, bytes.len(), bytes.as_ptr().cast(), &mut data, &mut v)
     };
-    // SAFETY: a live value of this call.
-    Ok(unsafe { Unknown::from_raw_unchecked(raw, v) })
+    v
 }
 
 /// Fields given flat, `[name, value, ...]`: names lower-cased, values as Latin-1 strings

@@ -221,3 +221,22 @@ test('the hot-path forms: problems the client or the server caused, and bad argu
   )
   assert.deepEqual(http.decodeRecord(record).slice(3), [3, 'etag', '"\xe9"', 'link', '<a>', 'link', '<b>'])
 })
+
+test('encodeRecord: every record is a Buffer of its own, whatever its size', () => {
+  // Small records are copied out of a buffer the encoder reuses, large ones made whole:
+  // each result keeps its bytes after the next call, and both ways encode alike.
+  const fields = ['content-type', 'application/json']
+  const made = []
+  for (const size of [0, 1, 100, 4095, 4096, 16 * 1024, 64 * 1024]) {
+    const body = Buffer.alloc(size, size % 251)
+    const record = http.encodeRecord(201, fields, body)
+    made.push([record, Buffer.from(record), body])
+  }
+  for (const [record, copy, body] of made) {
+    assert.ok(record.equals(copy))
+    const flat = http.decodeRecord(record)
+    assert.equal(flat[0], 201)
+    assert.ok(record.subarray(flat[1], flat[2]).equals(body))
+    assert.deepEqual(http.encodeResponse({ status: 201, headers: [{ name: 'content-type', value: Buffer.from('application/json') }], body }), record)
+  }
+})
