@@ -72,7 +72,9 @@ impl Conn {
     ///
     /// A connection that was opened before and fails with an I/O error (not a timeout)
     /// is likely stale — e.g. the server restarted since its last use — and `f` is
-    /// retried once on a fresh connection. The command may still have been executed
+    /// retried once on a fresh connection. So is any connection whose read or write a
+    /// signal interrupted (EINTR: a socket with a timeout is never restarted, and a
+    /// child process exiting sends SIGCHLD): nothing is wrong with Redis. The command may still have been executed
     /// (a connection reset after the server ran it looks the same), so every script is
     /// idempotent when resent with the same arguments: each checks the lease token, a
     /// claim that finds its own token leads, completing twice with one token counts as
@@ -86,7 +88,7 @@ impl Conn {
         self.resent = false;
         match self.run_once(deadline, &mut f) {
             Err(Failure::Redis(e))
-                if reused
+                if (reused || crate::topology::interrupted(&e))
                     && e.is_io_error()
                     && !e.is_timeout()
                     && left(deadline, self.link.io_timeout).is_some() =>

@@ -207,7 +207,7 @@ pub(crate) fn is_not_primary(e: &redis::RedisError) -> bool {
 }
 
 /// A system call interrupted by a signal (EINTR), as the redis crate reports it.
-fn interrupted(e: &redis::RedisError) -> bool {
+pub(crate) fn interrupted(e: &redis::RedisError) -> bool {
     std::error::Error::source(e)
         .and_then(|s| s.downcast_ref::<std::io::Error>())
         .is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted)
