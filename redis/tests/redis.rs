@@ -492,8 +492,18 @@ fn bad_settings_are_named_in_the_callers_terms() {
 fn fleet_every_key_runs_once() {
     timed(|| {
         let prefix = fresh_prefix();
-        let instances: Vec<_> = (0..4)
-            .map(|_| build(&prefix, Duration::from_secs(60)))
+        // A lease of 3 s (I/O timeout 1 s): with the suite's 300 ms lease the I/O timeout
+        // is 100 ms, which 24 threads on a loaded 2-core machine can overrun; a call
+        // then fails UNAVAILABLE, and a leader told so may rightly run again.
+        let instances: Vec<RedisStore<Boom>> = (0..4)
+            .map(|_| {
+                RedisStore::builder(url())
+                    .prefix(&prefix)
+                    .lease(Duration::from_secs(3))
+                    .ttl(Duration::from_secs(60))
+                    .build()
+                    .unwrap()
+            })
             .collect();
         let keys: Vec<_> = (0..60).map(|_| key()).collect();
         let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..60).map(|_| AtomicUsize::new(0)).collect());
