@@ -392,24 +392,13 @@ impl Inner {
                 }
                 Out::Record(Some(r)) => {
                     // [state, fingerprint, generation, leaseLeftMs, data?]
-                    let (state, left, data) = match r.state {
+                    let (state, left) = match &r.state {
                         oncely_redis::RecordState::Running { lease_left } => {
-                            ("running", lease_left.as_secs_f64() * 1000.0, None)
+                            ("running", lease_left.as_secs_f64() * 1000.0)
                         }
-                        oncely_redis::RecordState::Done { value } => ("done", 0.0, Some(value)),
-                        // Read back as the codec's not-storable record: decoding it
-                        // raises the not-stored error.
-                        oncely_redis::RecordState::NotStored { type_name } => (
-                            "done",
-                            0.0,
-                            Some(
-                                StoredResult::NotStorable {
-                                    type_name: &type_name,
-                                }
-                                .encode(),
-                            ),
-                        ),
+                        _ => ("done", 0.0),
                     };
+                    let data = r.state.into_codec_result();
                     let mut arr = ptr::null_mut();
                     sys::napi_create_array_with_length(env, 5, &mut arr);
                     sys::napi_set_element(env, arr, 0, string(env, state));

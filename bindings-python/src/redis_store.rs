@@ -531,24 +531,13 @@ impl PyRedisStore {
                 Err(e) => error_value(e),
                 Ok(None) => Box::new(|py| py.None()),
                 Ok(Some(r)) => Box::new(move |py| {
-                    let (state, left, data) = match r.state {
+                    let (state, left) = match &r.state {
                         RecordState::Running { lease_left } => {
-                            ("running", lease_left.as_secs_f64(), None)
+                            ("running", lease_left.as_secs_f64())
                         }
-                        RecordState::Done { value } => ("done", 0.0, Some(value)),
-                        // Read back as the codec's not-storable record: decoding it
-                        // raises the not-stored error.
-                        RecordState::NotStored { type_name } => (
-                            "done",
-                            0.0,
-                            Some(
-                                StoredResult::NotStorable {
-                                    type_name: &type_name,
-                                }
-                                .encode(),
-                            ),
-                        ),
+                        _ => ("done", 0.0),
                     };
+                    let data = r.state.into_codec_result();
                     let data = data.map(|d| PyBytes::new(py, &d).into_any().unbind());
                     match (state, r.fingerprint, r.generation, left, data).into_pyobject(py) {
                         Ok(t) => t.into_any().unbind(),

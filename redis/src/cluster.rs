@@ -816,6 +816,30 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::TcpListener;
 
+    /// A Cluster connection whose every slot is on the one node at `port` (a scripted
+    /// node in these tests), opened as the store opens them: no handshake.
+    fn one_node_on(port: u16) -> ClusterCon {
+        let seed =
+            redis::IntoConnectionInfo::into_connection_info(format!("redis://127.0.0.1:{port}"))
+                .unwrap();
+        let settings = seed.redis_settings().clone().set_skip_set_lib_name();
+        ClusterCon {
+            nodes: NodeClients {
+                seeds: vec![seed.set_redis_settings(settings)],
+                ca: None,
+                connect_timeout: Duration::from_secs(1),
+                slow: Default::default(),
+            },
+            connect_timeout: Duration::from_secs(1),
+            slots: vec![Some(0); SLOTS],
+            addrs: vec![("127.0.0.1".to_owned(), port)],
+            conns: HashMap::new(),
+            epochs: 0,
+            stale: false,
+            ran: Vec::new(),
+        }
+    }
+
     /// A request whose connection breaks before its reply (Redis may have run it) is
     /// sent again; when the node cannot even be reached for that, the request still
     /// fails as a lost answer (which the caller undoes), not as one never sent. The
@@ -836,27 +860,7 @@ mod tests {
             drop(listener);
             drop(con);
         });
-        // As the store opens them: no handshake.
-        let seed =
-            redis::IntoConnectionInfo::into_connection_info(format!("redis://127.0.0.1:{port}"))
-                .unwrap();
-        let settings = seed.redis_settings().clone().set_skip_set_lib_name();
-        let seed = seed.set_redis_settings(settings);
-        let mut c = ClusterCon {
-            nodes: NodeClients {
-                seeds: vec![seed],
-                ca: None,
-                connect_timeout: Duration::from_secs(1),
-                slow: Default::default(),
-            },
-            connect_timeout: Duration::from_secs(1),
-            slots: vec![Some(0); SLOTS],
-            addrs: vec![("127.0.0.1".to_owned(), port)],
-            conns: HashMap::new(),
-            epochs: 0,
-            stale: false,
-            ran: Vec::new(),
-        };
+        let mut c = one_node_on(port);
         let deadline = Instant::now() + Duration::from_secs(2);
         let ping = Request::command("PING");
         let r = c.pipeline(&[&ping], deadline);
@@ -939,26 +943,7 @@ mod tests {
                 w.write_all(b":1\r\n").unwrap();
             }
         });
-        let seed =
-            redis::IntoConnectionInfo::into_connection_info(format!("redis://127.0.0.1:{port}"))
-                .unwrap();
-        let settings = seed.redis_settings().clone().set_skip_set_lib_name();
-        let seed = seed.set_redis_settings(settings);
-        let mut c = ClusterCon {
-            nodes: NodeClients {
-                seeds: vec![seed],
-                ca: None,
-                connect_timeout: Duration::from_secs(1),
-                slow: Default::default(),
-            },
-            connect_timeout: Duration::from_secs(1),
-            slots: vec![Some(0); SLOTS],
-            addrs: vec![("127.0.0.1".to_owned(), port)],
-            conns: HashMap::new(),
-            epochs: 0,
-            stale: false,
-            ran: Vec::new(),
-        };
+        let mut c = one_node_on(port);
         let deadline = Instant::now() + Duration::from_secs(2);
         let ping = Request::command("PING");
         assert!(c.pipeline(&[&ping], deadline)[0].is_ok());

@@ -155,6 +155,25 @@ pub enum RecordState {
     },
 }
 
+impl RecordState {
+    /// The result as a reader of codec-framed results (the Python and Node stores, see
+    /// [`codec`]) sees it: a done record's bytes; for a result that was not stored,
+    /// the codec's not-storable record, which decodes to [`Error::ResultNotStored`];
+    /// `None` while running.
+    pub fn into_codec_result(self) -> Option<Vec<u8>> {
+        match self {
+            RecordState::Running { .. } => None,
+            RecordState::Done { value } => Some(value),
+            RecordState::NotStored { type_name } => Some(
+                codec::StoredResult::NotStorable {
+                    type_name: &type_name,
+                }
+                .encode(),
+            ),
+        }
+    }
+}
+
 struct Inner<E> {
     /// [`DedupStore::identity`]: the same for every instance on one URL and prefix.
     identity: usize,

@@ -81,6 +81,20 @@ struct Table<V, E> {
     next_seq: u64,
 }
 
+/// Removes every running entry from `t` (completed ones stay): one item per entry, its
+/// flight if anyone joined it. For a copy of the store left by `fork()`.
+fn take_running<V, E>(t: &mut Table<V, E>) -> Vec<Option<Arc<Flight<V, E>>>> {
+    let mut flights = Vec::new();
+    t.map.retain(|slot| match slot {
+        Slot::Running { flight, .. } => {
+            flights.push(flight.clone());
+            false
+        }
+        Slot::Done { .. } => true,
+    });
+    flights
+}
+
 /// A completed entry's place in the expiry queue. Its expiry is kept here too, so
 /// checking the front costs no hash lookup.
 struct Queued {
@@ -411,20 +425,9 @@ impl<V: Clone, E> MemoryStore<V, E> {
     /// `os.register_at_fork`); called in a process whose actions are running, it would
     /// let their keys run twice.
     pub fn forget_running(&self) -> usize {
-        let mut flights = Vec::new();
-        let forgotten = {
-            let mut t = self.shared.lock();
-            let before = t.map.len();
-            t.map.retain(|slot| match slot {
-                Slot::Running { flight, .. } => {
-                    flights.extend(flight.clone());
-                    false
-                }
-                Slot::Done { .. } => true,
-            });
-            before - t.map.len()
-        };
-        for f in flights {
+        let flights = take_running(&mut self.shared.lock());
+        let forgotten = flights.len();
+        for f in flights.into_iter().flatten() {
             f.settle(Joined::Abandoned);
         }
         forgotten
@@ -440,25 +443,14 @@ impl<V: Clone, E> MemoryStore<V, E> {
     /// parent held at the fork never comes free. When the store's table is locked it
     /// does nothing and returns `None`; a wait whose own lock is held is left as it is.
     pub fn fail_running(&self, error: &Error) -> Option<usize> {
-        let mut flights = Vec::new();
-        let failed = {
-            let mut t = match self.shared.table.try_lock() {
-                Ok(t) => t,
-                // Consistent when poisoned: see `Shared::lock`.
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => return None,
-            };
-            let before = t.map.len();
-            t.map.retain(|slot| match slot {
-                Slot::Running { flight, .. } => {
-                    flights.extend(flight.clone());
-                    false
-                }
-                Slot::Done { .. } => true,
-            });
-            before - t.map.len()
+        let flights = match self.shared.table.try_lock() {
+            Ok(mut t) => take_running(&mut t),
+            // Consistent when poisoned: see `Shared::lock`.
+            Err(std::sync::TryLockError::Poisoned(p)) => take_running(&mut p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        for f in flights {
+        let failed = flights.len();
+        for f in flights.into_iter().flatten() {
             f.try_settle(Joined::Error(error.clone()));
         }
         Some(failed)
