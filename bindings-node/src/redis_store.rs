@@ -396,7 +396,8 @@ impl Inner {
                         oncely_redis::RecordState::Running { lease_left } => {
                             ("running", lease_left.as_secs_f64() * 1000.0)
                         }
-                        _ => ("done", 0.0),
+                        oncely_redis::RecordState::Done { .. }
+                        | oncely_redis::RecordState::NotStored { .. } => ("done", 0.0),
                     };
                     let data = r.state.into_codec_result();
                     let mut arr = ptr::null_mut();

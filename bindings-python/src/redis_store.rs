@@ -535,7 +535,7 @@ impl PyRedisStore {
                         RecordState::Running { lease_left } => {
                             ("running", lease_left.as_secs_f64())
                         }
-                        _ => ("done", 0.0),
+                        RecordState::Done { .. } | RecordState::NotStored { .. } => ("done", 0.0),
                     };
                     let data = r.state.into_codec_result();
                     let data = data.map(|d| PyBytes::new(py, &d).into_any().unbind());
