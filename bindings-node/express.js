@@ -195,10 +195,12 @@ function idempotency(options) {
         return writeHead.call(this, status, reason, headers)
       }
       res.write = function (chunk, encoding, cb) {
-        keep(chunk, encoding)
+        if (!ended) keep(chunk, encoding)
         return write.call(this, chunk, encoding, cb)
       }
       res.end = function (chunk, encoding, cb) {
+        // Ended already (the wrappers stay in place once the answer is out): as without us.
+        if (ended) return end.call(this, chunk, encoding, cb)
         if (typeof chunk === 'function') {
           cb = chunk
           chunk = undefined
@@ -211,8 +213,10 @@ function idempotency(options) {
         const outcome = settle()
         if (s.settlesAtOnce) {
           // The store settles the key in this tick, before the server reads another
-          // request: the response goes out now, as without the middleware.
-          restore()
+          // request: the response goes out now, as without the middleware. The wrappers
+          // are not taken off: they pass calls through from now on, and each store to a
+          // property of an Express response is a slow lookup (every response has a
+          // hidden class of its own, so no property access on it is cached).
           finish = noop
           end.call(res, chunk, encoding, cb)
         } else {
