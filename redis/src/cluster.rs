@@ -144,6 +144,16 @@ fn not_run_try_again(e: &RedisError) -> bool {
     )
 }
 
+/// Whether requests written on a connection that then failed with `e` go again, once,
+/// on a new connection (the scripts may be resent, see `conn::Conn::run`): when the
+/// connection was open before and broke (not timed out), likely stale (the node
+/// restarted); and when a signal interrupted the read or write (EINTR: a socket with a
+/// timeout is never restarted, and a child process exiting sends SIGCHLD), on any
+/// connection, however new: nothing is wrong with the node.
+fn send_again(e: &RedisError, reused: bool) -> bool {
+    (reused || crate::topology::interrupted(e)) && e.is_io_error() && !e.is_timeout()
+}
+
 impl ClusterCon {
     /// Reads the slot map from the first seed that answers within `timeout`.
     pub(crate) fn connect(
@@ -416,8 +426,8 @@ impl ClusterCon {
     ///
     /// MOVED and ASK are followed, an unknown script is loaded on the node that does
     /// not know it and sent again, a request on a connection found broken before its
-    /// reply is sent again once on a new one (the scripts may be resent, see
-    /// `conn::Conn::run`): all within `deadline`, at most [`ROUNDS`] rounds. A node
+    /// reply (one used before, or any a signal interrupted: see [`send_again`]) is sent
+    /// again once on a new one: all within `deadline`, at most [`ROUNDS`] rounds. A node
     /// that times out fails its own requests only, and is not retried. A request sent
     /// again that still fails is a lost answer (see [`Failure::after_resend`]).
     pub(crate) fn pipeline(
@@ -484,9 +494,9 @@ impl ClusterCon {
                     Err((e, written, reused)) => {
                         self.conns.remove(&addr);
                         self.stale = true;
-                        // A connection that was open before and broke: likely stale
-                        // (see below), its requests go again once on a new one.
-                        let again = reused && e.is_io_error() && !e.is_timeout();
+                        // A connection that was open before and broke (likely stale),
+                        // or a write a signal interrupted: see `send_again`.
+                        let again = send_again(&e, reused);
                         for item in items {
                             out[item.index] = Some(Err(if written {
                                 Failure::Redis(e.clone())
@@ -588,10 +598,9 @@ impl ClusterCon {
                     if e.is_timeout() {
                         self.set_slow(&addr, true);
                     }
-                    // A connection that was open before and broke (not timed out):
-                    // likely stale (the node restarted); its requests go again, once,
-                    // on a new connection.
-                    let again = reused && e.is_io_error() && !e.is_timeout();
+                    // A connection that was open before and broke (likely stale), or
+                    // a read a signal interrupted: see `send_again`.
+                    let again = send_again(&e, reused);
                     for item in &items[got..] {
                         out[item.index] = Some(Err(Failure::Redis(e.clone())));
                         if again && !item.resent {

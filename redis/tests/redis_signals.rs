@@ -2,7 +2,8 @@
 //! SIGCHLD; Node and Python servers spawn children) interrupts the blocking read with
 //! EINTR: a socket with a read timeout is never restarted, whatever the handler's
 //! flags. Nothing is wrong with Redis, so the call is sent again on a new connection
-//! instead of failing UNAVAILABLE. No Redis needed: a scripted server answers.
+//! instead of failing UNAVAILABLE, on one node as on a Cluster. No Redis needed:
+//! scripted servers answer.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -11,9 +12,25 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use oncely::{ExecuteOptions, IdempotencyKey, ScopedKey, Source};
 use oncely_redis::RedisStore;
 
 extern "C" fn ignore(_: libc::c_int) {}
+
+/// Gives SIGUSR1 a handler without SA_RESTART, as the runtimes that reap children
+/// install.
+fn handle_sigusr1_without_restart() {
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = ignore as *const () as usize;
+        action.sa_flags = 0;
+        libc::sigemptyset(&mut action.sa_mask);
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()),
+            0
+        );
+    }
+}
 
 /// Reads one RESP command (an array of bulk strings); None at the end of the stream.
 fn command(r: &mut BufReader<std::net::TcpStream>) -> Option<Vec<String>> {
@@ -37,17 +54,7 @@ fn command(r: &mut BufReader<std::net::TcpStream>) -> Option<Vec<String>> {
 
 #[test]
 fn a_reply_wait_interrupted_by_a_signal_is_sent_again() {
-    // A handler without SA_RESTART, as the runtimes that reap children install.
-    unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = ignore as *const () as usize;
-        action.sa_flags = 0;
-        libc::sigemptyset(&mut action.sa_mask);
-        assert_eq!(
-            libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()),
-            0
-        );
-    }
+    handle_sigusr1_without_restart();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let pings = Arc::new(AtomicUsize::new(0));
@@ -101,6 +108,91 @@ fn a_reply_wait_interrupted_by_a_signal_is_sent_again() {
     );
     assert_eq!(
         pings.load(Ordering::SeqCst),
+        2,
+        "sent again once, on a new connection"
+    );
+}
+
+/// On a Cluster the call goes to its node on a connection opened for it (the seed that
+/// gave the slot map is another node), and the signal interrupts the wait for its first
+/// reply there: the call is sent again on a new connection too, not only on a
+/// connection used before. A blocking caller sends its calls from its own thread, which
+/// gets the signal.
+#[test]
+fn a_reply_wait_interrupted_by_a_signal_on_a_new_cluster_connection_is_sent_again() {
+    handle_sigusr1_without_restart();
+    // The seed only tells the slot map: every slot on the node.
+    let seed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let node = TcpListener::bind("127.0.0.1:0").unwrap();
+    let seed_port = seed.local_addr().unwrap().port();
+    let node_port = node.local_addr().unwrap().port();
+    let claims = Arc::new(AtomicUsize::new(0));
+    let (first_claim, claimed) = mpsc::channel::<()>();
+    for listener in [seed, node] {
+        let (claims, first_claim) = (claims.clone(), first_claim.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let (claims, first_claim) = (claims.clone(), first_claim.clone());
+                std::thread::spawn(move || {
+                    let mut w = stream.try_clone().unwrap();
+                    let mut r = BufReader::new(stream);
+                    while let Some(cmd) = command(&mut r) {
+                        let is = |name: &str| cmd[0].eq_ignore_ascii_case(name);
+                        let reply = if is("CLUSTER") {
+                            format!(
+                                "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n\
+                                 :{node_port}\r\n"
+                            )
+                        } else if is("EVALSHA") && cmd.iter().any(|a| a == "fp") {
+                            // The claim (the only script given the fingerprint).
+                            if claims.fetch_add(1, Ordering::SeqCst) == 0 {
+                                // The first is answered late: the caller is blocked
+                                // reading when the signal comes.
+                                let _ = first_claim.send(());
+                                std::thread::sleep(Duration::from_millis(600));
+                            }
+                            "*2\r\n$4\r\nlead\r\n:1\r\n".to_owned()
+                        } else if is("EVALSHA") {
+                            // The completion: stored.
+                            ":1\r\n".to_owned()
+                        } else {
+                            "+OK\r\n".to_owned()
+                        };
+                        if w.write_all(reply.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    }
+    let me = unsafe { libc::pthread_self() };
+    let signaller = std::thread::spawn(move || {
+        claimed
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the store sent no claim");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(unsafe { libc::pthread_kill(me, libc::SIGUSR1) }, 0);
+    });
+    let store = RedisStore::<std::io::Error>::builder(format!("redis://127.0.0.1:{seed_port}"))
+        .cluster(true)
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let key = ScopedKey::new("acme", "CreateOrder", &IdempotencyKey::random()).unwrap();
+    let r = store.execute_blocking(&key, "fp", ExecuteOptions::default(), || {
+        Ok(b"created".to_vec())
+    });
+    signaller.join().unwrap();
+    let executed = match r {
+        Ok(executed) => executed,
+        Err(e) => panic!("the store gave up on an interrupted read: {e:?}"),
+    };
+    assert_eq!(executed.source, Source::Led);
+    assert_eq!(executed.value, b"created");
+    assert_eq!(
+        claims.load(Ordering::SeqCst),
         2,
         "sent again once, on a new connection"
     );
