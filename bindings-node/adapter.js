@@ -5,7 +5,6 @@
 
 const { http, IdempotencyStore, OncelyError } = require('./index.js')
 const { invalid, mustBe } = require('./lib/errors.js')
-const { OUTSIDE_CONTEXT } = require('./lib/store.js')
 
 const KEY = http.KEY_HEADER
 
@@ -75,9 +74,8 @@ function settings(options) {
     // The in-process store settles a key within the tick that settles its action (no
     // I/O): nothing needs to wait for it before the answer is sent.
     settlesAtOnce: store instanceof IdempotencyStore,
-    // Read once: a getter of the native config costs a call into Rust per request. A
-    // handler runs outside its flight's async context (see OUTSIDE_CONTEXT).
-    executeOptions: { wait: config.wait, [OUTSIDE_CONTEXT]: true },
+    // Read once: a getter of the native config costs a call into Rust per request.
+    executeOptions: { wait: config.wait },
     // `readKey` as a plain function: no class-method dispatch, no decision object.
     readKey: config.keyReader(),
     // The core's header decisions by name, remembered: a handler sets the same few

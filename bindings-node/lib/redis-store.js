@@ -218,7 +218,7 @@ class RedisStore {
    * value itself, later callers `result_not_stored`.
    */
   async execute(scoped, fingerprint, fn, options) {
-    const { wait, signal, outside } = executeArgs(scoped, fingerprint, fn, options)
+    const { wait, signal } = executeArgs(scoped, fingerprint, fn, options)
     const reentrant = reentry(this.#identity, scoped, fingerprint)
     if (reentrant !== undefined) throw reentrant
     // Every caller here counts until it leaves: one that waits on another process's
@@ -256,7 +256,7 @@ class RedisStore {
               throw signal.reason
             }
             flight = new Flight(this.#identity, c, fingerprint)
-            return await this.#lead(flight, r[1], fn, signal, outside)
+            return await this.#lead(flight, r[1], fn, signal)
           default:
             continue // the leader went away: claim again
         }
@@ -271,8 +271,8 @@ class RedisStore {
    * Runs `fn` and settles the lease with its outcome, whether or not the caller still
    * waits (an abort only stops the waiting; the lease is renewed until `fn` settles).
    */
-  #lead(flight, lease, fn, signal, outside) {
-    const done = act(flight, fn, outside).then(
+  #lead(flight, lease, fn, signal) {
+    const done = act(flight, fn).then(
       async (value) => {
         flight.end()
         // Never throws: a value that cannot be stored becomes a "not storable" record.

@@ -204,24 +204,10 @@ function isThenable(v) {
   return v !== null && (typeof v === 'object' || typeof v === 'function') && typeof v.then === 'function'
 }
 
-/**
- * An option of `execute` for the server adapters (internal): the action runs without
- * entering its flight's async context. A handler's request was not made from an action,
- * and keeping the context would turn on `AsyncLocalStorage`, whose hooks then run for
- * every Promise of the process. The one call it leaves unchecked is an action, started
- * by the handler, that calls the adapter's own scoped key with the request's fingerprint.
- */
-const OUTSIDE_CONTEXT = Symbol('oncely.outsideContext')
-
-/** Runs `fn` as the action of `flight` (in its async context unless `outside`). */
-function start(flight, fn, outside) {
-  return outside ? fn(flight.info) : acting.run(flight, fn, flight.info)
-}
-
 /** Runs `fn` as the action of `flight`: always a Promise, never a synchronous throw. */
-function act(flight, fn, outside) {
+function act(flight, fn) {
   try {
-    return Promise.resolve(start(flight, fn, outside))
+    return Promise.resolve(acting.run(flight, fn, flight.info))
   } catch (e) {
     return Promise.reject(e)
   }
@@ -239,10 +225,8 @@ function reentry(store, key, fingerprint) {
 }
 
 /** The code of a leader's error for the cache decision; UNKNOWN when it cannot be read. */
-const EXECUTE_DEFAULTS = Object.freeze({ wait: true, signal: undefined, outside: false })
-const EXECUTE_NO_WAIT = Object.freeze({ wait: false, signal: undefined, outside: false })
-const EXECUTE_OUTSIDE = Object.freeze({ wait: true, signal: undefined, outside: true })
-const EXECUTE_OUTSIDE_NO_WAIT = Object.freeze({ wait: false, signal: undefined, outside: true })
+const EXECUTE_DEFAULTS = Object.freeze({ wait: true, signal: undefined })
+const EXECUTE_NO_WAIT = Object.freeze({ wait: false, signal: undefined })
 
 /**
  * Checks the arguments of either store's `execute` and reads its options once:
@@ -260,13 +244,9 @@ function executeArgs(scoped, fingerprint, fn, options) {
   let wait = options.wait
   if (wait === undefined) wait = true
   else if (typeof wait !== 'boolean') throw mustBe('a boolean', 'wait', wait)
-  const outside = options[OUTSIDE_CONTEXT] === true
-  if (signal === undefined) {
-    if (outside) return wait ? EXECUTE_OUTSIDE : EXECUTE_OUTSIDE_NO_WAIT
-    return wait ? EXECUTE_DEFAULTS : EXECUTE_NO_WAIT
-  }
+  if (signal === undefined) return wait ? EXECUTE_DEFAULTS : EXECUTE_NO_WAIT
   if (signal.aborted) throw signal.reason
-  return { wait, signal, outside }
+  return { wait, signal }
 }
 
 function cacheCode(error) {
@@ -311,7 +291,7 @@ class IdempotencyStore {
     // replay resolves at once, a join chains on the flight's one shared Promise). Every
     // error still comes back as a rejection.
     try {
-      const { wait, signal, outside } = executeArgs(scoped, fingerprint, fn, options)
+      const { wait, signal } = executeArgs(scoped, fingerprint, fn, options)
       const reentrant = reentry(this, scoped, fingerprint)
       if (reentrant !== undefined) throw reentrant
       // The strings cross into Rust only when they differ from the last call's.
@@ -326,7 +306,7 @@ class IdempotencyStore {
       this.#fp = fingerprint
       // A replay: the index of the stored value in the slot array.
       if (typeof r === 'number') return Promise.resolve({ value: this.#slot[r], replayed: true, source: REPLAYED })
-      if (r === LEAD) return this.#lead(scoped, fingerprint, fn, signal, outside)
+      if (r === LEAD) return this.#lead(scoped, fingerprint, fn, signal)
       if (r instanceof Promise) {
         // The leader went away (ABANDONED): begin again, one waiter leads.
         const c = enter(this.#callers, scoped)
@@ -359,13 +339,13 @@ class IdempotencyStore {
    * This caller leads: its lease is in the slot. Runs `fn` and settles the lease with its
    * outcome, whether or not this caller still waits (an abort only stops the waiting).
    */
-  #lead(scoped, fingerprint, fn, signal, outside) {
+  #lead(scoped, fingerprint, fn, signal) {
     const lease = this.#slot[0]
     this.#slot[0] = undefined
     const flight = new Flight(this, enter(this.#callers, scoped), fingerprint)
     let out
     try {
-      out = start(flight, fn, outside)
+      out = acting.run(flight, fn, flight.info)
     } catch (e) {
       out = Promise.reject(e)
     }
@@ -432,4 +412,4 @@ function httpStatusOf(err) {
   return isOncelyError(err) ? err.httpStatus : undefined
 }
 
-module.exports = { OUTSIDE_CONTEXT, ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }
+module.exports = { ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }

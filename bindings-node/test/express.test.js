@@ -566,35 +566,6 @@ test('a handler that reuses its buffer once it has ended the response: duplicate
   }
 })
 
-test('a handler runs outside the store\'s async context; a store call it makes still finds its own re-entry', async () => {
-  const { acting } = require('../lib/store.js')
-  const { scope } = require('oncely')
-  const app = require('express')()
-  const store = new IdempotencyStore()
-  const seen = []
-  app.post('/orders', idempotency({ store }), async (req, res) => {
-    // Not in a flight's context: the adapter does not turn AsyncLocalStorage on for
-    // every Promise of the process.
-    seen.push(acting.getStore())
-    const inner = scope('default', 'inner', `order-inner-${seen.length}`)
-    const nested = await store.execute(inner, 'fp', () => store.execute(inner, 'fp', () => 'never')).then(
-      () => 'ran',
-      (e) => e.kind,
-    )
-    res.status(201).json({ nested })
-  })
-  const server = await listen(app)
-  const url = `http://127.0.0.1:${server.address().port}/orders`
-  try {
-    const r = await fetch(url, { method: 'POST', headers: { 'idempotency-key': 'order-context-1' } })
-    assert.equal(r.status, 201)
-    assert.deepEqual(await r.json(), { nested: 'reentrant' })
-    assert.deepEqual(seen, [undefined])
-  } finally {
-    server.close()
-  }
-})
-
 test('a handler that fails after its whole response was sent: the response is the answer, and stored', async () => {
   const s = await start(EXPRESSES['express 5'], { store: new IdempotencyStore() }, (app, mw, call) => {
     app.post('/late', mw, (req, res, next) => {

@@ -1,0 +1,113 @@
+'use strict'
+// A request that reaches the idempotency middleware a second time (mounted twice on a
+// path, or dispatched again by its handler) calls the store with its own scoped key and
+// fingerprint from inside its own flight: it must fail at once, not wait for itself.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+
+const { IdempotencyStore } = require('oncely')
+const { idempotency } = require('oncely/express')
+
+const EXPRESSES = { 'express 5': require('express'), 'express 4': require('express4') }
+
+function listen(app) {
+  app.set('env', 'test')
+  return new Promise((resolve) => {
+    const server = app.listen(0, '127.0.0.1', () => resolve(server))
+  })
+}
+
+/** The answer to a POST, or 'hang' when none comes within 3 s. */
+async function post(url, key) {
+  try {
+    const r = await fetch(url, {
+      method: 'POST',
+      headers: { 'idempotency-key': key, 'content-type': 'application/json' },
+      body: '{"item":1}',
+      signal: AbortSignal.timeout(3000),
+    })
+    return { status: r.status, body: await r.text() }
+  } catch (e) {
+    if (e.name === 'TimeoutError') return 'hang'
+    throw e
+  }
+}
+
+for (const [major, express] of Object.entries(EXPRESSES)) {
+  test(`${major}: the middleware mounted on the app and on the route (one store) does not hang the request`, async () => {
+    const store = new IdempotencyStore()
+    const app = express()
+    let calls = 0
+    app.use(idempotency({ store }))
+    app.post('/orders', idempotency({ store }), (req, res) => {
+      calls++
+      res.status(201).json({ ok: true })
+    })
+    const server = await listen(app)
+    try {
+      const r = await post(`http://127.0.0.1:${server.address().port}/orders`, 'order-twice-1')
+      assert.notEqual(r, 'hang', 'the request waits for its own flight forever')
+      assert.ok(calls <= 1)
+    } finally {
+      server.closeAllConnections()
+      server.close()
+    }
+  })
+
+  test(`${major}: a handler that dispatches its request again (a rewrite through app.handle) does not hang`, async () => {
+    const store = new IdempotencyStore()
+    const app = express()
+    let calls = 0
+    app.use(idempotency({ store }))
+    app.post('/v1/orders', (req, res, next) => {
+      req.url = '/v2/orders'
+      app.handle(req, res, next)
+    })
+    app.post('/v2/orders', (req, res) => {
+      calls++
+      res.status(201).json({ ok: true })
+    })
+    const server = await listen(app)
+    try {
+      const r = await post(`http://127.0.0.1:${server.address().port}/v1/orders`, 'order-rewrite-1')
+      assert.notEqual(r, 'hang', 'the request waits for its own flight forever')
+      assert.ok(calls <= 1)
+    } finally {
+      server.closeAllConnections()
+      server.close()
+    }
+  })
+}
+
+test('grpc: an implementation wrapped twice with one store does not hang the call', async () => {
+  const grpc = require('@grpc/grpc-js')
+  const { withIdempotency } = require('oncely/grpc')
+  const json = {
+    requestSerialize: (v) => Buffer.from(JSON.stringify(v)),
+    requestDeserialize: (b) => JSON.parse(b.toString()),
+    responseSerialize: (v) => Buffer.from(JSON.stringify(v)),
+    responseDeserialize: (b) => JSON.parse(b.toString()),
+  }
+  const service = { create: { path: '/shop.Orders/Create', requestStream: false, responseStream: false, ...json } }
+  const Client = grpc.makeGenericClientConstructor(service, 'Orders')
+  const store = new IdempotencyStore()
+  let calls = 0
+  const impl = { create: (call, callback) => callback(null, { id: ++calls }) }
+  const server = new grpc.Server()
+  server.addService(service, withIdempotency(service, withIdempotency(service, impl, { store }), { store }))
+  const port = await new Promise((resolve, reject) =>
+    server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e ? reject(e) : resolve(p))),
+  )
+  const client = new Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure())
+  try {
+    const md = new grpc.Metadata()
+    md.set('x-idempotency-key', 'order-grpc-twice-1')
+    const r = await new Promise((resolve) => {
+      client.create({ sku: 'A1' }, md, { deadline: Date.now() + 3000 }, (error, value) => resolve({ error, value }))
+    })
+    assert.notEqual(r.error?.code, grpc.status.DEADLINE_EXCEEDED, 'the call waits for its own flight forever')
+  } finally {
+    client.close()
+    server.forceShutdown()
+  }
+})
