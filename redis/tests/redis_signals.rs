@@ -88,14 +88,7 @@ fn a_reply_wait_interrupted_by_a_signal_is_sent_again() {
             }
         });
     }
-    let me = unsafe { libc::pthread_self() };
-    let signaller = std::thread::spawn(move || {
-        pinged
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the store sent no PING");
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(unsafe { libc::pthread_kill(me, libc::SIGUSR1) }, 0);
-    });
+    let signaller = signal_this_thread_once(pinged, "the store sent no PING");
     let store = RedisStore::<std::io::Error>::builder(format!("redis://127.0.0.1:{port}"))
         .io_timeout(Duration::from_secs(2))
         .connect_now(true)
@@ -167,14 +160,7 @@ fn a_reply_wait_interrupted_by_a_signal_on_a_new_cluster_connection_is_sent_agai
             }
         });
     }
-    let me = unsafe { libc::pthread_self() };
-    let signaller = std::thread::spawn(move || {
-        claimed
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the store sent no claim");
-        std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(unsafe { libc::pthread_kill(me, libc::SIGUSR1) }, 0);
-    });
+    let signaller = signal_this_thread_once(claimed, "the store sent no claim");
     let store = RedisStore::<std::io::Error>::builder(format!("redis://127.0.0.1:{seed_port}"))
         .cluster(true)
         .io_timeout(Duration::from_secs(2))
@@ -196,4 +182,18 @@ fn a_reply_wait_interrupted_by_a_signal_on_a_new_cluster_connection_is_sent_agai
         2,
         "sent again once, on a new connection"
     );
+}
+
+/// Sends SIGUSR1 to the calling thread 100 ms after `ready` gets a message (the call
+/// is then blocked reading its reply); the thread's handle, to join.
+fn signal_this_thread_once(
+    ready: mpsc::Receiver<()>,
+    missing: &'static str,
+) -> std::thread::JoinHandle<()> {
+    let me = unsafe { libc::pthread_self() };
+    std::thread::spawn(move || {
+        ready.recv_timeout(Duration::from_secs(10)).expect(missing);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(unsafe { libc::pthread_kill(me, libc::SIGUSR1) }, 0);
+    })
 }
