@@ -4,6 +4,8 @@
 // Every rule is the core's (`oncely.http`); this file only drives it.
 
 const { http, IdempotencyStore, OncelyError } = require('./index.js')
+const { RUN } = require('./lib/store.js')
+const { reentrantError } = require('./native.js')
 const { invalid, mustBe } = require('./lib/errors.js')
 
 const KEY = http.KEY_HEADER
@@ -74,8 +76,10 @@ function settings(options) {
     // The in-process store settles a key within the tick that settles its action (no
     // I/O): nothing needs to wait for it before the answer is sent.
     settlesAtOnce: store instanceof IdempotencyStore,
-    // Read once: a getter of the native config costs a call into Rust per request.
-    executeOptions: { wait: config.wait },
+    // The store's call: the in-process store's entry for adapters (see `dedup`), else
+    // `execute`. The config's `wait` read once: a getter of the native config costs a
+    // call into Rust per request.
+    run: storeCall(store, config.wait),
     // `readKey` as a plain function: no class-method dispatch, no decision object.
     readKey: config.keyReader(),
     // The core's header decisions by name, remembered: a handler sets the same few
@@ -83,6 +87,8 @@ function settings(options) {
     headerRules: new Map(),
     // The core's event-stream decision by content type, remembered likewise.
     eventStreams: new Map(),
+    // The core's status decision by status (100..=999).
+    storableStatuses: new Uint8Array(1000),
     requestCap,
     tenant: typeof tenant === 'function' ? tenant : () => tenant ?? http.DEFAULT_TENANT,
     route,
@@ -90,6 +96,13 @@ function settings(options) {
     onReplay,
     counters: { passedThrough: 0, refused: 0, led: 0, stored: 0, notStored: 0, replayed: 0 },
   }
+}
+
+/** `(scoped, fingerprint, fn)` → the store's answer (see `dedup`). */
+function storeCall(store, wait) {
+  if (store instanceof IdempotencyStore) return (scoped, fingerprint, fn) => store[RUN](scoped, fingerprint, fn, wait)
+  const options = { wait }
+  return (scoped, fingerprint, fn) => store.execute(scoped, fingerprint, fn, options)
 }
 
 /**
@@ -172,6 +185,16 @@ function isEventStream(s, contentType) {
   return rule
 }
 
+/** Whether a response with this status is stored (the core's decision, remembered by status). */
+function storableStatus(s, status) {
+  const known = s.storableStatuses
+  // 0: not asked yet; 1: not stored; 2: stored. Statuses outside 100..=999 are the core's to refuse.
+  if (!(status >= 100 && status <= 999 && Number.isInteger(status))) return http.storableStatus(status)
+  let rule = known[status]
+  if (rule === 0) known[status] = rule = http.storableStatus(status) ? 2 : 1
+  return rule === 2
+}
+
 /**
  * An answer to replay, from the record bytes a store gave (`http.decodeRecord`: the
  * body is a view of the record, not a copy): `{ status, fields, body }`, `fields` flat.
@@ -226,63 +249,145 @@ function isOncelyError(e) {
 }
 
 /**
- * Runs a covered request through the store. `lead(owner)` calls the handler and
- * resolves with the record bytes to store, or rejects with Unstored / Released (carrying
- * `owner`). `gone()` makes the Promise that resolves with GONE once the client has gone
- * away; it is asked for only when this caller waits for another (a leader's own answer
- * settles its wait). `decode` reads stored record bytes into the adapter's answer form
- * (that of its Unstored records). Resolves with what the caller must answer:
- * `{ led: true }` (the handler answered), `{ replay: answer }`, or `{ problem }`; rejects
- * with a foreign error.
+ * The requests that lead a key now (an adapter's host request object: Express's `req`,
+ * Fastify's `request`, a gRPC `call`), each with its leads as a list: `{ store, scoped,
+ * fp, outer }`. A request that reaches an adapter again while it leads (a middleware
+ * mounted on the app and on the route, a handler dispatching its request again) would
+ * wait for itself: it is refused `reentrant` at once. Kept by request, not in an async
+ * context: AsyncLocalStorage turns on Promise hooks for every Promise of the process.
  */
-async function dedup(s, scoped, fingerprint, lead, gone, decode) {
-  const options = s.executeOptions
-  for (;;) {
-    const owner = { leads: false }
-    try {
-      const run = s.store.execute(
-        scoped,
-        fingerprint,
-        () => {
-          owner.leads = true
-          return lead(owner)
-        },
-        options,
-      )
-      // Not the store's `signal`: an AbortSignal and its listener cost more than the rest
-      // of a first call in the store. A caller whose client has gone stops waiting here;
-      // the store's waiter goes on until the first request ends (a leader keeps the key
-      // until its handler settles either way).
-      let r
-      if (gone === undefined || owner.leads) {
-        r = await run
-      } else {
-        run.catch(noop)
-        r = await Promise.race([run, gone()])
-        if (r === GONE) throw new Error('the client went away')
-      }
-      if (r.source === 'led') {
-        s.counters.stored++
-        return LED
-      }
-      return { replay: decode(r.value) }
-    } catch (e) {
-      if (e instanceof Unstored) {
-        if (e.owner === owner) return LED
-        return { replay: e.record }
-      }
-      if (e instanceof Released) {
-        if (e.owner === owner) return LED
-        // The first request ended without an answer to share: lead (or wait) again.
-        continue
-      }
-      if (isOncelyError(e)) {
-        s.counters.refused++
-        return { problem: http.problem(e) }
-      }
-      throw e
+const leading = new WeakMap()
+
+function reentered(req, store, scoped, fp) {
+  for (let l = leading.get(req); l !== undefined; l = l.outer) {
+    if (l.store === store && l.scoped === scoped && l.fp === fp) return true
+  }
+  return false
+}
+
+function mark(req, lead) {
+  lead.outer = leading.get(req)
+  leading.set(req, lead)
+}
+
+/** Takes `lead` off its request's list (leads of one request may settle in any order). */
+function unmark(req, lead) {
+  let l = leading.get(req)
+  if (l === lead) {
+    if (lead.outer === undefined) leading.delete(req)
+    else leading.set(req, lead.outer)
+    return
+  }
+  for (; l !== undefined; l = l.outer) {
+    if (l.outer === lead) {
+      l.outer = lead.outer
+      return
     }
   }
+}
+
+/**
+ * Runs a covered request through the store. `req` is the host's request object (for the
+ * re-entry check). `lead(owner)` calls the handler and gives the record bytes to store,
+ * or throws Unstored / Released (carrying `owner`), or a Promise of either. `gone()`
+ * makes the Promise that resolves with GONE once the client has gone away; it is asked
+ * for only when this caller waits for another (a leader's own answer settles its wait).
+ * `decode` reads stored record bytes into the adapter's answer form (that of its
+ * Unstored records). Gives what the caller must answer: `{ led: true }` (the handler
+ * answered), `{ replay: answer }`, or `{ problem }`; at once when the store knows it at
+ * once (a replay; a handler that answered within the call, with the in-process store),
+ * else in a Promise. Throws (or rejects with) a foreign error.
+ */
+function dedup(s, req, scoped, fingerprint, lead, gone, decode) {
+  if (leading.has(req) && reentered(req, s.store, scoped, fingerprint)) {
+    s.counters.refused++
+    return { problem: http.problem(reentrantError(scoped)) }
+  }
+  const owner = { leads: false, store: s.store, scoped, fp: fingerprint, outer: undefined }
+  let r
+  try {
+    r = s.run(scoped, fingerprint, () => {
+      owner.leads = true
+      mark(req, owner)
+      return lead(owner)
+    })
+  } catch (e) {
+    if (owner.leads) unmark(req, owner)
+    return answerOfError(s, e, owner, req, scoped, fingerprint, lead, gone, decode)
+  }
+  if (!(r instanceof Promise)) {
+    if (owner.leads) unmark(req, owner)
+    return answerOfRun(s, r, decode)
+  }
+  return settled(s, r, owner, req, scoped, fingerprint, lead, gone, decode)
+}
+
+/** `dedup` for an adapter that awaits its outcome: always a Promise. */
+function dedupAsync(s, req, scoped, fingerprint, lead, gone, decode) {
+  try {
+    return Promise.resolve(dedup(s, req, scoped, fingerprint, lead, gone, decode))
+  } catch (e) {
+    return Promise.reject(e)
+  }
+}
+
+/** What to answer once the store has answered `r` (`{ value, source }`). */
+function answerOfRun(s, r, decode) {
+  if (r.source === 'led') {
+    s.counters.stored++
+    return LED
+  }
+  try {
+    return { replay: decode(r.value) }
+  } catch (e) {
+    // A stored value that is not a record of this adapter (UNAVAILABLE).
+    if (!isOncelyError(e)) throw e
+    s.counters.refused++
+    return { problem: http.problem(e) }
+  }
+}
+
+/**
+ * What to answer when the store's call failed with `e`: the leader's own response (led
+ * or shared), a problem, or, when the first request ended without an answer to share,
+ * another round (lead or wait again). Throws a foreign error.
+ */
+function answerOfError(s, e, owner, req, scoped, fingerprint, lead, gone, decode) {
+  if (e instanceof Unstored) {
+    if (e.owner === owner) return LED
+    return { replay: e.record }
+  }
+  if (e instanceof Released) {
+    if (e.owner === owner) return LED
+    return dedup(s, req, scoped, fingerprint, lead, gone, decode)
+  }
+  if (isOncelyError(e)) {
+    s.counters.refused++
+    return { problem: http.problem(e) }
+  }
+  throw e
+}
+
+async function settled(s, run, owner, req, scoped, fingerprint, lead, gone, decode) {
+  let r
+  try {
+    // Not the store's `signal`: an AbortSignal and its listener cost more than the rest
+    // of a first call in the store. A caller whose client has gone stops waiting here;
+    // the store's waiter goes on until the first request ends (a leader keeps the key
+    // until its handler settles either way).
+    if (gone === undefined || owner.leads) {
+      r = await run
+    } else {
+      run.catch(noop)
+      r = await Promise.race([run, gone()])
+      if (r === GONE) throw new Error('the client went away')
+    }
+  } catch (e) {
+    return answerOfError(s, e, owner, req, scoped, fingerprint, lead, gone, decode)
+  } finally {
+    if (owner.leads) unmark(req, owner)
+  }
+  return answerOfRun(s, r, decode)
 }
 
 const LED = Object.freeze({ led: true })
@@ -322,10 +427,12 @@ module.exports = {
   tooLarge,
   recordFields,
   isEventStream,
+  storableStatus,
   answerOf,
   setAnswerHeaders,
   requestOf,
   dedup,
+  dedupAsync,
   goneOf,
   replayed,
   http,

@@ -13,7 +13,7 @@ const {
   isEventStream,
   answerOf,
   requestOf,
-  dedup,
+  dedupAsync,
   goneOf,
   replayed,
   http,
@@ -170,7 +170,7 @@ async function idempotency(fastify, options) {
         })
         started('lead')
       })
-    st.run = dedup(s, scoped, fp, lead, gone, answerOf)
+    st.run = dedupAsync(s, request, scoped, fp, lead, gone, answerOf)
     st.run.catch(() => {})
     const first = await Promise.race([leading, st.run])
     if (first === 'lead') return

@@ -4,7 +4,7 @@
 // application/grpc, the length-prefixed message as the body, grpc-status and
 // grpc-message as trailers.
 
-const { Unstored, Released, settings, requestOf, dedup, goneOf, replayed, http } = require('./adapter.js')
+const { Unstored, Released, settings, requestOf, dedupAsync, goneOf, replayed, http } = require('./adapter.js')
 
 // A cancelled call leaves its handler running: the key stays held until the handler
 // answers, and that answer is kept as usual, so a retry does not run the handler again.
@@ -198,7 +198,7 @@ function wrap(s, grpc, def, handler) {
         }
       })
 
-    dedup(s, scoped, fp, lead, gone, decodeRecord).then(
+    dedupAsync(s, call, scoped, fp, lead, gone, decodeRecord).then(
       (outcome) => {
         // The handler ran (whatever the store said after): its answer is the one to send.
         if (outcome.led || finish) return finish?.()

@@ -8,6 +8,9 @@ const { NativeStore } = require('../native.js')
 const { isOncelyError, mustBe, isSignal } = require('./errors.js')
 const { UNKNOWN, codeOf } = require('./extract.js')
 
+/** The server adapters' entry into a store (`IdempotencyStore[RUN]`). */
+const RUN = Symbol('oncely.run')
+
 /** What a joiner's Promise resolves to when its leader went away: begin again. */
 const ABANDONED = Object.freeze({ oncelyAbandoned: true })
 /** What `begin` returns to a leader (its lease is then in the store's slot). */
@@ -294,16 +297,7 @@ class IdempotencyStore {
       const { wait, signal } = executeArgs(scoped, fingerprint, fn, options)
       const reentrant = reentry(this, scoped, fingerprint)
       if (reentrant !== undefined) throw reentrant
-      // The strings cross into Rust only when they differ from the last call's.
-      let r
-      try {
-        r = scoped === this.#key && fingerprint === this.#fp ? this.#begin(wait) : this.#begin(wait, scoped === this.#key ? undefined : scoped, fingerprint === this.#fp ? undefined : fingerprint)
-      } catch (e) {
-        this.#key = this.#fp = undefined
-        throw e
-      }
-      this.#key = scoped
-      this.#fp = fingerprint
+      const r = this.#beginOf(scoped, fingerprint, wait)
       // A replay: the index of the stored value in the slot array.
       if (typeof r === 'number') return Promise.resolve({ value: this.#slot[r], replayed: true, source: REPLAYED })
       if (r === LEAD) return this.#lead(scoped, fingerprint, fn, signal)
@@ -333,6 +327,81 @@ class IdempotencyStore {
     } catch (e) {
       return Promise.reject(e)
     }
+  }
+
+  /**
+   * The native `begin`: a number (a replay: the index of the stored value in the slot),
+   * LEAD (this caller leads: its lease is in the slot) or a Promise (a join). The strings
+   * cross into Rust only when they differ from the last call's.
+   */
+  #beginOf(scoped, fingerprint, wait) {
+    let r
+    try {
+      r = scoped === this.#key && fingerprint === this.#fp ? this.#begin(wait) : this.#begin(wait, scoped === this.#key ? undefined : scoped, fingerprint === this.#fp ? undefined : fingerprint)
+    } catch (e) {
+      this.#key = this.#fp = undefined
+      throw e
+    }
+    this.#key = scoped
+    this.#fp = fingerprint
+    return r
+  }
+
+  /**
+   * `execute` for the server adapters (adapter.js), without what only other callers
+   * need: the action runs outside the store's async context and without a flight (an
+   * adapter checks re-entry itself, by request, and gives its handler no signal), so a
+   * first call turns on no Promise hook of the process; and an outcome known at once (a
+   * replay, an action that returned or threw at once) comes back as it is, or is thrown,
+   * not put in a Promise. Else a Promise of `{ value, replayed, source }`. Arguments as
+   * `execute` checks them (the adapters pass a string key and fingerprint, a function and
+   * a boolean).
+   */
+  [RUN](scoped, fingerprint, fn, wait) {
+    const r = this.#beginOf(scoped, fingerprint, wait)
+    if (typeof r === 'number') return { value: this.#slot[r], replayed: true, source: REPLAYED }
+    if (r === LEAD) {
+      const lease = this.#slot[0]
+      this.#slot[0] = undefined
+      let out
+      try {
+        out = fn()
+      } catch (e) {
+        this.#native.fail(lease, e, this.#cacheFailures ? cacheCode(e) : UNKNOWN)
+        throw e
+      }
+      if (!isThenable(out)) {
+        this.#native.complete(lease, out)
+        return { value: out, replayed: false, source: LED }
+      }
+      return Promise.resolve(out).then(
+        (value) => {
+          this.#native.complete(lease, value)
+          return { value, replayed: false, source: LED }
+        },
+        (error) => {
+          this.#native.fail(lease, error, this.#cacheFailures ? cacheCode(error) : UNKNOWN)
+          throw error
+        },
+      )
+    }
+    if (r instanceof Promise) {
+      const c = enter(this.#callers, scoped)
+      const flight = c.flight
+      return r.then(
+        (v) => {
+          leave(c)
+          if (v !== ABANDONED) return { value: v, replayed: true, source: JOINED }
+          if (flight !== undefined) flight.collected()
+          return this[RUN](scoped, fingerprint, fn, wait)
+        },
+        (e) => {
+          leave(c)
+          throw e
+        },
+      )
+    }
+    throw new Error('oncely: unexpected answer from the native store')
   }
 
   /**
@@ -412,4 +481,4 @@ function httpStatusOf(err) {
   return isOncelyError(err) ? err.httpStatus : undefined
 }
 
-module.exports = { ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }
+module.exports = { RUN, ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }

@@ -911,7 +911,11 @@ fn scoped_or_problem(
     let scoped =
         IdempotencyKey::parse(key).and_then(|key| contract::scope(tenant, method, route, &key));
     match scoped {
-        Ok(s) => Ok(s.as_str().to_owned()),
+        Ok(s) => {
+            let text = s.as_str().to_owned();
+            crate::store::remember_scoped(s);
+            Ok(text)
+        }
         Err(CoreError::InvalidArgument { field, reason }) => {
             let field = js_field(field);
             let message = format!("invalid {field}: {reason}");

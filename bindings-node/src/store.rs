@@ -264,11 +264,15 @@ struct Inner {
 }
 
 impl Inner {
-    /// Makes `s` the parsed key in `last_key` (parsing it unless it is the same text).
+    /// Makes `s` the parsed key in `last_key` (parsing it unless it is the same text as
+    /// the last call's, or as the key `http.request` made last).
     fn parse_key(&self, s: &str) -> std::result::Result<(), oncely::Error> {
         let mut last = self.last_key.borrow_mut();
         if last.as_ref().is_none_or(|k| k.as_str() != s) {
-            *last = Some(oncely::ScopedKey::parse(s)?);
+            *last = Some(match take_scoped(s) {
+                Some(k) => k,
+                None => oncely::ScopedKey::parse(s)?,
+            });
         }
         Ok(())
     }
@@ -677,6 +681,29 @@ pub fn reentrant_error(env: &Env, key: String) -> Unknown<'_> {
     let e = crate::redis_store::thrown(raw, &oncely::Error::Reentrant { key });
     // SAFETY: a live value of this call.
     unsafe { Unknown::from_raw_unchecked(raw, e) }
+}
+
+thread_local! {
+    /// The scoped key `http.request` made last on this thread: a server adapter passes
+    /// its text to `begin` next, which then takes it instead of parsing the text again.
+    static LAST_SCOPED: RefCell<Option<oncely::ScopedKey>> = const { RefCell::new(None) };
+}
+
+/// Remembers `key`, made by `http.request`, for the `begin` that follows (see `LAST_SCOPED`).
+pub(crate) fn remember_scoped(key: oncely::ScopedKey) {
+    LAST_SCOPED.with(|k| *k.borrow_mut() = Some(key));
+}
+
+/// The remembered scoped key when its text is `text` (taken: a key is begun once).
+fn take_scoped(text: &str) -> Option<oncely::ScopedKey> {
+    LAST_SCOPED.with(|k| {
+        let mut k = k.borrow_mut();
+        if k.as_ref().is_some_and(|key| key.as_str() == text) {
+            k.take()
+        } else {
+            None
+        }
+    })
 }
 
 impl Inner {

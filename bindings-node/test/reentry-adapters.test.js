@@ -79,6 +79,61 @@ for (const [major, express] of Object.entries(EXPRESSES)) {
   })
 }
 
+for (const [major, express] of Object.entries(EXPRESSES)) {
+  test(`${major}: a request through two middleware with two stores leads in both; the retry is replayed by the first`, async () => {
+    const outer = new IdempotencyStore()
+    const inner = new IdempotencyStore()
+    const app = express()
+    let calls = 0
+    app.use(idempotency({ store: outer }))
+    app.post('/orders', idempotency({ store: inner }), (req, res) => {
+      calls++
+      res.status(201).json({ n: calls })
+    })
+    const server = await listen(app)
+    try {
+      const url = `http://127.0.0.1:${server.address().port}/orders`
+      const first = await post(url, 'order-two-stores-1')
+      assert.deepEqual(first, { status: 201, body: '{"n":1}' })
+      const again = await post(url, 'order-two-stores-1')
+      assert.deepEqual(again, first)
+      assert.equal(calls, 1)
+      // Both stores hold the key once; neither lead is left behind on the request.
+      assert.equal(outer.size, 1)
+      assert.equal(inner.size, 1)
+      assert.equal(outer.pendingWaiters + inner.pendingWaiters, 0)
+    } finally {
+      server.closeAllConnections()
+      server.close()
+    }
+  })
+
+  test(`${major}: a handler that re-dispatches its request after an await is refused, not left waiting`, async () => {
+    const store = new IdempotencyStore()
+    const app = express()
+    let calls = 0
+    app.use(idempotency({ store }))
+    app.post('/v1/orders', async (req, res, next) => {
+      await new Promise((r) => setTimeout(r, 5))
+      req.url = '/v2/orders'
+      app.handle(req, res, next)
+    })
+    app.post('/v2/orders', (req, res) => {
+      calls++
+      res.status(201).json({ ok: true })
+    })
+    const server = await listen(app)
+    try {
+      const r = await post(`http://127.0.0.1:${server.address().port}/v1/orders`, 'order-rewrite-late-1')
+      assert.notEqual(r, 'hang', 'the request waits for its own flight forever')
+      assert.ok(calls <= 1)
+    } finally {
+      server.closeAllConnections()
+      server.close()
+    }
+  })
+}
+
 test('grpc: an implementation wrapped twice with one store does not hang the call', async () => {
   const grpc = require('@grpc/grpc-js')
   const { withIdempotency } = require('oncely/grpc')
