@@ -5,7 +5,6 @@
 
 const { http, IdempotencyStore, OncelyError } = require('./index.js')
 const { RUN } = require('./lib/store.js')
-const { reentrantError } = require('./native.js')
 const { invalid, mustBe } = require('./lib/errors.js')
 
 const KEY = http.KEY_HEADER
@@ -249,46 +248,7 @@ function isOncelyError(e) {
 }
 
 /**
- * The requests that lead a key now (an adapter's host request object: Express's `req`,
- * Fastify's `request`, a gRPC `call`), each with its leads as a list: `{ store, scoped,
- * fp, outer }`. A request that reaches an adapter again while it leads (a middleware
- * mounted on the app and on the route, a handler dispatching its request again) would
- * wait for itself: it is refused `reentrant` at once. Kept by request, not in an async
- * context: AsyncLocalStorage turns on Promise hooks for every Promise of the process.
- */
-const leading = new WeakMap()
-
-function reentered(req, store, scoped, fp) {
-  for (let l = leading.get(req); l !== undefined; l = l.outer) {
-    if (l.store === store && l.scoped === scoped && l.fp === fp) return true
-  }
-  return false
-}
-
-function mark(req, lead) {
-  lead.outer = leading.get(req)
-  leading.set(req, lead)
-}
-
-/** Takes `lead` off its request's list (leads of one request may settle in any order). */
-function unmark(req, lead) {
-  let l = leading.get(req)
-  if (l === lead) {
-    if (lead.outer === undefined) leading.delete(req)
-    else leading.set(req, lead.outer)
-    return
-  }
-  for (; l !== undefined; l = l.outer) {
-    if (l.outer === lead) {
-      l.outer = lead.outer
-      return
-    }
-  }
-}
-
-/**
- * Runs a covered request through the store. `req` is the host's request object (for the
- * re-entry check). `lead(owner)` calls the handler and gives the record bytes to store,
+ * Runs a covered request through the store. `lead(owner)` calls the handler and gives the record bytes to store,
  * or throws Unstored / Released (carrying `owner`), or a Promise of either. `gone()`
  * makes the Promise that resolves with GONE once the client has gone away; it is asked
  * for only when this caller waits for another (a leader's own answer settles its wait).
@@ -298,34 +258,25 @@ function unmark(req, lead) {
  * once (a replay; a handler that answered within the call, with the in-process store),
  * else in a Promise. Throws (or rejects with) a foreign error.
  */
-function dedup(s, req, scoped, fingerprint, lead, gone, decode) {
-  if (leading.has(req) && reentered(req, s.store, scoped, fingerprint)) {
-    s.counters.refused++
-    return { problem: http.problem(reentrantError(scoped)) }
-  }
-  const owner = { leads: false, store: s.store, scoped, fp: fingerprint, outer: undefined }
+function dedup(s, scoped, fingerprint, lead, gone, decode) {
+  const owner = { leads: false }
   let r
   try {
     r = s.run(scoped, fingerprint, () => {
       owner.leads = true
-      mark(req, owner)
       return lead(owner)
     })
   } catch (e) {
-    if (owner.leads) unmark(req, owner)
-    return answerOfError(s, e, owner, req, scoped, fingerprint, lead, gone, decode)
+    return answerOfError(s, e, owner, scoped, fingerprint, lead, gone, decode)
   }
-  if (!(r instanceof Promise)) {
-    if (owner.leads) unmark(req, owner)
-    return answerOfRun(s, r, decode)
-  }
-  return settled(s, r, owner, req, scoped, fingerprint, lead, gone, decode)
+  if (r instanceof Promise) return settled(s, r, owner, scoped, fingerprint, lead, gone, decode)
+  return answerOfRun(s, r, decode)
 }
 
 /** `dedup` for an adapter that awaits its outcome: always a Promise. */
-function dedupAsync(s, req, scoped, fingerprint, lead, gone, decode) {
+function dedupAsync(s, scoped, fingerprint, lead, gone, decode) {
   try {
-    return Promise.resolve(dedup(s, req, scoped, fingerprint, lead, gone, decode))
+    return Promise.resolve(dedup(s, scoped, fingerprint, lead, gone, decode))
   } catch (e) {
     return Promise.reject(e)
   }
@@ -352,14 +303,14 @@ function answerOfRun(s, r, decode) {
  * or shared), a problem, or, when the first request ended without an answer to share,
  * another round (lead or wait again). Throws a foreign error.
  */
-function answerOfError(s, e, owner, req, scoped, fingerprint, lead, gone, decode) {
+function answerOfError(s, e, owner, scoped, fingerprint, lead, gone, decode) {
   if (e instanceof Unstored) {
     if (e.owner === owner) return LED
     return { replay: e.record }
   }
   if (e instanceof Released) {
     if (e.owner === owner) return LED
-    return dedup(s, req, scoped, fingerprint, lead, gone, decode)
+    return dedup(s, scoped, fingerprint, lead, gone, decode)
   }
   if (isOncelyError(e)) {
     s.counters.refused++
@@ -368,7 +319,7 @@ function answerOfError(s, e, owner, req, scoped, fingerprint, lead, gone, decode
   throw e
 }
 
-async function settled(s, run, owner, req, scoped, fingerprint, lead, gone, decode) {
+async function settled(s, run, owner, scoped, fingerprint, lead, gone, decode) {
   let r
   try {
     // Not the store's `signal`: an AbortSignal and its listener cost more than the rest
@@ -383,9 +334,7 @@ async function settled(s, run, owner, req, scoped, fingerprint, lead, gone, deco
       if (r === GONE) throw new Error('the client went away')
     }
   } catch (e) {
-    return answerOfError(s, e, owner, req, scoped, fingerprint, lead, gone, decode)
-  } finally {
-    if (owner.leads) unmark(req, owner)
+    return answerOfError(s, e, owner, scoped, fingerprint, lead, gone, decode)
   }
   return answerOfRun(s, r, decode)
 }

@@ -156,7 +156,7 @@ function idempotency(options) {
     const capture = new Capture(s, req, res, next, method, cap)
     let outcome
     try {
-      outcome = dedup(s, req, scoped, fp, capture.lead, capture.gone, answerOf)
+      outcome = dedup(s, scoped, fp, capture.lead, capture.gone, answerOf)
     } catch (e) {
       return failed(capture, res, next, e)
     }

@@ -120,9 +120,13 @@ async function idempotency(fastify, options) {
     return again
   })
 
-  fastify.addHook('preHandler', async (request, reply) => {
+  // Callback-style: the leader goes on to the handler from inside the store's call, so
+  // the handler runs in its lead's async context (a request it injects with its own key
+  // is refused as re-entrant instead of waiting for itself). Any other answer is sent
+  // from here and the handler is not reached.
+  fastify.addHook('preHandler', (request, reply, done) => {
     const st = request[STATE]
-    if (!st || reply.sent) return
+    if (!st || reply.sent) return done()
     const route = String((s.route && s.route(request)) ?? request.routeOptions?.url ?? request.url.split('?')[0])
     const own = s.fingerprint !== undefined
     const r = own
@@ -131,7 +135,8 @@ async function idempotency(fastify, options) {
     if (!Array.isArray(r)) {
       s.counters.refused++
       request[STATE] = undefined
-      return sendProblem(reply, r)
+      sendProblem(reply, r)
+      return
     }
     const scoped = r[0]
     const fp = own ? s.fingerprint(request, st.body) : r[1]
@@ -139,10 +144,7 @@ async function idempotency(fastify, options) {
     // Asked for only by a request that waits for another.
     let goneOnce
     const gone = () => (goneOnce ??= goneOf(reply.raw, 'close', () => reply.raw.writableFinished))
-    let started
-    const leading = new Promise((resolve) => {
-      started = resolve
-    })
+    let led = false
     const lead = (owner) =>
       new Promise((resolve, reject) => {
         s.counters.led++
@@ -168,26 +170,34 @@ async function idempotency(fastify, options) {
           if (!reply.raw.headersSent && socket && (socket.readableEnded || socket.errored)) return
           st.settle(new Released(owner, 'the response was not sent whole'))
         })
-        started('lead')
+        led = true
+        // In a microtask (which keeps the async context): `st.run`, which onSend waits
+        // for, is set once the store's call has returned.
+        queueMicrotask(done)
       })
-    st.run = dedupAsync(s, request, scoped, fp, lead, gone, answerOf)
-    st.run.catch(() => {})
-    const first = await Promise.race([leading, st.run])
-    if (first === 'lead') return
-    request[STATE] = undefined
-    if (first.problem) return sendProblem(reply, first.problem)
-    const a = first.replay
-    replayed(s, request, scoped)
-    // Grouped by name: Fastify's `header` replaces a value (and appends a set-cookie).
-    const headers = {}
-    const fields = a.fields
-    for (let i = 0; i < fields.length; i += 2) {
-      const name = fields[i]
-      const v = fields[i + 1]
-      headers[name] = headers[name] === undefined ? v : [].concat(headers[name], v)
-    }
-    headers[http.REPLAYED_HEADER] = 'true'
-    return reply.code(a.status).headers(headers).send(a.body)
+    st.run = dedupAsync(s, scoped, fp, lead, gone, answerOf)
+    st.run.then(
+      (first) => {
+        if (led) return
+        request[STATE] = undefined
+        if (first.problem) return sendProblem(reply, first.problem)
+        const a = first.replay
+        replayed(s, request, scoped)
+        // Grouped by name: Fastify's `header` replaces a value (and appends a set-cookie).
+        const headers = {}
+        const fields = a.fields
+        for (let i = 0; i < fields.length; i += 2) {
+          const name = fields[i]
+          const v = fields[i + 1]
+          headers[name] = headers[name] === undefined ? v : [].concat(headers[name], v)
+        }
+        headers[http.REPLAYED_HEADER] = 'true'
+        reply.code(a.status).headers(headers).send(a.body)
+      },
+      (e) => {
+        if (!led) done(e)
+      },
+    )
   })
 
   fastify.addHook('onSend', async (request, reply, payload) => {

@@ -198,7 +198,7 @@ function wrap(s, grpc, def, handler) {
         }
       })
 
-    dedupAsync(s, call, scoped, fp, lead, gone, decodeRecord).then(
+    dedupAsync(s, scoped, fp, lead, gone, decodeRecord).then(
       (outcome) => {
         // The handler ran (whatever the store said after): its answer is the one to send.
         if (outcome.led || finish) return finish?.()

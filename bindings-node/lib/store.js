@@ -190,6 +190,20 @@ class Flight {
   }
 }
 
+/**
+ * What `reentry` reads of an action led through `IdempotencyStore[RUN]`, in its async
+ * context: the fields of a flight it looks at, without the flight's callers and signal.
+ */
+class Leading {
+  constructor(store, key, fingerprint) {
+    this.store = store
+    this.key = key
+    this.fp = fingerprint
+    this.parent = acting.getStore()
+    this.running = true
+  }
+}
+
 /** What an action is given: `signal` fires when every caller of its key has gone. */
 class ActionInfo {
   #flight
@@ -349,37 +363,43 @@ class IdempotencyStore {
 
   /**
    * `execute` for the server adapters (adapter.js), without what only other callers
-   * need: the action runs outside the store's async context and without a flight (an
-   * adapter checks re-entry itself, by request, and gives its handler no signal), so a
-   * first call turns on no Promise hook of the process; and an outcome known at once (a
-   * replay, an action that returned or threw at once) comes back as it is, or is thrown,
-   * not put in a Promise. Else a Promise of `{ value, replayed, source }`. Arguments as
-   * `execute` checks them (the adapters pass a string key and fingerprint, a function and
-   * a boolean).
+   * need: the action (a request's handler) gets no signal, so it runs without a flight
+   * (only a record of what it leads, for the re-entrancy check, in the async context);
+   * and an outcome known at once (a replay, an action that returned or threw at once)
+   * comes back as it is, or is thrown, not put in a Promise. Else a Promise of
+   * `{ value, replayed, source }`. Arguments as `execute` checks them (the adapters pass
+   * a string key and fingerprint, a function and a boolean).
    */
   [RUN](scoped, fingerprint, fn, wait) {
+    const reentrant = reentry(this, scoped, fingerprint)
+    if (reentrant !== undefined) throw reentrant
     const r = this.#beginOf(scoped, fingerprint, wait)
     if (typeof r === 'number') return { value: this.#slot[r], replayed: true, source: REPLAYED }
     if (r === LEAD) {
       const lease = this.#slot[0]
       this.#slot[0] = undefined
+      const leading = new Leading(this, scoped, fingerprint)
       let out
       try {
-        out = fn()
+        out = acting.run(leading, fn)
       } catch (e) {
+        leading.running = false
         this.#native.fail(lease, e, this.#cacheFailures ? cacheCode(e) : UNKNOWN)
         throw e
       }
       if (!isThenable(out)) {
+        leading.running = false
         this.#native.complete(lease, out)
         return { value: out, replayed: false, source: LED }
       }
       return Promise.resolve(out).then(
         (value) => {
+          leading.running = false
           this.#native.complete(lease, value)
           return { value, replayed: false, source: LED }
         },
         (error) => {
+          leading.running = false
           this.#native.fail(lease, error, this.#cacheFailures ? cacheCode(error) : UNKNOWN)
           throw error
         },

@@ -1,0 +1,111 @@
+'use strict'
+// IdempotencyStore[RUN], the server adapters' entry into the in-process store, and the
+// scoped key http.request leaves for the next begin.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const v8 = require('node:v8')
+const vm = require('node:vm')
+const { IdempotencyStore, http } = require('oncely')
+const { RUN } = require('../lib/store.js')
+
+v8.setFlagsFromString('--expose-gc')
+const gc = vm.runInNewContext('gc')
+const delay = (ms) => new Promise((r) => setTimeout(r, ms))
+let n = 0
+const key = () => http.scope('t', 'POST', '/r', `run-key-${n++}`)
+const fp = 'f'.repeat(64)
+
+test('RUN: a leader that returns at once settles the key before RUN returns; the next RUN replays synchronously', () => {
+  const store = new IdempotencyStore()
+  const k = key()
+  const value = new Uint8Array([1, 2, 3])
+  const a = store[RUN](k, fp, () => value, true)
+  assert.deepEqual(a, { value, replayed: false, source: 'led' })
+  const b = store[RUN](k, fp, () => assert.fail('ran twice'), true)
+  assert.equal(b.value, value)
+  assert.equal(b.source, 'replayed')
+})
+
+test('RUN: a leader that throws at once releases the key (the next caller leads); waiters of an async failure are rejected', async () => {
+  const store = new IdempotencyStore()
+  const k = key()
+  assert.throws(() => store[RUN](k, fp, () => { throw new Error('sync') }, true), /sync/)
+  assert.equal(store[RUN](k, fp, () => 'second', true).source, 'led')
+  const k2 = key()
+  let fail
+  const leader = store[RUN](k2, fp, () => new Promise((_, rej) => { fail = rej }), true)
+  const waiters = Array.from({ length: 100 }, () => store[RUN](k2, fp, () => assert.fail('joined ran'), true))
+  fail(new Error('late'))
+  await assert.rejects(leader, /late/)
+  for (const w of waiters) await assert.rejects(w, /late/)
+  assert.equal(store.pendingWaiters, 0)
+})
+
+test('RUN: a RUN leader collected unsettled lets a RUN waiter and an execute waiter take over (one of them leads)', async () => {
+  const store = new IdempotencyStore()
+  const k = key()
+  ;(() => {
+    store[RUN](k, fp, () => new Promise(() => {}), true)
+  })()
+  let runs = 0
+  const w1 = store[RUN](k, fp, () => { runs++; return 'by RUN waiter' }, true)
+  const w2 = store.execute(k, fp, async () => { runs++; return 'by execute waiter' })
+  let settled = 0
+  w1.then(() => settled++, () => settled++)
+  w2.then(() => settled++, () => settled++)
+  for (let i = 0; i < 100 && settled < 2; i++) {
+    gc()
+    await delay(5)
+  }
+  assert.equal(settled, 2, 'a waiter of a collected leader hangs')
+  const [a, b] = [await w1, await w2]
+  assert.equal(runs, 1)
+  assert.equal(a.value, b.value)
+})
+
+test('RUN: an execute leader collected unsettled lets RUN waiters take over', async () => {
+  const store = new IdempotencyStore()
+  const k = key()
+  ;(() => {
+    store.execute(k, fp, () => new Promise(() => {}))
+  })()
+  let runs = 0
+  const ws = Array.from({ length: 10 }, () => store[RUN](k, fp, () => { runs++; return 'taken' }, true))
+  let settled = 0
+  for (const w of ws) w.then(() => settled++, () => settled++)
+  for (let i = 0; i < 100 && settled < ws.length; i++) {
+    gc()
+    await delay(5)
+  }
+  assert.equal(settled, ws.length, 'a waiter of a collected leader hangs')
+  assert.equal(runs, 1)
+})
+
+test('RUN: wait=false while in progress throws at once; a fingerprint mismatch throws at once', async () => {
+  const store = new IdempotencyStore()
+  const k = key()
+  let done
+  const leader = store[RUN](k, fp, () => new Promise((r) => { done = r }), true)
+  assert.throws(() => store[RUN](k, fp, () => 1, false), { code: 'ABORTED' })
+  assert.throws(() => store[RUN](k, 'e'.repeat(64), () => 1, true), (e) => e.httpStatus === 422)
+  done('v')
+  assert.equal((await leader).value, 'v')
+  assert.equal(store[RUN](k, fp, () => 1, false).value, 'v')
+})
+
+test('the scoped key http.request stashes is taken only by a begin of the same text, on any store', () => {
+  const a = new IdempotencyStore()
+  const b = new IdempotencyStore()
+  const cfg = new http.HttpConfig({})
+  const made = http.request('tenant:a', 'POST', '/r', 'order-stash-0001', '/r', 'application/json', '{}')
+  assert.ok(Array.isArray(made))
+  const [scoped] = made
+  // Another key's begin first: the stash must not be given to it.
+  const other = http.scope('tenant:a', 'POST', '/r', 'order-stash-0002')
+  assert.equal(a[RUN](other, fp, () => 'other', true).value, 'other')
+  assert.equal(b[RUN](scoped, fp, () => 'b', true).value, 'b')
+  assert.equal(a[RUN](scoped, fp, () => 'a', true).value, 'a', 'store a has its own entry for the key')
+  assert.equal(a[RUN](other, fp, () => 'x', true).value, 'other')
+  assert.equal(b[RUN](scoped, fp, () => 'x', true).value, 'b')
+  void cfg
+})
