@@ -19,6 +19,8 @@ const {
   http,
 } = require('./adapter.js')
 
+const { acting } = require('./lib/store.js')
+
 const STATE = Symbol('oncely.idempotency')
 const EMPTY = Buffer.alloc(0)
 
@@ -99,7 +101,10 @@ async function idempotency(fastify, options) {
       reply.header('connection', 'close')
       return sendProblem(reply, tooLarge(s))
     }
-    request[STATE] = { key, body: EMPTY }
+    // The async context the request arrived in: the store is called in it from
+    // preHandler, which may run in another request's context (a plugin that parks
+    // requests and resumes them from inside another request's hooks).
+    request[STATE] = { key, body: EMPTY, context: acting.getStore() }
   })
 
   fastify.addHook('preParsing', async (request, reply, payload) => {
@@ -175,7 +180,7 @@ async function idempotency(fastify, options) {
         // for, is set once the store's call has returned.
         queueMicrotask(done)
       })
-    st.run = dedupAsync(s, scoped, fp, lead, gone, answerOf)
+    st.run = acting.run(st.context, dedupAsync, s, scoped, fp, lead, gone, answerOf)
     st.run.then(
       (first) => {
         if (led) return
