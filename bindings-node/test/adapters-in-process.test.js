@@ -8,6 +8,7 @@ const Fastify = require('fastify')
 const { IdempotencyStore } = require('oncely')
 const { idempotency } = require('oncely/fastify')
 const { withIdempotency } = require('oncely/grpc')
+const { listen } = require('./fastify-helpers.js')
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 let n = 0
@@ -33,8 +34,7 @@ test('fastify: 200 duplicates of a late answer, a sync throw (422), and a replay
     calls++
     reply.code(201).send({ n: calls })
   })
-  await app.listen({ port: 0, host: '127.0.0.1' })
-  const u = `http://127.0.0.1:${app.server.address().port}`
+  const u = await listen(app)
   const post = async (p, k, body = '{"a":1}') => {
     const r = await fetch(`${u}${p}`, { method: 'POST', headers: { 'idempotency-key': k, 'content-type': 'application/json' }, body, signal: AbortSignal.timeout(4000) })
     return { status: r.status, body: await r.text() }

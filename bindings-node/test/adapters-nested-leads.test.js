@@ -5,25 +5,9 @@ const test = require('node:test')
 const assert = require('node:assert/strict')
 const { IdempotencyStore } = require('oncely')
 const { idempotency } = require('oncely/express')
+const { EXPRESSES, serve, post } = require('./express-helpers.js')
 
-const EXPRESSES = { 'express 5': require('express'), 'express 4': require('express4') }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
-
-function listen(app) {
-  app.set('env', 'test')
-  return new Promise((resolve) => {
-    const server = app.listen(0, '127.0.0.1', () => resolve(server))
-  })
-}
-async function post(url, key) {
-  try {
-    const r = await fetch(url, { method: 'POST', headers: { 'idempotency-key': key, 'content-type': 'application/json' }, body: '{"a":1}', signal: AbortSignal.timeout(3000) })
-    return { status: r.status, body: await r.text() }
-  } catch (e) {
-    if (e.name === 'TimeoutError') return 'hang'
-    throw e
-  }
-}
 
 for (const [major, express] of Object.entries(EXPRESSES)) {
   test(`${major}: a route re-dispatched after an await to another route with the same store leads both keys; 50 duplicates, one run, nothing left waiting`, async () => {
@@ -41,9 +25,7 @@ for (const [major, express] of Object.entries(EXPRESSES)) {
       await sleep(20)
       res.status(201).json({ n: calls })
     })
-    const server = await listen(app)
-    try {
-      const u = `http://127.0.0.1:${server.address().port}`
+    await serve(app, async (u) => {
       const all = await Promise.all(Array.from({ length: 50 }, () => post(`${u}/v1/orders`, 'nested-1')))
       assert.ok(!all.includes('hang'))
       for (const r of all) assert.deepEqual(r, { status: 201, body: '{"n":1}' })
@@ -52,10 +34,7 @@ for (const [major, express] of Object.entries(EXPRESSES)) {
       // (the fingerprint covers the original URL): a reuse with other parameters.
       assert.equal((await post(`${u}/v2/orders`, 'nested-1')).status, 422)
       assert.equal(store.pendingWaiters, 0)
-    } finally {
-      server.closeAllConnections()
-      server.close()
-    }
+    })
   })
 
   test(`${major}: inner lead (route, store B) settles before the outer one (app, store A, held by a slow stored answer) and vice versa`, async () => {
@@ -75,18 +54,13 @@ for (const [major, express] of Object.entries(EXPRESSES)) {
       calls++
       res.status(200).send('y')
     })
-    const server = await listen(app)
-    try {
-      const u = `http://127.0.0.1:${server.address().port}`
+    await serve(app, async (u) => {
       const xs = await Promise.all(Array.from({ length: 30 }, () => post(`${u}/x`, 'nested-2')))
       for (const r of xs) assert.deepEqual(r, { status: 200, body: 'ab' })
       const ys = await Promise.all(Array.from({ length: 30 }, () => post(`${u}/y`, 'nested-3')))
       for (const r of ys) assert.deepEqual(r, { status: 200, body: 'y' })
       assert.equal(calls, 2)
       assert.equal(a.pendingWaiters + b.pendingWaiters, 0)
-    } finally {
-      server.closeAllConnections()
-      server.close()
-    }
+    })
   })
 }

@@ -7,26 +7,16 @@ const assert = require('node:assert/strict')
 const { IdempotencyStore } = require('oncely')
 const { idempotency } = require('oncely/express')
 
-const EXPRESSES = { 'express 5': require('express'), 'express 4': require('express4') }
+const { EXPRESSES, serve, post: postKeyed } = require('./express-helpers.js')
 
-function listen(app) {
-  app.set('env', 'test')
-  return new Promise((resolve) => {
-    const server = app.listen(0, '127.0.0.1', () => resolve(server))
-  })
-}
-
-async function post(url, key, { method = 'POST', body = '{"item":1}', ms = 4000 } = {}) {
+/**
+ * The answer with its `replayed` flag, 'hang' after `ms` (4 s unless told), or, where the
+ * connection fails (a handler that throws after its answer may cut it), 'error: CODE'.
+ */
+async function post(url, key, options = {}) {
   try {
-    const r = await fetch(url, {
-      method,
-      headers: { 'idempotency-key': key, 'content-type': 'application/json' },
-      body: method === 'POST' ? body : undefined,
-      signal: AbortSignal.timeout(ms),
-    })
-    return { status: r.status, body: await r.text(), replayed: r.headers.get('idempotent-replayed') === 'true' }
+    return await postKeyed(url, key, { ms: 4000, replayed: true, ...options })
   } catch (e) {
-    if (e.name === 'TimeoutError') return 'hang'
     return `error: ${e.cause?.code ?? e.message}`
   }
 }
@@ -44,13 +34,7 @@ async function withApp(express, setup, run, options = {}) {
     if (res.headersSent) return next(err)
     res.status(err.status ?? 500).json({ error: err.message })
   })
-  const server = await listen(app)
-  try {
-    await run(`http://127.0.0.1:${server.address().port}`, state, store, mw)
-  } finally {
-    server.closeAllConnections()
-    server.close()
-  }
+  await serve(app, (url) => run(url, state, store, mw))
 }
 
 let k = 0

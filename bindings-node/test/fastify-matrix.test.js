@@ -26,15 +26,28 @@ const CASES = {
   'opt out': { opts: { config: { idempotency: false } }, h: (n) => async () => { n(); await sleep(40); return { ok: 1 } }, stored: false, optOut: true },
 }
 
+/**
+ * Runs `run(url, st)` against a listening app with the plugin (a fresh store, and
+ * `plugin` options) and POST /r (`route` options, `handler(st)`, st.calls counting its
+ * runs); closes the app after.
+ */
+async function withApp(Fastify, { plugin, route = {}, handler }, run) {
+  const app = Fastify()
+  await app.register(idempotency, { store: new IdempotencyStore(), ...plugin })
+  const st = { calls: 0 }
+  app.post('/r', route, handler(st))
+  const url = await listen(app)
+  try {
+    await run(url, st)
+  } finally {
+    await app.close()
+  }
+}
+
 for (const [major, Fastify] of Object.entries(FASTIFIES)) {
   for (const [name, c] of Object.entries(CASES)) {
-    test(`${major}${tag}: ${name}: lead + concurrent duplicate + retry`, async () => {
-      const app = Fastify({ logger: false })
-      await app.register(idempotency, { store: new IdempotencyStore() })
-      let calls = 0
-      app.post('/r', c.opts ?? {}, c.h(() => ++calls))
-      const url = await listen(app)
-      try {
+    test(`${major}${tag}: ${name}: lead + concurrent duplicate + retry`, () =>
+      withApp(Fastify, { route: c.opts, handler: (st) => c.h(() => ++st.calls) }, async (url, st) => {
         const key = `matrix-${name.replace(/\W/g, '')}-${major.slice(-1)}`
         const a = post(url, '/r', key)
         await sleep(10)
@@ -45,11 +58,11 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
         const rc = await within(post(url, '/r', key), 4000)
         assert.notEqual(rc, 'hang')
         if (c.optOut) {
-          assert.equal(calls, 3)
+          assert.equal(st.calls, 3)
           return
         }
         if (c.stored) {
-          assert.equal(calls, 1, 'handler ran more than once')
+          assert.equal(st.calls, 1, 'handler ran more than once')
           for (const x of [rb, rc]) {
             assert.equal(x.status, ra.status)
             assert.deepEqual(x.body, ra.body)
@@ -59,44 +72,33 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
           }
         } else {
           // Not stored: the retry after runs again; a concurrent duplicate replays (shared) or runs again.
-          assert.ok(calls >= 2 && calls <= 3, `calls ${calls}`)
+          assert.ok(st.calls >= 2 && st.calls <= 3, `calls ${st.calls}`)
           assert.equal(rc.headers.get('idempotent-replayed'), null)
         }
         if (name === 'hijack') assert.equal(ra.text, 'raw')
         if (name === 'stream body') assert.equal(ra.text, 'ab')
-      } finally {
-        await app.close()
-      }
-    })
+      }))
   }
 
-  test(`${major}${tag}: 200 concurrent duplicates, sync handler, one run, identical replays`, async () => {
-    const app = Fastify()
-    await app.register(idempotency, { store: new IdempotencyStore() })
-    let calls = 0
-    app.post('/r', (req, reply) => { calls++; setTimeout(() => reply.code(201).header('x-q', 'z').send({ n: calls, big: 'x'.repeat(3000) }), 60) })
-    const url = await listen(app)
-    try {
+  test(`${major}${tag}: 200 concurrent duplicates, sync handler, one run, identical replays`, () =>
+    withApp(Fastify, {
+      handler: (st) => (req, reply) => { st.calls++; setTimeout(() => reply.code(201).header('x-q', 'z').send({ n: st.calls, big: 'x'.repeat(3000) }), 60) },
+    }, async (url, st) => {
       const all = await within(Promise.all(Array.from({ length: 200 }, () => post(url, '/r', 'conc-200-key'))), 10000)
       assert.notEqual(all, 'hang')
-      assert.equal(calls, 1)
+      assert.equal(st.calls, 1)
       for (const r of all) {
         assert.equal(r.status, 201)
         assert.deepEqual(r.body, all[0].body)
-              }
+      }
       assert.equal(all.filter((r) => r.headers.get('idempotent-replayed') === 'true').length, 199)
-    } finally {
-      await app.close()
-    }
-  })
+    }))
 
-  test(`${major}${tag}: wait:false duplicate gets 409 at once; fingerprint mismatch 422; leader intact`, async () => {
-    const app = Fastify()
-    await app.register(idempotency, { store: new IdempotencyStore(), wait: false })
-    let calls = 0
-    app.post('/r', async () => { calls++; await sleep(80); return { ok: 1 } })
-    const url = await listen(app)
-    try {
+  test(`${major}${tag}: wait:false duplicate gets 409 at once; fingerprint mismatch 422; leader intact`, () =>
+    withApp(Fastify, {
+      plugin: { wait: false },
+      handler: (st) => async () => { st.calls++; await sleep(80); return { ok: 1 } },
+    }, async (url, st) => {
       const a = post(url, '/r', 'nowait-key-1')
       await sleep(15)
       const b = await within(post(url, '/r', 'nowait-key-1'), 2000)
@@ -107,19 +109,13 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
       assert.ok([409, 422].includes(m.status), `${m.status}`)
       const after = await post(url, '/r', 'nowait-key-1', '{"a":2}')
       assert.equal(after.status, 422, after.text)
-      assert.equal(calls, 1)
-    } finally {
-      await app.close()
-    }
-  })
+      assert.equal(st.calls, 1)
+    }))
 
-  test(`${major}${tag}: a waiter whose client aborts does not hang or run the handler; others replay`, async () => {
-    const app = Fastify()
-    await app.register(idempotency, { store: new IdempotencyStore() })
-    let calls = 0
-    app.post('/r', async () => { calls++; await sleep(150); return { ok: 1 } })
-    const url = await listen(app)
-    try {
+  test(`${major}${tag}: a waiter whose client aborts does not hang or run the handler; others replay`, () =>
+    withApp(Fastify, {
+      handler: (st) => async () => { st.calls++; await sleep(150); return { ok: 1 } },
+    }, async (url, st) => {
       const a = post(url, '/r', 'abort-key-1')
       await sleep(20)
       const ac = new AbortController()
@@ -131,9 +127,6 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
       assert.notEqual(r, 'hang')
       assert.equal(r[1], 'AbortError')
       assert.equal(r[2].headers.get('idempotent-replayed'), 'true')
-      assert.equal(calls, 1)
-    } finally {
-      await app.close()
-    }
-  })
+      assert.equal(st.calls, 1)
+    }))
 }

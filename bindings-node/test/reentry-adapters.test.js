@@ -7,76 +7,44 @@ const assert = require('node:assert/strict')
 
 const { IdempotencyStore } = require('oncely')
 const { idempotency } = require('oncely/express')
+const { EXPRESSES, serve, post } = require('./express-helpers.js')
 
-const EXPRESSES = { 'express 5': require('express'), 'express 4': require('express4') }
-
-function listen(app) {
-  app.set('env', 'test')
-  return new Promise((resolve) => {
-    const server = app.listen(0, '127.0.0.1', () => resolve(server))
-  })
-}
-
-/** The answer to a POST, or 'hang' when none comes within 3 s. */
-async function post(url, key) {
-  try {
-    const r = await fetch(url, {
-      method: 'POST',
-      headers: { 'idempotency-key': key, 'content-type': 'application/json' },
-      body: '{"item":1}',
-      signal: AbortSignal.timeout(3000),
-    })
-    return { status: r.status, body: await r.text() }
-  } catch (e) {
-    if (e.name === 'TimeoutError') return 'hang'
-    throw e
+/**
+ * One POST with `key` to `path` of an app with the middleware on it (one store) and the
+ * routes `mount(app, store, orders)` adds, `orders` the handler that answers 201: the
+ * request is answered (it does not wait for its own flight), and `orders` runs once at most.
+ */
+async function assertNoHang(express, path, key, mount) {
+  const store = new IdempotencyStore()
+  const app = express()
+  let calls = 0
+  const orders = (req, res) => {
+    calls++
+    res.status(201).json({ ok: true })
   }
+  app.use(idempotency({ store }))
+  mount(app, store, orders)
+  await serve(app, async (url) => {
+    const r = await post(url + path, key)
+    assert.notEqual(r, 'hang', 'the request waits for its own flight forever')
+    assert.ok(calls <= 1)
+  })
 }
 
 for (const [major, express] of Object.entries(EXPRESSES)) {
-  test(`${major}: the middleware mounted on the app and on the route (one store) does not hang the request`, async () => {
-    const store = new IdempotencyStore()
-    const app = express()
-    let calls = 0
-    app.use(idempotency({ store }))
-    app.post('/orders', idempotency({ store }), (req, res) => {
-      calls++
-      res.status(201).json({ ok: true })
-    })
-    const server = await listen(app)
-    try {
-      const r = await post(`http://127.0.0.1:${server.address().port}/orders`, 'order-twice-1')
-      assert.notEqual(r, 'hang', 'the request waits for its own flight forever')
-      assert.ok(calls <= 1)
-    } finally {
-      server.closeAllConnections()
-      server.close()
-    }
-  })
+  test(`${major}: the middleware mounted on the app and on the route (one store) does not hang the request`, () =>
+    assertNoHang(express, '/orders', 'order-twice-1', (app, store, orders) => {
+      app.post('/orders', idempotency({ store }), orders)
+    }))
 
-  test(`${major}: a handler that dispatches its request again (a rewrite through app.handle) does not hang`, async () => {
-    const store = new IdempotencyStore()
-    const app = express()
-    let calls = 0
-    app.use(idempotency({ store }))
-    app.post('/v1/orders', (req, res, next) => {
-      req.url = '/v2/orders'
-      app.handle(req, res, next)
-    })
-    app.post('/v2/orders', (req, res) => {
-      calls++
-      res.status(201).json({ ok: true })
-    })
-    const server = await listen(app)
-    try {
-      const r = await post(`http://127.0.0.1:${server.address().port}/v1/orders`, 'order-rewrite-1')
-      assert.notEqual(r, 'hang', 'the request waits for its own flight forever')
-      assert.ok(calls <= 1)
-    } finally {
-      server.closeAllConnections()
-      server.close()
-    }
-  })
+  test(`${major}: a handler that dispatches its request again (a rewrite through app.handle) does not hang`, () =>
+    assertNoHang(express, '/v1/orders', 'order-rewrite-1', (app, store, orders) => {
+      app.post('/v1/orders', (req, res, next) => {
+        req.url = '/v2/orders'
+        app.handle(req, res, next)
+      })
+      app.post('/v2/orders', orders)
+    }))
 }
 
 for (const [major, express] of Object.entries(EXPRESSES)) {
@@ -90,9 +58,8 @@ for (const [major, express] of Object.entries(EXPRESSES)) {
       calls++
       res.status(201).json({ n: calls })
     })
-    const server = await listen(app)
-    try {
-      const url = `http://127.0.0.1:${server.address().port}/orders`
+    await serve(app, async (base) => {
+      const url = `${base}/orders`
       const first = await post(url, 'order-two-stores-1')
       assert.deepEqual(first, { status: 201, body: '{"n":1}' })
       const again = await post(url, 'order-two-stores-1')
@@ -102,36 +69,18 @@ for (const [major, express] of Object.entries(EXPRESSES)) {
       assert.equal(outer.size, 1)
       assert.equal(inner.size, 1)
       assert.equal(outer.pendingWaiters + inner.pendingWaiters, 0)
-    } finally {
-      server.closeAllConnections()
-      server.close()
-    }
+    })
   })
 
-  test(`${major}: a handler that re-dispatches its request after an await is refused, not left waiting`, async () => {
-    const store = new IdempotencyStore()
-    const app = express()
-    let calls = 0
-    app.use(idempotency({ store }))
-    app.post('/v1/orders', async (req, res, next) => {
-      await new Promise((r) => setTimeout(r, 5))
-      req.url = '/v2/orders'
-      app.handle(req, res, next)
-    })
-    app.post('/v2/orders', (req, res) => {
-      calls++
-      res.status(201).json({ ok: true })
-    })
-    const server = await listen(app)
-    try {
-      const r = await post(`http://127.0.0.1:${server.address().port}/v1/orders`, 'order-rewrite-late-1')
-      assert.notEqual(r, 'hang', 'the request waits for its own flight forever')
-      assert.ok(calls <= 1)
-    } finally {
-      server.closeAllConnections()
-      server.close()
-    }
-  })
+  test(`${major}: a handler that re-dispatches its request after an await is refused, not left waiting`, () =>
+    assertNoHang(express, '/v1/orders', 'order-rewrite-late-1', (app, store, orders) => {
+      app.post('/v1/orders', async (req, res, next) => {
+        await new Promise((r) => setTimeout(r, 5))
+        req.url = '/v2/orders'
+        app.handle(req, res, next)
+      })
+      app.post('/v2/orders', orders)
+    }))
 }
 
 test('grpc: an implementation wrapped twice with one store does not hang the call', async () => {
