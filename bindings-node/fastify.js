@@ -24,6 +24,8 @@ const { acting } = require('./lib/store.js')
 const STATE = Symbol('oncely.idempotency')
 const EMPTY = Buffer.alloc(0)
 
+function noop() {}
+
 /**
  * Reads a request payload whole, up to `cap` bytes: the bytes, or `null` when over (the
  * payload is then destroyed). Listeners, not `for await`: its iterator costs more than
@@ -207,7 +209,17 @@ async function idempotency(fastify, options) {
 
   fastify.addHook('onSend', async (request, reply, payload) => {
     const st = request[STATE]
-    if (!st || !st.settle || st.settled) return payload
+    if (!st || !st.settle) return payload
+    // A send while this answer waits for the store below: `reply.sent` is still false,
+    // so Fastify sends again when an async handler that called `reply.send` resolves
+    // with undefined (or with a value, or rejects). That send is dropped (its hooks never
+    // go on), as Fastify drops one once the answer is out; a fresh Promise each time, so
+    // nothing keeps it.
+    if (st.holding) {
+      st.dropped = true
+      return new Promise(noop)
+    }
+    if (st.settled) return payload
     let body
     if (payload === null || payload === undefined) body = EMPTY
     else if (Buffer.isBuffer(payload)) body = payload
@@ -230,17 +242,26 @@ async function idempotency(fastify, options) {
     }
     // What is sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
     const status = reply.statusCode
+    const headers = reply.getHeaders()
     if (request.method === 'HEAD' || status < 200 || status === 204 || status === 304) body = EMPTY
     if (body.length > cap) {
       st.settle(new Released(st.owner, 'the body is over the cap'))
     } else {
       const stored = http.storableStatus(status)
-      const fields = recordFields(s, reply.getHeaders(), stored)
+      const fields = recordFields(s, headers, stored)
       st.settle(stored ? http.encodeRecord(status, fields, body) : new Unstored(st.owner, { status, fields, body }))
     }
     // The answer is sent once the store has settled the key: a retry sent after it
     // finds the key stored or released.
-    await st.run.catch(() => {})
+    st.holding = true
+    await st.run.catch(noop)
+    st.holding = false
+    if (st.dropped) {
+      // The error handler of a handler that threw after `reply.send` set its own status
+      // and headers meanwhile: the answer sent is the one settled.
+      for (const name in reply.getHeaders()) reply.removeHeader(name)
+      reply.code(status).headers(headers)
+    }
     return payload
   })
 }
