@@ -1,6 +1,8 @@
 'use strict'
 // oncely/express: the server contract (SPEC §8) as Express 4/5 middleware.
 
+const { ServerResponse } = require('node:http')
+
 const {
   Unstored,
   Released,
@@ -77,6 +79,7 @@ function sendProblem(res, p) {
 function idempotency(options) {
   const s = settings(options)
   const cap = s.config.bodyCap
+  hookResponses()
 
   // Not an async function: a first call whose handler answers at once, with the
   // in-process store, runs without a Promise (each one costs the Promise hooks of
@@ -192,11 +195,54 @@ function idempotency(options) {
   return handler
 }
 
+// ---------------------------------------------------------------------------------------
+// The capture of a led answer. `write`, `end` and `writeHead` of Node's ServerResponse are
+// wrapped once per process (`hookResponses`); a response under capture is found in
+// `capturing` and goes through its Capture, any other goes straight on.
+//
+// Why not wrappers set on each response: no two Express responses share a hidden class,
+// so each property added to one copies its ~50 descriptors, and each read of it is an
+// uncached look-up (the wrappers were the largest part of the middleware's own cost on a
+// first call). Why not Express's prototypes: an Express sub-app (or another copy of
+// Express) sets the response's prototype to its own while it runs, and an answer sent
+// there would not be captured (its key released, its retry run again).
+// ---------------------------------------------------------------------------------------
+
+/** A response's innermost Capture (a middleware mounted further out has its own, `outer`). */
+const capturing = new WeakMap()
+
+/** ServerResponse's `write`, `end` and `writeHead` as they were before `hookResponses`. */
+let plain = null
+
+function hookResponses() {
+  if (plain !== null) return
+  const P = ServerResponse.prototype
+  plain = { write: P.write, end: P.end, writeHead: P.writeHead }
+  P.write = function write(chunk, encoding, cb) {
+    const c = capturing.get(this)
+    return c === undefined ? plain.write.call(this, chunk, encoding, cb) : c.write(chunk, encoding, cb)
+  }
+  P.end = function end(chunk, encoding, cb) {
+    const c = capturing.get(this)
+    return c === undefined ? plain.end.call(this, chunk, encoding, cb) : c.end(chunk, encoding, cb)
+  }
+  P.writeHead = function writeHead(status, reason, headers) {
+    const c = capturing.get(this)
+    return c === undefined ? plain.writeHead.call(this, status, reason, headers) : c.writeHead(status, reason, headers)
+  }
+}
+
+/** The handler runs; what it writes is kept. */
+const CAPTURING = 0
+/** The answer is whole and waits for the store: anything more written is dropped. */
+const HOLDING = 1
+/** Calls go on as without the capture. */
+const PASSING = 2
+
 /**
- * The capture of one covered request's response: `lead(owner)` runs the handler with
- * `res.write`, `res.end` (and, when needed, `res.writeHead`) wrapped, and gives the
- * outcome to store (see `dedup`); `gone()` is asked for only by a request that waits
- * for another.
+ * The capture of one covered request's response: `lead(owner)` runs the handler and
+ * gives the outcome to store (see `dedup`); `gone()` is asked for only by a request that
+ * waits for another.
  */
 class Capture {
   constructor(s, req, res, next, method, cap) {
@@ -206,97 +252,108 @@ class Capture {
     this.next = next
     this.method = method
     this.cap = cap
+    this.state = CAPTURING
+    /** The capture of a middleware further out on the same response, if any. */
+    this.outer = undefined
+    this.owner = null
+    this.chunks = []
+    this.size = 0
+    this.over = false
+    /** The client went away while the answer was being sent. */
+    this.away = false
+    // The outcome once known: record bytes, or an error (Unstored, Released).
+    this.known = false
+    this.outcome = undefined
+    this.resolve = null
+    this.reject = null
     /** Set once the led response has ended: sends it (when it was held), or does nothing. */
     this.finish = null
     this.goneOnce = undefined
-    this.lead = (owner) => lead(this, owner)
+    this.lead = (owner) => this.run(owner)
     this.gone = () => (this.goneOnce ??= goneOf(res, 'close', () => res.writableFinished))
   }
-}
 
-/**
- * Runs the handler (`next()`) as the leader `owner`. Returns the outcome at once when
- * the handler answered within `next()` (the in-process store then settles the key
- * without a Promise), else a Promise of it.
- */
-function lead(capture, owner) {
-  const { s, req, res, next, cap } = capture
-  s.counters.led++
-  // The outcome once known: record bytes, or an error (Unstored, Released).
-  let outcome
-  let known = false
-  let resolve = null
-  let reject = null
-  const done = (o) => {
-    if (known) return
-    known = true
-    outcome = o
-    if (resolve === null) return
-    if (o instanceof Error) reject(o)
-    else resolve(o)
-  }
-  const chunks = []
-  let size = 0
-  let over = false
-  let ended = false
-  let away = false
-  // `last`: the chunk given to `end`, read into the record before `end` returns, so
-  // kept without a copy (an answer that is not stored copies its body in `settle`).
-  // A chunk given to `write` is copied unless it is new bytes of a string: the
-  // caller may reuse its buffer.
-  const keep = (chunk, encoding, last) => {
-    if (over || chunk === undefined || chunk === null) return
-    let b
-    if (typeof chunk === 'string') {
-      b = Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8')
-    } else {
-      b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength)
-      if (!last) b = Buffer.from(b)
+  /**
+   * Runs the handler (`next()`) as the leader `owner`. Returns the outcome at once when
+   * the handler answered within `next()` (the in-process store then settles the key
+   * without a Promise), else a Promise of it.
+   */
+  run(owner) {
+    const res = this.res
+    this.s.counters.led++
+    this.owner = owner
+    this.outer = capturing.get(res)
+    capturing.set(res, this)
+    try {
+      this.next()
+    } catch (e) {
+      this.next(e)
     }
-    size += b.length
-    if (size > cap) {
-      over = true
-      chunks.length = 0
-    } else {
-      chunks.push(b)
+    // A client that goes away mid-response (a stream under way): the handler still runs,
+    // so it keeps the key until it ends its response; that response is then not stored
+    // (it was not sent whole) and the key is released. One that goes away before the
+    // answer began leaves the answer, once given, kept as usual. A response cut by the
+    // server instead (Express destroys the socket when a handler fails after its headers
+    // were sent; a handler may destroy it before answering) means the handler has
+    // stopped: the key is released now.
+    // Listened for only when the handler has not ended its response within `next()`:
+    // 'close' is emitted in a later tick, and an ended response ignores it.
+    if (this.state === CAPTURING) res.once('close', () => this.closed())
+    if (this.known) {
+      if (this.outcome instanceof Error) throw this.outcome
+      return this.outcome
     }
+    return new Promise((resolve, reject) => {
+      this.resolve = resolve
+      this.reject = reject
+    })
   }
-  const { write, end, writeHead } = res
-  // Headers given to `writeHead` reach `getHeaders()` only once a header was set with
-  // `setHeader` (Node merges them then; without one they go straight to the socket).
-  // Express sets X-Powered-By on every response unless told not to: then `writeHead`
-  // needs no wrapper (each property added to an Express response copies its hidden
-  // class: no two share one).
-  const headWrapped = res.getHeaderNames().length === 0
-  const restore = () => {
-    res.write = write
-    res.end = end
-    if (headWrapped) res.writeHead = writeHead
-  }
-  if (headWrapped) {
-    res.writeHead = function (status, reason, headers) {
-      if (typeof reason === 'object' && reason !== null) {
-        headers = reason
-        reason = undefined
-      }
-      if (Array.isArray(headers)) {
-        for (let i = 0; i < headers.length; i += 2) this.removeHeader(headers[i])
-        for (let i = 0; i < headers.length; i += 2) this.appendHeader(headers[i], headers[i + 1])
-        headers = undefined
-      } else if (headers) {
-        for (const [n, v] of Object.entries(headers)) this.setHeader(n, v)
-        headers = undefined
-      }
-      return writeHead.call(this, status, reason, headers)
+
+  closed() {
+    if (this.state !== CAPTURING) return
+    const socket = this.req.socket
+    if (socket && (socket.readableEnded || socket.errored)) {
+      if (this.res.headersSent) this.away = true
+      return
     }
+    this.release()
+    this.s.counters.notStored++
+    this.done(new Released(this.owner, 'the response was not sent whole'))
   }
-  res.write = function (chunk, encoding, cb) {
-    if (!ended) keep(chunk, encoding)
-    return write.call(this, chunk, encoding, cb)
+
+  done(o) {
+    if (this.known) return
+    this.known = true
+    this.outcome = o
+    if (this.resolve === null) return
+    if (o instanceof Error) this.reject(o)
+    else this.resolve(o)
   }
-  res.end = function (chunk, encoding, cb) {
-    // Ended already (the wrappers stay in place once the answer is out): as without us.
-    if (ended) return end.call(this, chunk, encoding, cb)
+
+  /** Stops capturing: later calls go on as without this capture. */
+  release() {
+    this.state = PASSING
+    const res = this.res
+    let c = capturing.get(res)
+    if (c === this) {
+      if (this.outer === undefined) capturing.delete(res)
+      else capturing.set(res, this.outer)
+      return
+    }
+    while (c !== undefined && c.outer !== this) c = c.outer
+    if (c !== undefined) c.outer = this.outer
+  }
+
+  write(chunk, encoding, cb) {
+    if (this.state === HOLDING) return true
+    if (this.state === CAPTURING) this.keep(chunk, encoding, false)
+    const o = this.outer
+    return o === undefined ? plain.write.call(this.res, chunk, encoding, cb) : o.write(chunk, encoding, cb)
+  }
+
+  end(chunk, encoding, cb) {
+    if (this.state === HOLDING) return this.res
+    if (this.state === PASSING) return this.passEnd(chunk, encoding, cb)
     if (typeof chunk === 'function') {
       cb = chunk
       chunk = undefined
@@ -304,58 +361,102 @@ function lead(capture, owner) {
       cb = encoding
       encoding = undefined
     }
-    keep(chunk, encoding, true)
-    ended = true
-    const outcome = settle()
-    if (s.settlesAtOnce) {
+    this.keep(chunk, encoding, true)
+    const outcome = this.settle()
+    if (this.s.settlesAtOnce) {
       // The store settles the key in this tick, before the server reads another
-      // request: the response goes out now, as without the middleware. The wrappers
-      // are not taken off: they pass calls through from now on, and each store to a
-      // property of an Express response is a slow lookup (every response has a
-      // hidden class of its own, so no property access on it is cached).
-      capture.finish = noop
-      end.call(res, chunk, encoding, cb)
+      // request: the response goes out now, as without the middleware.
+      this.release()
+      this.finish = noop
+      this.passEnd(chunk, encoding, cb)
     } else {
-      hold(chunk, encoding, cb)
+      this.hold(chunk, encoding, cb)
     }
-    done(outcome)
-    return this
+    this.done(outcome)
+    return this.res
   }
-  // The end of the response, held until the store has settled the key (a store
-  // that settles later, e.g. a RedisStore): a retry sent once the client has the
-  // whole answer finds the key stored or released.
-  const hold = (chunk, encoding, cb) => {
-    // The response is whole: until it is sent, nothing after it (an error handler
-    // answering a late `next(err)`, a stray write) may change or replace it.
+
+  passEnd(chunk, encoding, cb) {
+    const o = this.outer
+    return o === undefined ? plain.end.call(this.res, chunk, encoding, cb) : o.end(chunk, encoding, cb)
+  }
+
+  writeHead(status, reason, headers) {
+    if (this.state === HOLDING) return this.res
+    if (this.state === CAPTURING) {
+      if (typeof reason === 'object' && reason !== null) {
+        headers = reason
+        reason = undefined
+      }
+      // Headers given to `writeHead` reach `getHeaders()` only when a header was set
+      // with `setHeader` before (Node merges them then; else they go straight to the
+      // socket): merged here, as Node would.
+      if (headers && this.res.getHeaderNames().length === 0) {
+        const res = this.res
+        if (Array.isArray(headers)) {
+          for (let i = 0; i < headers.length; i += 2) res.removeHeader(headers[i])
+          for (let i = 0; i < headers.length; i += 2) res.appendHeader(headers[i], headers[i + 1])
+        } else {
+          for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
+        }
+        headers = undefined
+      }
+    }
+    const o = this.outer
+    return o === undefined ? plain.writeHead.call(this.res, status, reason, headers) : o.writeHead(status, reason, headers)
+  }
+
+  // `last`: the chunk given to `end`, read into the record before `end` returns, so
+  // kept without a copy (an answer that is not stored copies its body in `settle`).
+  // A chunk given to `write` is copied unless it is new bytes of a string: the caller
+  // may reuse its buffer.
+  keep(chunk, encoding, last) {
+    if (this.over || chunk === undefined || chunk === null) return
+    let b
+    if (typeof chunk === 'string') {
+      b = Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8')
+    } else {
+      b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength)
+      if (!last) b = Buffer.from(b)
+    }
+    this.size += b.length
+    if (this.size > this.cap) {
+      this.over = true
+      this.chunks.length = 0
+    } else {
+      this.chunks.push(b)
+    }
+  }
+
+  // The end of the response, held until the store has settled the key (a store that
+  // settles later, e.g. a RedisStore): a retry sent once the client has the whole
+  // answer finds the key stored or released. Until it is sent, nothing after it (an
+  // error handler answering a late `next(err)`, a stray write) may change or replace it.
+  hold(chunk, encoding, cb) {
+    this.state = HOLDING
+    const res = this.res
     const status = res.statusCode
     const headers = res.getHeaders()
-    res.write = () => true
-    res.end = function () {
-      return this
-    }
-    res.writeHead = function () {
-      return this
-    }
-    capture.finish = () => {
-      res.write = write
-      res.end = end
-      res.writeHead = writeHead
+    this.finish = () => {
+      this.release()
       if (!res.headersSent) {
         res.statusCode = status
         for (const n of res.getHeaderNames()) if (!(n in headers)) res.removeHeader(n)
         for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
       }
-      end.call(res, chunk, encoding, cb)
+      this.passEnd(chunk, encoding, cb)
     }
   }
-  // What the whole response leaves in the store: record bytes, or the error that
-  // tells the store (and its waiters) it is not stored.
-  const settle = () => {
-    if (away) {
+
+  // What the whole response leaves in the store: record bytes, or the error that tells
+  // the store (and its waiters) it is not stored.
+  settle() {
+    const { s, res, owner } = this
+    if (this.away) {
       s.counters.notStored++
       return new Released(owner, 'the response was not sent whole')
     }
-    if (over) {
+    if (this.over) {
       s.counters.notStored++
       return new Released(owner, 'the body is over the cap')
     }
@@ -369,47 +470,13 @@ function lead(capture, owner) {
     const stored = storableStatus(s, status)
     const fields = recordFields(s, headers, stored)
     // What was sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
-    const body = bodyless(capture.method, status) ? EMPTY : chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size)
+    const chunks = this.chunks
+    const body = bodyless(this.method, status) ? EMPTY : chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, this.size)
     if (stored) return http.encodeRecord(status, fields, body)
     s.counters.notStored++
     // Replayed later by the waiters: not the handler's own buffer.
     return new Unstored(owner, { status, fields, body: Buffer.from(body) })
   }
-  try {
-    next()
-  } catch (e) {
-    next(e)
-  }
-  // A client that goes away mid-response (a stream under way): the handler still
-  // runs, so it keeps the key until it ends its response; that response is then not
-  // stored (it was not sent whole) and the key is released. One that goes away before
-  // the answer began leaves the answer, once given, kept as usual. A response cut by
-  // the server instead (Express destroys the socket when a handler fails after its
-  // headers were sent; a handler may destroy it before answering) means the handler
-  // has stopped: the key is released now.
-  // Listened for only when the handler has not ended its response within `next()`:
-  // 'close' is emitted in a later tick, and an ended response ignores it.
-  if (!ended) {
-    res.once('close', () => {
-      if (ended) return
-      const socket = req.socket
-      if (socket && (socket.readableEnded || socket.errored)) {
-        if (res.headersSent) away = true
-        return
-      }
-      restore()
-      s.counters.notStored++
-      done(new Released(owner, 'the response was not sent whole'))
-    })
-  }
-  if (known) {
-    if (outcome instanceof Error) throw outcome
-    return outcome
-  }
-  return new Promise((res, rej) => {
-    resolve = res
-    reject = rej
-  })
 }
 
 module.exports = { idempotency }

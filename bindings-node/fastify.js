@@ -11,6 +11,7 @@ const {
   tooLarge,
   recordFields,
   isEventStream,
+  storableStatus,
   answerOf,
   requestOf,
   dedupAsync,
@@ -247,7 +248,7 @@ async function idempotency(fastify, options) {
     if (body.length > cap) {
       st.settle(new Released(st.owner, 'the body is over the cap'))
     } else {
-      const stored = http.storableStatus(status)
+      const stored = storableStatus(s, status)
       const fields = recordFields(s, headers, stored)
       st.settle(stored ? http.encodeRecord(status, fields, body) : new Unstored(st.owner, { status, fields, body }))
     }

@@ -8,11 +8,15 @@
 //   WARM=3000 valgrind --tool=callgrind node --single-threaded bench/first-call.mjs oncely 500
 //   WARM=3000 valgrind --tool=callgrind node --single-threaded bench/first-call.mjs oncely 2500
 //   node bench/first-call.mjs <none|oncely|peer> [N] [--replay] [--als]
+// With ONCELY_DIR=/path/to/a/copy/of/bindings-node, `oncely` is that copy's.
 import http from 'node:http'
 import { PerformanceObserver } from 'node:perf_hooks'
 import express from 'express'
-import { IdempotencyStore, newKey } from 'oncely'
-import { idempotency as oncely } from 'oncely/express'
+import { createRequire } from 'node:module'
+// ONCELY_DIR: another copy of the package (e.g. a previous commit's), to count both in one session.
+const from = process.env.ONCELY_DIR ? createRequire(`${process.env.ONCELY_DIR}/`) : createRequire(import.meta.url)
+const { IdempotencyStore, newKey } = from(process.env.ONCELY_DIR ? './index.js' : 'oncely')
+const { idempotency: oncely } = from(process.env.ONCELY_DIR ? './express.js' : 'oncely/express')
 import { Idempotency } from '@node-idempotency/core'
 import { MemoryStorageAdapter } from '@node-idempotency/storage-adapter-memory'
 const variant = process.argv[2]

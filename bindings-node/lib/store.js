@@ -98,6 +98,30 @@ function waitFor(promise, signal, leave) {
 /** The flight whose action runs in the current async context (see `Flight.parent`). */
 const acting = new AsyncLocalStorage()
 
+/**
+ * Leads whose action is running (flights and adapter leads, of either store). `acting`
+ * is disabled while there are none: an enabled AsyncLocalStorage hooks every Promise and
+ * async resource of the process (on Node 20, about a third of an Express first call's
+ * added cost), and between leads nothing needs it: `reentry` only looks for running
+ * leads. `acting.run` enables it again for the next lead. A lead whose action never
+ * settles keeps it enabled (as it always was before).
+ */
+let leadsRunning = 0
+
+function leadStarts() {
+  leadsRunning += 1
+}
+
+function leadStops() {
+  leadsRunning -= 1
+  if (leadsRunning === 0) acting.disable()
+}
+
+/** Whether a lead is running, so `acting` is enabled (for tests). */
+function contextOn() {
+  return leadsRunning > 0
+}
+
 /** The callers of one key in this process that wait for its outcome (leader included). */
 class Callers {
   constructor(map, key) {
@@ -144,6 +168,7 @@ class Flight {
     /** The flight whose action started this one: a cycle of keys is re-entrant too. */
     this.parent = acting.getStore()
     this.running = true
+    leadStarts()
     /** The leader's caller still waits (it counts in `callers`). */
     this.leaderIn = true
     this.info = new ActionInfo(this)
@@ -172,6 +197,7 @@ class Flight {
   end() {
     if (!this.running) return
     this.running = false
+    leadStops()
     const c = this.callers
     if (c.flight === this) c.flight = undefined
     if (c.n === 0 && c.map.get(c.key) === c) c.map.delete(c.key)
@@ -201,6 +227,14 @@ class Leading {
     this.fp = fingerprint
     this.parent = acting.getStore()
     this.running = true
+    leadStarts()
+  }
+
+  /** The action settled. */
+  end() {
+    if (!this.running) return
+    this.running = false
+    leadStops()
   }
 }
 
@@ -315,28 +349,7 @@ class IdempotencyStore {
       // A replay: the index of the stored value in the slot array.
       if (typeof r === 'number') return Promise.resolve({ value: this.#slot[r], replayed: true, source: REPLAYED })
       if (r === LEAD) return this.#lead(scoped, fingerprint, fn, signal)
-      if (r instanceof Promise) {
-        // The leader went away (ABANDONED): begin again, one waiter leads.
-        const c = enter(this.#callers, scoped)
-        const flight = c.flight
-        const joined = (v) => {
-          if (v !== ABANDONED) return { value: v, replayed: true, source: JOINED }
-          // The leader was collected unsettled: its flight is over.
-          if (flight !== undefined) flight.collected()
-          return this.execute(scoped, fingerprint, fn, options)
-        }
-        if (signal !== undefined) return waitFor(r, signal, () => leave(c)).then(joined)
-        return r.then(
-          (v) => {
-            leave(c)
-            return joined(v)
-          },
-          (e) => {
-            leave(c)
-            throw e
-          },
-        )
-      }
+      if (r instanceof Promise) return this.#join(scoped, r, signal, () => this.execute(scoped, fingerprint, fn, options))
       throw new Error('oncely: unexpected answer from the native store')
     } catch (e) {
       return Promise.reject(e)
@@ -383,45 +396,57 @@ class IdempotencyStore {
       try {
         out = acting.run(leading, fn)
       } catch (e) {
-        leading.running = false
+        leading.end()
         this.#native.fail(lease, e, this.#cacheFailures ? cacheCode(e) : UNKNOWN)
         throw e
       }
       if (!isThenable(out)) {
-        leading.running = false
+        leading.end()
         this.#native.complete(lease, out)
         return { value: out, replayed: false, source: LED }
       }
       return Promise.resolve(out).then(
         (value) => {
-          leading.running = false
+          leading.end()
           this.#native.complete(lease, value)
           return { value, replayed: false, source: LED }
         },
         (error) => {
-          leading.running = false
+          leading.end()
           this.#native.fail(lease, error, this.#cacheFailures ? cacheCode(error) : UNKNOWN)
           throw error
         },
       )
     }
-    if (r instanceof Promise) {
-      const c = enter(this.#callers, scoped)
-      const flight = c.flight
-      return r.then(
-        (v) => {
-          leave(c)
-          if (v !== ABANDONED) return { value: v, replayed: true, source: JOINED }
-          if (flight !== undefined) flight.collected()
-          return this[RUN](scoped, fingerprint, fn, wait)
-        },
-        (e) => {
-          leave(c)
-          throw e
-        },
-      )
-    }
+    if (r instanceof Promise) return this.#join(scoped, r, undefined, () => this[RUN](scoped, fingerprint, fn, wait))
     throw new Error('oncely: unexpected answer from the native store')
+  }
+
+  /**
+   * This caller waits for the running call of `scoped` (`r`, the flight's Promise): its
+   * value, given as joined, or, when the leader went away unsettled (ABANDONED), `again()`
+   * (the callers begin again and one of them leads).
+   */
+  #join(scoped, r, signal, again) {
+    const c = enter(this.#callers, scoped)
+    const flight = c.flight
+    const joined = (v) => {
+      if (v !== ABANDONED) return { value: v, replayed: true, source: JOINED }
+      // The leader was collected unsettled: its flight is over.
+      if (flight !== undefined) flight.collected()
+      return again()
+    }
+    if (signal !== undefined) return waitFor(r, signal, () => leave(c)).then(joined)
+    return r.then(
+      (v) => {
+        leave(c)
+        return joined(v)
+      },
+      (e) => {
+        leave(c)
+        throw e
+      },
+    )
   }
 
   /**
@@ -501,4 +526,4 @@ function httpStatusOf(err) {
   return isOncelyError(err) ? err.httpStatus : undefined
 }
 
-module.exports = { RUN, ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }
+module.exports = { contextOn, RUN, ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }
