@@ -1,7 +1,7 @@
 'use strict'
 // oncely/express: the server contract (SPEC §8) as Express 4/5 middleware.
 
-const { ServerResponse } = require('node:http')
+const { ServerResponse, OutgoingMessage } = require('node:http')
 
 const {
   Unstored,
@@ -205,31 +205,58 @@ function idempotency(options) {
 // uncached look-up (the wrappers were the largest part of the middleware's own cost on a
 // first call). Why not Express's prototypes: an Express sub-app (or another copy of
 // Express) sets the response's prototype to its own while it runs, and an answer sent
-// there would not be captured (its key released, its retry run again).
+// there would not be captured (its key released, its retry run again). A response whose
+// methods a middleware further out has already wrapped (compression, an envelope) is
+// captured above those wrappers, as before: the answer is stored as the handler wrote
+// it, and its replay goes through them again (their own content negotiation included).
 // ---------------------------------------------------------------------------------------
 
-/** A response's innermost Capture (a middleware mounted further out has its own, `outer`). */
+/** A response's innermost Capture at the prototype (one further out is its `outer`). */
 const capturing = new WeakMap()
 
-/** ServerResponse's `write`, `end` and `writeHead` as they were before `hookResponses`. */
+/**
+ * ServerResponse's own `write`, `end` and `writeHead` from before `hookResponses`
+ * (`undefined`: inherited, looked up at each call, so that a tool that patches
+ * OutgoingMessage's methods later is still called).
+ */
 let plain = null
 
 function hookResponses() {
   if (plain !== null) return
   const P = ServerResponse.prototype
-  plain = { write: P.write, end: P.end, writeHead: P.writeHead }
+  const own = (name) => (Object.hasOwn(P, name) ? P[name] : undefined)
+  plain = { write: own('write'), end: own('end'), writeHead: own('writeHead') }
   P.write = function write(chunk, encoding, cb) {
     const c = capturing.get(this)
-    return c === undefined ? plain.write.call(this, chunk, encoding, cb) : c.write(chunk, encoding, cb)
+    return c === undefined ? plainWrite(this, chunk, encoding, cb) : c.write(chunk, encoding, cb)
   }
   P.end = function end(chunk, encoding, cb) {
     const c = capturing.get(this)
-    return c === undefined ? plain.end.call(this, chunk, encoding, cb) : c.end(chunk, encoding, cb)
+    return c === undefined ? plainEnd(this, chunk, encoding, cb) : c.end(chunk, encoding, cb)
   }
   P.writeHead = function writeHead(status, reason, headers) {
     const c = capturing.get(this)
-    return c === undefined ? plain.writeHead.call(this, status, reason, headers) : c.writeHead(status, reason, headers)
+    return c === undefined ? plainWriteHead(this, status, reason, headers) : c.writeHead(status, reason, headers)
   }
+  // Node's alias of writeHead.
+  P.writeHeader = P.writeHead
+}
+
+function plainWrite(res, chunk, encoding, cb) {
+  return (plain.write ?? OutgoingMessage.prototype.write).call(res, chunk, encoding, cb)
+}
+
+function plainEnd(res, chunk, encoding, cb) {
+  return (plain.end ?? OutgoingMessage.prototype.end).call(res, chunk, encoding, cb)
+}
+
+function plainWriteHead(res, status, reason, headers) {
+  return (plain.writeHead ?? OutgoingMessage.prototype.writeHead).call(res, status, reason, headers)
+}
+
+/** Whether a middleware has set its own `write`, `end` or `writeHead` on `res`. */
+function wrappedBefore(res) {
+  return Object.hasOwn(res, 'end') || Object.hasOwn(res, 'write') || Object.hasOwn(res, 'writeHead')
 }
 
 /** The handler runs; what it writes is kept. */
@@ -255,6 +282,11 @@ class Capture {
     this.state = CAPTURING
     /** The capture of a middleware further out on the same response, if any. */
     this.outer = undefined
+    /**
+     * The response's own methods a middleware further out set, when this capture wraps
+     * them (see `wrappedBefore`): calls go on to them; else to `outer` or Node's.
+     */
+    this.own = null
     this.owner = null
     this.chunks = []
     this.size = 0
@@ -282,8 +314,15 @@ class Capture {
     const res = this.res
     this.s.counters.led++
     this.owner = owner
-    this.outer = capturing.get(res)
-    capturing.set(res, this)
+    if (wrappedBefore(res)) {
+      this.own = { write: res.write, end: res.end, writeHead: res.writeHead }
+      res.write = (chunk, encoding, cb) => this.write(chunk, encoding, cb)
+      res.end = (chunk, encoding, cb) => this.end(chunk, encoding, cb)
+      res.writeHead = res.writeHeader = (status, reason, headers) => this.writeHead(status, reason, headers)
+    } else {
+      this.outer = capturing.get(res)
+      capturing.set(res, this)
+    }
     try {
       this.next()
     } catch (e) {
@@ -333,6 +372,8 @@ class Capture {
   /** Stops capturing: later calls go on as without this capture. */
   release() {
     this.state = PASSING
+    // Own wrappers stay in place: from now on they pass calls on.
+    if (this.own !== null) return
     const res = this.res
     let c = capturing.get(res)
     if (c === this) {
@@ -347,8 +388,9 @@ class Capture {
   write(chunk, encoding, cb) {
     if (this.state === HOLDING) return true
     if (this.state === CAPTURING) this.keep(chunk, encoding, false)
+    if (this.own !== null) return this.own.write.call(this.res, chunk, encoding, cb)
     const o = this.outer
-    return o === undefined ? plain.write.call(this.res, chunk, encoding, cb) : o.write(chunk, encoding, cb)
+    return o === undefined ? plainWrite(this.res, chunk, encoding, cb) : o.write(chunk, encoding, cb)
   }
 
   end(chunk, encoding, cb) {
@@ -368,7 +410,15 @@ class Capture {
       // request: the response goes out now, as without the middleware.
       this.release()
       this.finish = noop
-      this.passEnd(chunk, encoding, cb)
+      try {
+        this.passEnd(chunk, encoding, cb)
+      } catch (e) {
+        // Node refused the answer (an invalid status or header): it was not sent, so
+        // it is not stored, and the key is released.
+        this.s.counters.notStored++
+        this.done(new Released(this.owner, 'the response could not be sent'))
+        throw e
+      }
     } else {
       this.hold(chunk, encoding, cb)
     }
@@ -377,8 +427,9 @@ class Capture {
   }
 
   passEnd(chunk, encoding, cb) {
+    if (this.own !== null) return this.own.end.call(this.res, chunk, encoding, cb)
     const o = this.outer
-    return o === undefined ? plain.end.call(this.res, chunk, encoding, cb) : o.end(chunk, encoding, cb)
+    return o === undefined ? plainEnd(this.res, chunk, encoding, cb) : o.end(chunk, encoding, cb)
   }
 
   writeHead(status, reason, headers) {
@@ -402,8 +453,9 @@ class Capture {
         headers = undefined
       }
     }
+    if (this.own !== null) return this.own.writeHead.call(this.res, status, reason, headers)
     const o = this.outer
-    return o === undefined ? plain.writeHead.call(this.res, status, reason, headers) : o.writeHead(status, reason, headers)
+    return o === undefined ? plainWriteHead(this.res, status, reason, headers) : o.writeHead(status, reason, headers)
   }
 
   // `last`: the chunk given to `end`, read into the record before `end` returns, so
@@ -436,11 +488,15 @@ class Capture {
     this.state = HOLDING
     const res = this.res
     const status = res.statusCode
+    const reason = res.statusMessage
     const headers = res.getHeaders()
+    // Sent later: the handler may reuse its buffer meanwhile.
+    if (chunk !== null && typeof chunk === 'object') chunk = Buffer.from(new Uint8Array(chunk.buffer, chunk.byteOffset, chunk.byteLength))
     this.finish = () => {
       this.release()
       if (!res.headersSent) {
         res.statusCode = status
+        res.statusMessage = reason
         for (const n of res.getHeaderNames()) if (!(n in headers)) res.removeHeader(n)
         for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
       }
