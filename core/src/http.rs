@@ -43,6 +43,7 @@
 //! assert_eq!(config.read_key("POST", &[]).unwrap_err().status, 400);
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
@@ -425,12 +426,16 @@ pub fn request_fingerprint(
     content_type: Option<&str>,
     body: &[u8],
 ) -> String {
-    let canonical = content_type
-        .filter(|ct| is_json(ct))
-        .and_then(|_| serde_json::from_slice::<serde_json::Value>(body).ok())
-        .and_then(|v| canonical_json(&v).ok());
+    let canonical = content_type.filter(|ct| is_json(ct)).and_then(|_| {
+        if crate::canonical::is_canonical(body) {
+            // Already in its canonical form: hashed as it is.
+            return Some(Cow::Borrowed(body));
+        }
+        let v = serde_json::from_slice::<serde_json::Value>(body).ok()?;
+        canonical_json(&v).ok().map(Cow::Owned)
+    });
     let (kind, body) = match &canonical {
-        Some(c) => (b'j', c.as_slice()),
+        Some(c) => (b'j', c.as_ref()),
         None => (b'b', body),
     };
     let mut h = Sha256::new();

@@ -53,6 +53,7 @@
 
 mod backoff;
 mod budget;
+mod canonical;
 mod classify;
 mod clock;
 mod code;
