@@ -100,26 +100,50 @@ const acting = new AsyncLocalStorage()
 
 /**
  * Leads whose action is running (flights and adapter leads, of either store). `acting`
- * is disabled while there are none: an enabled AsyncLocalStorage hooks every Promise and
- * async resource of the process (on Node 20, about a third of an Express first call's
- * added cost), and between leads nothing needs it: `reentry` only looks for running
- * leads. `acting.run` enables it again for the next lead. A lead whose action never
- * settles keeps it enabled (as it always was before).
+ * is disabled once none has run for `CONTEXT_IDLE_MS`: on Node 20 an enabled
+ * AsyncLocalStorage hooks every Promise and async resource of the process, and between
+ * leads nothing needs it (`reentry` only looks for running leads); `acting.run` enables
+ * it again for the next lead. Not at once when the last lead ends: enabling costs about
+ * as much as 20,000 instructions (Node resets its Promise hooks), far more than the hooks
+ * cost a server that leads request after request (about 1,000 per Express request), so
+ * the context stays on while leads keep coming and goes off in a quiet process. A lead
+ * whose action never settles keeps it on.
  */
 let leadsRunning = 0
+/** Leads started so far: tells the idle check whether one came meanwhile. */
+let leadsStarted = 0
+/** Whether `acting` is enabled (by a lead's `acting.run`, until switched off here). */
+let contextEnabled = false
+/** The idle check is armed. */
+let idleCheck = false
+
+const CONTEXT_IDLE_MS = 1000
 
 function leadStarts() {
   leadsRunning += 1
+  leadsStarted += 1
+  contextEnabled = true
 }
 
 function leadStops() {
   leadsRunning -= 1
-  if (leadsRunning === 0) acting.disable()
+  if (leadsRunning === 0 && !idleCheck) armIdleCheck(leadsStarted)
 }
 
-/** Whether a lead is running, so `acting` is enabled (for tests). */
+function armIdleCheck(started) {
+  idleCheck = true
+  setTimeout(() => {
+    idleCheck = false
+    if (leadsRunning > 0) return // leadStops arms it again
+    if (leadsStarted !== started) return armIdleCheck(leadsStarted)
+    acting.disable()
+    contextEnabled = false
+  }, CONTEXT_IDLE_MS).unref()
+}
+
+/** Whether `acting` is enabled (for tests). */
 function contextOn() {
-  return leadsRunning > 0
+  return contextEnabled
 }
 
 /** The callers of one key in this process that wait for its outcome (leader included). */
@@ -526,4 +550,4 @@ function httpStatusOf(err) {
   return isOncelyError(err) ? err.httpStatus : undefined
 }
 
-module.exports = { contextOn, RUN, ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }
+module.exports = { contextOn, CONTEXT_IDLE_MS, RUN, ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }

@@ -1,13 +1,13 @@
 'use strict'
-// The async context that tells a lead's own calls apart (re-entry) is switched off while
-// no lead runs and on again by the next lead: a lead's async continuations still know
-// it, whatever ended meanwhile, and nothing waits for itself.
+// The async context that tells a lead's own calls apart (re-entry) is switched off once no
+// lead has run for a while and on again by the next lead: a lead's async continuations
+// still know it, whatever ended meanwhile, and nothing waits for itself.
 const test = require('node:test')
 const assert = require('node:assert/strict')
 const { setTimeout: sleep } = require('node:timers/promises')
 const { IdempotencyStore, scope } = require('oncely')
 const { idempotency } = require('oncely/express')
-const { contextOn } = require('../lib/store.js')
+const { contextOn, CONTEXT_IDLE_MS } = require('../lib/store.js')
 const inject = require('light-my-request')
 const express = require('express')
 
@@ -27,23 +27,39 @@ function reentering(store, k, ms) {
   }
 }
 
-test('the context is off between leads and on while one runs', async () => {
+/** Resolves once the context is off (no lead for CONTEXT_IDLE_MS, checked each CONTEXT_IDLE_MS). */
+async function contextOff() {
+  const until = Date.now() + 3 * CONTEXT_IDLE_MS
+  while (contextOn()) {
+    assert.ok(Date.now() < until, 'the context stays on with no lead running')
+    await sleep(50)
+  }
+}
+
+test('the context is on while a lead runs, stays on while leads keep coming, and goes off once none has run for a while', async () => {
   const store = new IdempotencyStore()
-  await store.execute(key('a'), 'fp', () => 1)
-  assert.equal(contextOn(), false)
+  await contextOff()
   let during
   await store.execute(key('b'), 'fp', async () => {
     await sleep(1)
     during = contextOn()
   })
   assert.equal(during, true)
-  assert.equal(contextOn(), false)
+  // Leads keep coming for longer than the idle time: it stays on.
+  const until = Date.now() + CONTEXT_IDLE_MS * 1.5
+  for (let i = 0; Date.now() < until; i++) {
+    await store.execute(key(`busy${i}`), 'fp', () => i)
+    assert.equal(contextOn(), true)
+    await sleep(CONTEXT_IDLE_MS / 10)
+  }
+  // Off within two idle periods of the last lead.
+  await contextOff()
 })
 
 test('a lead that starts after every other lead ended (context off) still refuses its own call', async () => {
   const store = new IdempotencyStore()
   for (let i = 0; i < 3; i++) await store.execute(key(`s${i}`), 'fp', () => i)
-  assert.equal(contextOn(), false)
+  await contextOff()
   const r = await store.execute(key('x'), 'fp', reentering(store, key('x'), 5))
   assert.equal(r.value, 'reentrant')
 })
@@ -55,7 +71,6 @@ test('a lead whose neighbours end while it waits keeps its context', async () =>
   const short = store.execute(key('short'), 'fp', async () => { await sleep(1); return 's' })
   assert.equal((await short).value, 's')
   assert.equal((await long).value, 'reentrant')
-  assert.equal(contextOn(), false)
 })
 
 test('many leads ending in any order: every one refuses its own call, none hangs, the context ends off', async () => {
@@ -70,17 +85,17 @@ test('many leads ending in any order: every one refuses its own call, none hangs
     if (i % 7 === 0) await sleep(rand())
   }
   for (const r of await Promise.all(runs)) assert.equal(r.value, 'reentrant')
-  assert.equal(contextOn(), false)
+  await contextOff()
 })
 
 test('a failed lead and a thrown lead count as ended', async () => {
   const store = new IdempotencyStore()
   await assert.rejects(store.execute(key('f1'), 'fp', async () => { throw new Error('x') }))
   await assert.rejects(store.execute(key('f2'), 'fp', () => { throw new Error('y') }))
-  assert.equal(contextOn(), false)
+  await contextOff()
 })
 
-test('express: after synchronous first calls (each switching the context off), a handler that injects its own key after an await is refused', async () => {
+test('express: after synchronous first calls and the context switched off, a handler that injects its own key after an await is refused', async () => {
   const store = new IdempotencyStore()
   const app = express()
   app.set('env', 'test')
@@ -100,8 +115,8 @@ test('express: after synchronous first calls (each switching the context off), a
   for (let i = 0; i < 5; i++) {
     const r = await inject(app, { method: 'POST', url: '/sync', headers: { 'idempotency-key': `sync-key-${i}`, 'content-type': 'application/json' }, payload: '{}' })
     assert.equal(r.statusCode, 201)
-    assert.equal(contextOn(), false)
   }
+  await contextOff()
   const outer = await within(
     inject(app, { method: 'POST', url: '/orders', headers: { 'idempotency-key': 'context-key-1', 'content-type': 'application/json' }, payload: '{"item":1}' }),
     4000,
@@ -109,5 +124,5 @@ test('express: after synchronous first calls (each switching the context off), a
   assert.notEqual(outer, 'hang')
   assert.equal(JSON.parse(outer.payload).inner, 500)
   assert.equal(calls, 1)
-  assert.equal(contextOn(), false)
+  await contextOff()
 })
