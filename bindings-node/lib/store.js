@@ -2,6 +2,9 @@
 // The dedup store
 
 const { AsyncLocalStorage } = require('node:async_hooks')
+// The idle check's timer: Node's own, as loaded (a test environment may replace the
+// global one with a clock of its own, or with one whose handles have no `unref`).
+const { setTimeout: nodeSetTimeout } = require('node:timers')
 
 const native = require('../native.js')
 const { NativeStore } = require('../native.js')
@@ -130,15 +133,40 @@ function leadStops() {
   if (leadsRunning === 0 && !idleCheck) armIdleCheck(leadsStarted)
 }
 
+/**
+ * Runs `fn` in the async context the process had when this module loaded: the idle
+ * timer keeps no request's context (its AsyncLocalStorage stores, other libraries'
+ * included) alive.
+ */
+const inLoadContext = AsyncLocalStorage.snapshot()
+
 function armIdleCheck(started) {
   idleCheck = true
-  setTimeout(() => {
+  // Never throws into a lead's end, which settles its key right after.
+  try {
+    inLoadContext(() => nodeSetTimeout(idleCheckFires, CONTEXT_IDLE_MS, started).unref())
+  } catch {
     idleCheck = false
-    if (leadsRunning > 0) return // leadStops arms it again
-    if (leadsStarted !== started) return armIdleCheck(leadsStarted)
-    acting.disable()
-    contextEnabled = false
-  }, CONTEXT_IDLE_MS).unref()
+  }
+}
+
+function idleCheckFires(started) {
+  idleCheck = false
+  if (leadsRunning > 0) return // leadStops arms it again
+  if (leadsStarted !== started) return armIdleCheck(leadsStarted)
+  acting.disable()
+  contextEnabled = false
+}
+
+/**
+ * The running lead in `record`'s chain nearest to it (itself included), or undefined: a
+ * finished lead never runs again, so a new lead's parent skips those (a chain of
+ * finished leads would otherwise grow with every lead started from another's work).
+ */
+function runningLead(record) {
+  let f = record
+  while (f !== undefined && !f.running) f = f.parent
+  return f
 }
 
 /** Whether `acting` is enabled (for tests). */
@@ -190,7 +218,7 @@ class Flight {
     this.key = callers.key
     this.fp = fingerprint
     /** The flight whose action started this one: a cycle of keys is re-entrant too. */
-    this.parent = acting.getStore()
+    this.parent = runningLead(acting.getStore())
     this.running = true
     leadStarts()
     /** The leader's caller still waits (it counts in `callers`). */
@@ -249,7 +277,7 @@ class Leading {
     this.store = store
     this.key = key
     this.fp = fingerprint
-    this.parent = acting.getStore()
+    this.parent = runningLead(acting.getStore())
     this.running = true
     leadStarts()
   }

@@ -126,3 +126,74 @@ test('express: after synchronous first calls and the context switched off, a han
   assert.equal(calls, 1)
   await contextOff()
 })
+
+test('a global setTimeout whose handles have no unref (jsdom, fake timers): every lead still settles its key', async () => {
+  await contextOff()
+  const realSetTimeout = globalThis.setTimeout
+  const store = new IdempotencyStore()
+  let runs = 0
+  globalThis.setTimeout = (fn, ms, ...args) => {
+    realSetTimeout(fn, ms, ...args)
+    return 7
+  }
+  let first
+  try {
+    first = await store.execute(key('nounref'), 'fp', async () => {
+      runs++
+      await null
+      return 'charged'
+    })
+  } finally {
+    globalThis.setTimeout = realSetTimeout
+  }
+  assert.equal(first.value, 'charged')
+  const again = await within(store.execute(key('nounref'), 'fp', () => runs++), 1000)
+  assert.notEqual(again, 'hang')
+  assert.equal(again.source, 'replayed')
+  assert.equal(runs, 1)
+})
+
+test('a lead started from a finished lead\'s work does not keep it as its parent: the chain stays short', async () => {
+  const { acting } = require('../lib/store.js')
+  const store = new IdempotencyStore()
+  const depths = []
+  await new Promise((resolve) => {
+    const job = (i) =>
+      store.execute(key(`chain${i}`), 'fp', () => {
+        let d = 0
+        for (let f = acting.getStore(); f !== undefined; f = f.parent) d++
+        depths.push(d)
+        if (i < 100) setTimeout(() => job(i + 1), 1)
+        else setImmediate(resolve)
+        return i
+      })
+    job(0)
+  })
+  assert.equal(Math.max(...depths), 1)
+})
+
+test('the idle check keeps no request\'s async context alive', async () => {
+  const { AsyncLocalStorage } = require('node:async_hooks')
+  const v8 = require('node:v8')
+  const vm = require('node:vm')
+  await contextOff()
+  const requestContext = new AsyncLocalStorage()
+  const store = new IdempotencyStore()
+  let held
+  await requestContext.run({ body: Buffer.alloc(1 << 20) }, async () => {
+    held = new WeakRef(requestContext.getStore())
+    // The last lead to end arms the idle check here.
+    await store.execute(key('ctx-first'), 'fp', async () => 1)
+  })
+  const until = Date.now() + 1.5 * CONTEXT_IDLE_MS
+  for (let i = 0; Date.now() < until; i++) {
+    await store.execute(key(`ctx${i}`), 'fp', () => i)
+    await sleep(CONTEXT_IDLE_MS / 5)
+  }
+  v8.setFlagsFromString('--expose-gc')
+  const gc = vm.runInNewContext('gc')
+  gc()
+  await sleep(10)
+  gc()
+  assert.equal(held.deref(), undefined, 'the request context is still held')
+})
