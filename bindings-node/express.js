@@ -404,7 +404,15 @@ class Capture {
       encoding = undefined
     }
     this.keep(chunk, encoding, true)
-    const outcome = this.settle()
+    let outcome
+    try {
+      outcome = this.settle()
+    } catch {
+      // The core refused to record the answer (a status or header it cannot take): it is
+      // not stored, and the key is released.
+      this.s.counters.notStored++
+      outcome = new Released(this.owner, 'the response could not be recorded')
+    }
     if (this.s.settlesAtOnce) {
       // The store settles the key in this tick, before the server reads another
       // request: the response goes out now, as without the middleware.

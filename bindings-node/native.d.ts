@@ -564,7 +564,11 @@ export declare function httpScope(tenant: string, method: string, route: string,
 /** Whether a gRPC answer with this `grpc-status` value is stored. */
 export declare function httpStorableGrpcStatus(value: string): boolean
 
-/** Whether a response with this status is stored (2xx, 4xx but 408/409/425/429). */
+/**
+ * Whether a response with this status is stored (2xx, 4xx but 408/409/425/429).
+ * A status that is not an integer in `0..=65535` is refused (a TypeError or RangeError,
+ * INVALID_ARGUMENT), as the Python binding's `u16` refuses it.
+ */
 export declare function httpStorableStatus(status: number): boolean
 
 /** A stored response: status, stored headers, body and (gRPC) trailers. */

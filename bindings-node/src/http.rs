@@ -287,34 +287,49 @@ pub fn http_request_fingerprint(
 }
 
 /// Whether a response with this status is stored (2xx, 4xx but 408/409/425/429).
-#[napi]
-pub fn http_storable_status(status: u32) -> bool {
-    u16::try_from(status).is_ok_and(contract::storable_status)
+/// A status that is not an integer in `0..=65535` is refused (a TypeError or RangeError,
+/// INVALID_ARGUMENT), as the Python binding's `u16` refuses it.
+#[napi(ts_args_type = "status: number")]
+pub fn http_storable_status(env: &Env, status: Unknown<'_>) -> Result<bool> {
+    let n = convert::integer(env.raw(), status.raw(), "status", 0.0, 65_535.0)?;
+    Ok(contract::storable_status(n as u16))
 }
 
 /// Whether a gRPC answer with this `grpc-status` value is stored.
-#[napi]
-pub fn http_storable_grpc_status(value: String) -> bool {
-    contract::storable_grpc_status(value.as_bytes())
+#[napi(ts_args_type = "value: string")]
+pub fn http_storable_grpc_status(env: &Env, value: Unknown<'_>) -> Result<bool> {
+    text_rule(env, value, "value", |v| {
+        contract::storable_grpc_status(v.as_bytes())
+    })
 }
 
 /// Whether a content type is JSON (`application/json` or `+json`).
-#[napi]
-pub fn http_is_json(content_type: String) -> bool {
-    contract::is_json(&content_type)
+#[napi(ts_args_type = "contentType: string")]
+pub fn http_is_json(env: &Env, content_type: Unknown<'_>) -> Result<bool> {
+    text_rule(env, content_type, "contentType", contract::is_json)
 }
 
 /// Whether a content type is an event stream (`text/event-stream`): such a response
 /// is sent as it is produced, keeps the key until it ends and is not stored.
-#[napi]
-pub fn http_is_event_stream(content_type: String) -> bool {
-    contract::is_event_stream(&content_type)
+#[napi(ts_args_type = "contentType: string")]
+pub fn http_is_event_stream(env: &Env, content_type: Unknown<'_>) -> Result<bool> {
+    text_rule(env, content_type, "contentType", contract::is_event_stream)
 }
 
 /// Whether a content type is gRPC.
-#[napi]
-pub fn http_is_grpc(content_type: String) -> bool {
-    contract::is_grpc(&content_type)
+#[napi(ts_args_type = "contentType: string")]
+pub fn http_is_grpc(env: &Env, content_type: Unknown<'_>) -> Result<bool> {
+    text_rule(env, content_type, "contentType", contract::is_grpc)
+}
+
+/// A rule of the core over one string argument; anything else is a TypeError naming it.
+fn text_rule(
+    env: &Env,
+    v: Unknown<'_>,
+    field: &str,
+    rule: impl FnOnce(&str) -> bool,
+) -> Result<bool> {
+    convert::with_str(env.raw(), v.raw(), field, convert::SHORT_STRING_MAX, rule)
 }
 
 fn fields(v: Option<Vec<HttpField>>) -> Vec<(String, Vec<u8>)> {
@@ -391,8 +406,28 @@ pub struct HttpProblemSource {
 /// `kind: 'request_too_large'` (the request cap in bytes as `message`) and
 /// `kind: 'body_unreadable'` (the reason as `message`) and `kind: 'tenant_unusable'`
 /// (why the tenant function's tenant cannot scope a key, as `message`).
-#[napi]
-pub fn http_problem(env: Env, error: HttpProblemSource) -> Result<HttpProblem> {
+#[napi(ts_args_type = "error: HttpProblemSource")]
+pub fn http_problem(env: Env, error: Unknown<'_>) -> Result<HttpProblem> {
+    let raw = env.raw();
+    if convert::type_of(raw, error.raw()) != sys::ValueType::napi_object {
+        let got = convert::type_name(raw, error.raw());
+        return Err(type_error(
+            raw,
+            "error",
+            &format!("error must be an error of oncely or an object with a `kind`, got {got}"),
+        ));
+    }
+    // SAFETY: a live object of this call.
+    let error = unsafe { HttpProblemSource::from_napi_value(raw, error.raw()) }.map_err(|e| {
+        type_error(
+            raw,
+            "error",
+            &format!(
+                "error must have a string `kind` and fields of their types: {}",
+                e.reason
+            ),
+        )
+    })?;
     let msg = error.message.clone().unwrap_or_default();
     let e = match error.kind.as_str() {
         "missing_key" => CoreError::MissingKey,

@@ -279,3 +279,25 @@ test('messages use the option name and unit of Node, with an example of a valid 
   assert.equal(field, 'url')
   assert.match(text, /expected redis:\/\/host:6379\/0/)
 })
+
+test('http rules refuse arguments of the wrong type or range with INVALID_ARGUMENT, naming them', () => {
+  const { http } = require('oncely')
+  const refused = (f, Ctor, field) => assert.throws(f, (e) => e instanceof Ctor && e.code === 'INVALID_ARGUMENT' && e.message.includes(field))
+  refused(() => http.storableStatus('200'), TypeError, 'status')
+  refused(() => http.storableStatus(200.5), RangeError, 'status')
+  refused(() => http.storableStatus(-1), RangeError, 'status')
+  refused(() => http.storableStatus(70_000), RangeError, 'status')
+  assert.equal(http.storableStatus(1000), false)
+  assert.equal(http.storableStatus(201), true)
+  for (const f of ['isJson', 'isEventStream', 'isGrpc']) {
+    refused(() => http[f](5), TypeError, 'contentType')
+    refused(() => http[f](null), TypeError, 'contentType')
+  }
+  refused(() => http.storableGrpcStatus(0), TypeError, 'value')
+  refused(() => http.problem(5), TypeError, 'error')
+  refused(() => http.problem(null), TypeError, 'error')
+  refused(() => http.problem({}), TypeError, 'kind')
+  refused(() => http.problem({ kind: 7 }), TypeError, 'kind')
+  assert.equal(http.problem({ kind: 'missing_key' }).status, 400)
+})
+

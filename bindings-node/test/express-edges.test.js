@@ -139,6 +139,10 @@ const REFUSED = {
     res.statusMessage = 'bad\nreason'
     res.send('x')
   }],
+  'express 5, a status that is not an integer': [express5, (req, res) => {
+    res.statusCode = 200.5
+    res.end('x')
+  }],
   'express 5, a body shorter than its strict content-length': [express5, (req, res) => {
     res.strictContentLength = true
     res.setHeader('content-length', '10')
