@@ -576,7 +576,7 @@ export declare const http: {
     contentType?: string | null,
     body?: string | Buffer,
   ): [string, string] | [string] | HttpProblem
-  /** 2xx, and 4xx except 408/409/425/429. */
+  /** 2xx, and 4xx except 408/409/425/429. A status that is not an integer in 0..=65535 throws a RangeError (INVALID_ARGUMENT). */
   storableStatus(status: number): boolean
   /** Whether a gRPC answer with this `grpc-status` value is stored. */
   storableGrpcStatus(value: string): boolean
