@@ -254,9 +254,13 @@ function plainWriteHead(res, status, reason, headers) {
   return (plain.writeHead ?? OutgoingMessage.prototype.writeHead).call(res, status, reason, headers)
 }
 
-/** Whether a middleware has set its own `write`, `end` or `writeHead` on `res`. */
+/**
+ * Whether `res` is captured with wrappers of its own: a middleware has set its own
+ * `write`, `end` or `writeHead` on it, or it is not a Node ServerResponse (whose methods
+ * are the ones wrapped once per process).
+ */
 function wrappedBefore(res) {
-  return Object.hasOwn(res, 'end') || Object.hasOwn(res, 'write') || Object.hasOwn(res, 'writeHead')
+  return Object.hasOwn(res, 'end') || Object.hasOwn(res, 'write') || Object.hasOwn(res, 'writeHead') || !(res instanceof ServerResponse)
 }
 
 /** The handler runs; what it writes is kept. */
