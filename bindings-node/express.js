@@ -214,6 +214,9 @@ function idempotency(options) {
 /** A response's innermost Capture at the prototype (one further out is its `outer`). */
 const capturing = new WeakMap()
 
+/** The wrappers `hookResponses` set on ServerResponse.prototype. */
+let hooks = null
+
 /**
  * ServerResponse's own `write`, `end` and `writeHead` from before `hookResponses`
  * (`undefined`: inherited, looked up at each call, so that a tool that patches
@@ -240,6 +243,7 @@ function hookResponses() {
   }
   // Node's alias of writeHead.
   P.writeHeader = P.writeHead
+  hooks = { write: P.write, end: P.end, writeHead: P.writeHead }
 }
 
 function plainWrite(res, chunk, encoding, cb) {
@@ -255,12 +259,12 @@ function plainWriteHead(res, status, reason, headers) {
 }
 
 /**
- * Whether `res` is captured with wrappers of its own: a middleware has set its own
- * `write`, `end` or `writeHead` on it, or it is not a Node ServerResponse (whose methods
- * are the ones wrapped once per process).
+ * Whether `res` is captured with wrappers of its own: its `write`, `end` or `writeHead`
+ * is not the one wrapped once per process (a middleware further out set its own, a
+ * subclass overrides it, or it is not a Node ServerResponse at all).
  */
 function wrappedBefore(res) {
-  return Object.hasOwn(res, 'end') || Object.hasOwn(res, 'write') || Object.hasOwn(res, 'writeHead') || !(res instanceof ServerResponse)
+  return res.end !== hooks.end || res.write !== hooks.write || res.writeHead !== hooks.writeHead
 }
 
 /** The handler runs; what it writes is kept. */

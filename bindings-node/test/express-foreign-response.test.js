@@ -96,3 +96,44 @@ test('a response that is not a ServerResponse: captured, stored and replayed, th
   assert.equal(again.getHeader('idempotent-replayed'), 'true')
   assert.equal(calls, 1)
 })
+
+test('a tool that replaces ServerResponse.prototype.end after oncely (without calling it): answers are still captured', async (t) => {
+  const http = require('node:http')
+  const express = require('express')
+  idempotency({ store: new IdempotencyStore() }) // the wrappers are in place first
+  const P = http.ServerResponse.prototype
+  const before = P.end
+  // An instrumentation that swaps `end` for its own and calls OutgoingMessage's directly.
+  P.end = function (chunk, encoding, cb) {
+    return http.OutgoingMessage.prototype.end.call(this, chunk, encoding, cb)
+  }
+  t.after(() => {
+    P.end = before
+  })
+  const app = express()
+  app.set('env', 'test')
+  app.use(idempotency({ store: new IdempotencyStore() }))
+  let calls = 0
+  app.post('/orders', (req, res) => {
+    calls++
+    res.status(201).send(`order ${calls}`)
+  })
+  const server = await new Promise((r) => {
+    const s = app.listen(0, '127.0.0.1', () => r(s))
+  })
+  try {
+    const post = () =>
+      fetch(`http://127.0.0.1:${server.address().port}/orders`, {
+        method: 'POST',
+        headers: { 'idempotency-key': 'replaced-end-key', 'content-type': 'application/json' },
+        body: '{}',
+        signal: AbortSignal.timeout(3000),
+      }).then(async (r) => [r.status, await r.text(), r.headers.get('idempotent-replayed')])
+    assert.deepEqual(await post(), [201, 'order 1', null])
+    assert.deepEqual(await post(), [201, 'order 1', 'true'])
+    assert.equal(calls, 1)
+  } finally {
+    server.closeAllConnections()
+    server.close()
+  }
+})
