@@ -214,48 +214,37 @@ function idempotency(options) {
 /** A response's innermost Capture at the prototype (one further out is its `outer`). */
 const capturing = new WeakMap()
 
-/** The wrappers `hookResponses` set on ServerResponse.prototype. */
+/** The response methods a capture sees. */
+const METHODS = ['write', 'end', 'writeHead']
+
+/** The wrappers `hookResponses` set on ServerResponse.prototype, by name (null: not yet). */
 let hooks = null
 
 /**
- * ServerResponse's own `write`, `end` and `writeHead` from before `hookResponses`
- * (`undefined`: inherited, looked up at each call, so that a tool that patches
- * OutgoingMessage's methods later is still called).
+ * ServerResponse's own methods from before `hookResponses`, by name (`undefined`:
+ * inherited, looked up at each call, so that a tool that patches OutgoingMessage's
+ * methods later is still called).
  */
-let plain = null
+const plain = {}
 
 function hookResponses() {
-  if (plain !== null) return
+  if (hooks !== null) return
   const P = ServerResponse.prototype
-  const own = (name) => (Object.hasOwn(P, name) ? P[name] : undefined)
-  plain = { write: own('write'), end: own('end'), writeHead: own('writeHead') }
-  P.write = function write(chunk, encoding, cb) {
-    const c = capturing.get(this)
-    return c === undefined ? plainWrite(this, chunk, encoding, cb) : c.write(chunk, encoding, cb)
-  }
-  P.end = function end(chunk, encoding, cb) {
-    const c = capturing.get(this)
-    return c === undefined ? plainEnd(this, chunk, encoding, cb) : c.end(chunk, encoding, cb)
-  }
-  P.writeHead = function writeHead(status, reason, headers) {
-    const c = capturing.get(this)
-    return c === undefined ? plainWriteHead(this, status, reason, headers) : c.writeHead(status, reason, headers)
+  hooks = {}
+  for (const name of METHODS) {
+    plain[name] = Object.hasOwn(P, name) ? P[name] : undefined
+    hooks[name] = P[name] = function (a, b, c) {
+      const capture = capturing.get(this)
+      return capture === undefined ? plainCall(name, this, a, b, c) : capture[name](a, b, c)
+    }
   }
   // Node's alias of writeHead.
   P.writeHeader = P.writeHead
-  hooks = { write: P.write, end: P.end, writeHead: P.writeHead }
 }
 
-function plainWrite(res, chunk, encoding, cb) {
-  return (plain.write ?? OutgoingMessage.prototype.write).call(res, chunk, encoding, cb)
-}
-
-function plainEnd(res, chunk, encoding, cb) {
-  return (plain.end ?? OutgoingMessage.prototype.end).call(res, chunk, encoding, cb)
-}
-
-function plainWriteHead(res, status, reason, headers) {
-  return (plain.writeHead ?? OutgoingMessage.prototype.writeHead).call(res, status, reason, headers)
+/** Node's own `name` method of `res`, called with up to three arguments. */
+function plainCall(name, res, a, b, c) {
+  return (plain[name] ?? OutgoingMessage.prototype[name]).call(res, a, b, c)
 }
 
 /**
@@ -264,7 +253,7 @@ function plainWriteHead(res, status, reason, headers) {
  * subclass overrides it, or it is not a Node ServerResponse at all).
  */
 function wrappedBefore(res) {
-  return res.end !== hooks.end || res.write !== hooks.write || res.writeHead !== hooks.writeHead
+  return METHODS.some((name) => res[name] !== hooks[name])
 }
 
 /** The handler runs; what it writes is kept. */
@@ -323,10 +312,12 @@ class Capture {
     this.s.counters.led++
     this.owner = owner
     if (wrappedBefore(res)) {
-      this.own = { write: res.write, end: res.end, writeHead: res.writeHead }
-      res.write = (chunk, encoding, cb) => this.write(chunk, encoding, cb)
-      res.end = (chunk, encoding, cb) => this.end(chunk, encoding, cb)
-      res.writeHead = res.writeHeader = (status, reason, headers) => this.writeHead(status, reason, headers)
+      this.own = {}
+      for (const name of METHODS) {
+        this.own[name] = res[name]
+        res[name] = (a, b, c) => this[name](a, b, c)
+      }
+      res.writeHeader = res.writeHead
     } else {
       this.outer = capturing.get(res)
       capturing.set(res, this)
@@ -396,14 +387,12 @@ class Capture {
   write(chunk, encoding, cb) {
     if (this.state === HOLDING) return true
     if (this.state === CAPTURING) this.keep(chunk, encoding, false)
-    if (this.own !== null) return this.own.write.call(this.res, chunk, encoding, cb)
-    const o = this.outer
-    return o === undefined ? plainWrite(this.res, chunk, encoding, cb) : o.write(chunk, encoding, cb)
+    return this.pass('write', chunk, encoding, cb)
   }
 
   end(chunk, encoding, cb) {
     if (this.state === HOLDING) return this.res
-    if (this.state === PASSING) return this.passEnd(chunk, encoding, cb)
+    if (this.state === PASSING) return this.pass('end', chunk, encoding, cb)
     if (typeof chunk === 'function') {
       cb = chunk
       chunk = undefined
@@ -427,7 +416,7 @@ class Capture {
       this.release()
       this.finish = noop
       try {
-        this.passEnd(chunk, encoding, cb)
+        this.pass('end', chunk, encoding, cb)
       } catch (e) {
         // Node refused the answer (an invalid status or header): it was not sent, so
         // it is not stored, and the key is released.
@@ -442,10 +431,14 @@ class Capture {
     return this.res
   }
 
-  passEnd(chunk, encoding, cb) {
-    if (this.own !== null) return this.own.end.call(this.res, chunk, encoding, cb)
-    const o = this.outer
-    return o === undefined ? plainEnd(this.res, chunk, encoding, cb) : o.end(chunk, encoding, cb)
+  /**
+   * Passes a call of the response's method `name` on: to the methods this capture
+   * wrapped on the response itself, to the capture further out, or to Node's.
+   */
+  pass(name, a, b, c) {
+    if (this.own !== null) return this.own[name].call(this.res, a, b, c)
+    if (this.outer !== undefined) return this.outer[name](a, b, c)
+    return plainCall(name, this.res, a, b, c)
   }
 
   writeHead(status, reason, headers) {
@@ -469,9 +462,7 @@ class Capture {
         headers = undefined
       }
     }
-    if (this.own !== null) return this.own.writeHead.call(this.res, status, reason, headers)
-    const o = this.outer
-    return o === undefined ? plainWriteHead(this.res, status, reason, headers) : o.writeHead(status, reason, headers)
+    return this.pass('writeHead', status, reason, headers)
   }
 
   // `last`: the chunk given to `end`, read into the record before `end` returns, so
@@ -516,7 +507,7 @@ class Capture {
         for (const n of res.getHeaderNames()) if (!(n in headers)) res.removeHeader(n)
         for (const [n, v] of Object.entries(headers)) res.setHeader(n, v)
       }
-      this.passEnd(chunk, encoding, cb)
+      this.pass('end', chunk, encoding, cb)
     }
   }
 

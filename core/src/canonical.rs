@@ -63,14 +63,19 @@ impl<'a> Reader<'a> {
         self.depth <= CANONICAL_JSON_MAX_DEPTH
     }
 
+    /// A closing bracket.
+    fn close(&mut self) -> bool {
+        self.i += 1;
+        self.depth -= 1;
+        true
+    }
+
     fn object(&mut self) -> bool {
         if !self.open() {
             return false;
         }
         if self.peek() == Some(b'}') {
-            self.i += 1;
-            self.depth -= 1;
-            return true;
+            return self.close();
         }
         let mut last: Option<&[u8]> = None;
         loop {
@@ -95,11 +100,7 @@ impl<'a> Reader<'a> {
             }
             match self.peek() {
                 Some(b',') => self.i += 1,
-                Some(b'}') => {
-                    self.i += 1;
-                    self.depth -= 1;
-                    return true;
-                }
+                Some(b'}') => return self.close(),
                 _ => return false,
             }
         }
@@ -110,9 +111,7 @@ impl<'a> Reader<'a> {
             return false;
         }
         if self.peek() == Some(b']') {
-            self.i += 1;
-            self.depth -= 1;
-            return true;
+            return self.close();
         }
         loop {
             if !self.value() {
@@ -120,11 +119,7 @@ impl<'a> Reader<'a> {
             }
             match self.peek() {
                 Some(b',') => self.i += 1,
-                Some(b']') => {
-                    self.i += 1;
-                    self.depth -= 1;
-                    return true;
-                }
+                Some(b']') => return self.close(),
                 _ => return false,
             }
         }
