@@ -206,21 +206,39 @@ function goneReason() {
   return new DOMException('every caller of this operation stopped waiting', 'AbortError')
 }
 
+/**
+ * A running lead as `reentry` reads it in its async context: an action led through
+ * `IdempotencyStore[RUN]` (a server adapter's handler) is this alone; a Flight adds its
+ * callers and signal.
+ */
+class Leading {
+  constructor(store, key, fingerprint) {
+    /** The store (a RedisStore: the string naming its records, shared by instances). */
+    this.store = store
+    this.key = key
+    this.fp = fingerprint
+    /** The lead whose action started this one: a cycle of keys is re-entrant too. */
+    this.parent = runningLead(acting.getStore())
+    this.running = true
+    leadStarts()
+  }
+
+  /** The action settled (or its lease was collected unsettled). */
+  end() {
+    if (!this.running) return
+    this.running = false
+    leadStops()
+  }
+}
+
 /** One run of an action, from its lead until it settles (or its lease is collected). */
-class Flight {
+class Flight extends Leading {
   #controller = undefined
   #gone = false
 
   constructor(store, callers, fingerprint) {
-    /** The store (a RedisStore: the string naming its records, shared by instances). */
-    this.store = store
+    super(store, callers.key, fingerprint)
     this.callers = callers
-    this.key = callers.key
-    this.fp = fingerprint
-    /** The flight whose action started this one: a cycle of keys is re-entrant too. */
-    this.parent = runningLead(acting.getStore())
-    this.running = true
-    leadStarts()
     /** The leader's caller still waits (it counts in `callers`). */
     this.leaderIn = true
     this.info = new ActionInfo(this)
@@ -248,8 +266,7 @@ class Flight {
   /** The action settled (or its lease was collected unsettled): the flight is over. */
   end() {
     if (!this.running) return
-    this.running = false
-    leadStops()
+    super.end()
     const c = this.callers
     if (c.flight === this) c.flight = undefined
     if (c.n === 0 && c.map.get(c.key) === c) c.map.delete(c.key)
@@ -265,28 +282,6 @@ class Flight {
   collected() {
     this.end()
     this.leaderLeaves()
-  }
-}
-
-/**
- * What `reentry` reads of an action led through `IdempotencyStore[RUN]`, in its async
- * context: the fields of a flight it looks at, without the flight's callers and signal.
- */
-class Leading {
-  constructor(store, key, fingerprint) {
-    this.store = store
-    this.key = key
-    this.fp = fingerprint
-    this.parent = runningLead(acting.getStore())
-    this.running = true
-    leadStarts()
-  }
-
-  /** The action settled. */
-  end() {
-    if (!this.running) return
-    this.running = false
-    leadStops()
   }
 }
 
