@@ -9,9 +9,9 @@ import { idempotency as oncely } from 'oncely/express'
 import expressIdempotency from 'express-idempotency'
 import { Idempotency } from '@node-idempotency/core'
 import { MemoryStorageAdapter } from '@node-idempotency/storage-adapter-memory'
+import { paired } from './paired.mjs'
 
 const quick = process.argv.includes('--quick')
-const N = quick ? 2_000 : 10_000
 
 // Each app: POST /orders, express.json(), the peer's middleware, a handler that counts its
 // calls and answers 201 after `delay` ms.
@@ -101,50 +101,29 @@ for (const [name, { app, c }] of Object.entries(makeApps(50))) {
   s.close()
 }
 
-// 2. Time per request, one at a time on one keep-alive connection.
-// `[median µs per request, CPU µs per request (client and server, user + system)]`.
-async function time(port, keyOf, agent) {
-  for (let i = 0; i < 300; i++) await post(port, keyOf(), agent)
-  const each = new Float64Array(N)
-  const cpu = process.cpuUsage()
-  for (let i = 0; i < N; i++) {
-    const t = process.hrtime.bigint()
-    await post(port, keyOf(), agent)
-    each[i] = Number(process.hrtime.bigint() - t) / 1000
-  }
-  const used = process.cpuUsage(cpu)
-  return [[...each].sort((a, b) => a - b)[N >> 1], (used.user + used.system) / N]
-}
+// 2. Time per request, one at a time on one keep-alive connection, every (middleware,
+// scenario) pair in batches taking turns (see paired.mjs).
 const apps = makeApps(0)
 const servers = {}
 for (const [name, { app }] of Object.entries(apps)) servers[name] = await listen(app)
 const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
-// Every (middleware, scenario) pair runs once per round, in a rotated order each round,
-// so that load from outside the run weighs on all alike; the median over rounds is kept.
-const ROUNDS = quick ? 3 : 5
-const jobs = []
+const CYCLES = quick ? 10 : 50
+const BATCH = 200
+const scenarios = {}
 for (const [name, s] of Object.entries(servers)) {
+  const port = s.address().port
   const k = newKey()
-  jobs.push([name, 'first', () => time(s.address().port, () => newKey(), agent)])
-  jobs.push([name, 'replay', () => time(s.address().port, () => k, agent)])
+  scenarios[`${name} first`] = () => post(port, newKey(), agent)
+  scenarios[`${name} replay`] = () => post(port, k, agent)
 }
-const runs = {}
-for (let r = 0; r < ROUNDS; r++) {
-  for (let j = 0; j < jobs.length; j++) {
-    const [name, kind, run] = jobs[(j + r * 3) % jobs.length]
-    ;((runs[name] ??= { first: [], replay: [] })[kind]).push(await run())
-  }
-}
-const med = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
-const at = (xs, i) => med(xs.map((x) => x[i]))
-const out = Object.fromEntries(Object.entries(runs).map(([n, r]) => [n, { first: at(r.first, 0), replay: at(r.replay, 0), firstCpu: at(r.first, 1), replayCpu: at(r.replay, 1) }]))
-const base = out.none.first
-const baseCpu = out.none.firstCpu
-console.log(`\n| middleware | first call, µs (added) | replay, µs (added) | CPU first call, µs (added) | CPU replay, µs (added) |  (median request, median of ${ROUNDS} rounds × ${N})`)
+const out = await paired(scenarios, { base: 'none first', cycles: CYCLES, batch: BATCH })
+console.log(`\n| middleware | first call, µs (added) | replay, µs (added) | CPU first call, µs (added) | CPU replay, µs (added) |  (medians over ${CYCLES} cycles of ${BATCH} requests per scenario; added: to the bare app's first call in the same cycle)`)
 console.log('|---|---|---|---|---|')
-const cell = (v, b) => `${v.toFixed(1)} (${(v - b).toFixed(1)})`
-for (const [name, r] of Object.entries(out)) {
-  console.log(`| ${name} | ${cell(r.first, base)} | ${cell(r.replay, base)} | ${cell(r.firstCpu, baseCpu)} | ${cell(r.replayCpu, baseCpu)} |`)
+const cell = (v, added) => `${v.toFixed(1)} (${added >= 0 ? '+' : ''}${added.toFixed(1)})`
+for (const name of Object.keys(servers)) {
+  const f = out[`${name} first`]
+  const r = out[`${name} replay`]
+  console.log(`| ${name} | ${cell(f.us, f.added)} | ${cell(r.us, r.added)} | ${cell(f.cpu, f.addedCpu)} | ${cell(r.cpu, r.addedCpu)} |`)
 }
 agent.destroy()
 for (const s of Object.values(servers)) s.close()

@@ -2,9 +2,6 @@
 // The dedup store
 
 const { AsyncLocalStorage } = require('node:async_hooks')
-// The idle check's timer: Node's own, as loaded (a test environment may replace the
-// global one with a clock of its own, or with one whose handles have no `unref`).
-const { setTimeout: nodeSetTimeout } = require('node:timers')
 
 const native = require('../native.js')
 const { NativeStore } = require('../native.js')
@@ -103,59 +100,23 @@ const acting = new AsyncLocalStorage()
 
 /**
  * Leads whose action is running (flights and adapter leads, of either store). `acting`
- * is disabled once none has run for `CONTEXT_IDLE_MS`: on Node 20 an enabled
- * AsyncLocalStorage hooks every Promise and async resource of the process, and between
- * leads nothing needs it (`reentry` only looks for running leads); `acting.run` enables
- * it again for the next lead. Not at once when the last lead ends: enabling costs about
- * as much as 20,000 instructions (Node resets its Promise hooks), far more than the hooks
- * cost a server that leads request after request (about 1,000 per Express request), so
- * the context stays on while leads keep coming and goes off in a quiet process. A lead
- * whose action never settles keeps it on.
+ * is on exactly while one runs: on Node 20 an enabled AsyncLocalStorage hooks every
+ * Promise and async resource of the process, and with no lead running nothing needs it
+ * (`reentry` only looks for running leads); the next lead's `acting.run` enables it
+ * again. Counted with callgrind over oncely/express's first calls: switched off when the
+ * last lead ends, the context costs ~6,000 instructions per request (the `run`, the
+ * switch on and off); kept on while leads keep coming, ~17,000 (the hooks on every
+ * Promise and async resource between leads). A lead whose action never settles keeps it on.
  */
 let leadsRunning = 0
-/** Leads started so far: tells the idle check whether one came meanwhile. */
-let leadsStarted = 0
-/** Whether `acting` is enabled (by a lead's `acting.run`, until switched off here). */
-let contextEnabled = false
-/** The idle check is armed. */
-let idleCheck = false
-
-const CONTEXT_IDLE_MS = 1000
 
 function leadStarts() {
   leadsRunning += 1
-  leadsStarted += 1
-  contextEnabled = true
 }
 
 function leadStops() {
   leadsRunning -= 1
-  if (leadsRunning === 0 && !idleCheck) armIdleCheck(leadsStarted)
-}
-
-/**
- * Runs `fn` in the async context the process had when this module loaded: the idle
- * timer keeps no request's context (its AsyncLocalStorage stores, other libraries'
- * included) alive.
- */
-const inLoadContext = AsyncLocalStorage.snapshot()
-
-function armIdleCheck(started) {
-  idleCheck = true
-  // Never throws into a lead's end, which settles its key right after.
-  try {
-    inLoadContext(() => nodeSetTimeout(idleCheckFires, CONTEXT_IDLE_MS, started).unref())
-  } catch {
-    idleCheck = false
-  }
-}
-
-function idleCheckFires(started) {
-  idleCheck = false
-  if (leadsRunning > 0) return // leadStops arms it again
-  if (leadsStarted !== started) return armIdleCheck(leadsStarted)
-  acting.disable()
-  contextEnabled = false
+  if (leadsRunning === 0) acting.disable()
 }
 
 /**
@@ -169,9 +130,9 @@ function runningLead(record) {
   return f
 }
 
-/** Whether `acting` is enabled (for tests). */
+/** Whether a lead runs, so that `acting` is on (for tests). */
 function contextOn() {
-  return contextEnabled
+  return leadsRunning > 0
 }
 
 /** The callers of one key in this process that wait for its outcome (leader included). */
@@ -573,4 +534,4 @@ function httpStatusOf(err) {
   return isOncelyError(err) ? err.httpStatus : undefined
 }
 
-module.exports = { contextOn, CONTEXT_IDLE_MS, RUN, ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }
+module.exports = { contextOn, RUN, ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }

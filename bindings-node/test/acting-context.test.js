@@ -1,13 +1,14 @@
 'use strict'
-// The async context that tells a lead's own calls apart (re-entry) is switched off once no
-// lead has run for a while and on again by the next lead: a lead's async continuations
-// still know it, whatever ended meanwhile, and nothing waits for itself.
+// The async context that tells a lead's own calls apart (re-entry) is on exactly while a
+// lead runs: switched off when the last running lead ends and on again by the next lead.
+// A lead's async continuations still know it, whatever ended meanwhile, and nothing waits
+// for itself.
 const test = require('node:test')
 const assert = require('node:assert/strict')
 const { setTimeout: sleep } = require('node:timers/promises')
 const { IdempotencyStore, scope } = require('oncely')
 const { idempotency } = require('oncely/express')
-const { contextOn, CONTEXT_IDLE_MS } = require('../lib/store.js')
+const { contextOn, acting } = require('../lib/store.js')
 const inject = require('light-my-request')
 const express = require('express')
 
@@ -27,32 +28,37 @@ function reentering(store, k, ms) {
   }
 }
 
-/** Resolves once the context is off (no lead for CONTEXT_IDLE_MS, checked each CONTEXT_IDLE_MS). */
+/** The context is off: no lead runs, and a continuation made during a finished lead no longer sees it. */
 async function contextOff() {
-  const until = Date.now() + 3 * CONTEXT_IDLE_MS
-  while (contextOn()) {
-    assert.ok(Date.now() < until, 'the context stays on with no lead running')
-    await sleep(50)
-  }
+  assert.equal(contextOn(), false, 'a lead still counts as running')
+  assert.equal(acting.getStore(), undefined)
 }
 
-test('the context is on while a lead runs, stays on while leads keep coming, and goes off once none has run for a while', async () => {
+test('the context is on while a lead runs and off once the last running lead ends', async () => {
   const store = new IdempotencyStore()
   await contextOff()
   let during
+  let later
+  const seen = new Promise((resolve) => {
+    later = resolve
+  })
   await store.execute(key('b'), 'fp', async () => {
     await sleep(1)
-    during = contextOn()
+    during = [contextOn(), acting.getStore()?.key]
+    // Runs after the lead has ended, in its async context.
+    setTimeout(() => later(acting.getStore()), 20)
   })
-  assert.equal(during, true)
-  // Leads keep coming for longer than the idle time: it stays on.
-  const until = Date.now() + CONTEXT_IDLE_MS * 1.5
-  for (let i = 0; Date.now() < until; i++) {
-    await store.execute(key(`busy${i}`), 'fp', () => i)
-    assert.equal(contextOn(), true)
-    await sleep(CONTEXT_IDLE_MS / 10)
-  }
-  // Off within two idle periods of the last lead.
+  assert.deepEqual(during, [true, key('b')])
+  await contextOff()
+  // The context was switched off: the lead's continuation no longer sees the (ended) lead.
+  assert.equal(await seen, undefined)
+  // Two overlapping leads: on until the second ends.
+  let release
+  const slow = store.execute(key('slow'), 'fp', () => new Promise((r) => { release = r }))
+  await store.execute(key('quick'), 'fp', async () => 'q')
+  assert.equal(contextOn(), true)
+  release('s')
+  assert.equal((await slow).value, 's')
   await contextOff()
 })
 
@@ -172,7 +178,7 @@ test('a lead started from a finished lead\'s work does not keep it as its parent
   assert.equal(Math.max(...depths), 1)
 })
 
-test('the idle check keeps no request\'s async context alive', async () => {
+test('a finished lead keeps no request\'s async context alive', async () => {
   const { AsyncLocalStorage } = require('node:async_hooks')
   const v8 = require('node:v8')
   const vm = require('node:vm')
@@ -182,14 +188,9 @@ test('the idle check keeps no request\'s async context alive', async () => {
   let held
   await requestContext.run({ body: Buffer.alloc(1 << 20) }, async () => {
     held = new WeakRef(requestContext.getStore())
-    // The last lead to end arms the idle check here.
     await store.execute(key('ctx-first'), 'fp', async () => 1)
   })
-  const until = Date.now() + 1.5 * CONTEXT_IDLE_MS
-  for (let i = 0; Date.now() < until; i++) {
-    await store.execute(key(`ctx${i}`), 'fp', () => i)
-    await sleep(CONTEXT_IDLE_MS / 5)
-  }
+  for (let i = 0; i < 5; i++) await store.execute(key(`ctx${i}`), 'fp', () => i)
   v8.setFlagsFromString('--expose-gc')
   const gc = vm.runInNewContext('gc')
   gc()
