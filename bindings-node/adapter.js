@@ -4,6 +4,7 @@
 // Every rule is the core's (`oncely.http`); this file only drives it.
 
 const { http, IdempotencyStore, OncelyError } = require('./index.js')
+const native = require('./native.js')
 const { RUN } = require('./lib/store.js')
 const { invalid, mustBe } = require('./lib/errors.js')
 
@@ -153,16 +154,35 @@ function keepsHeader(s, name, stored) {
 }
 
 /**
- * The headers of a response as a flat list `[name, value, ...]` (the form
- * `http.encodeRecord` takes): those the core stores, or, for a response that is not
- * stored (`stored === false`: it only reaches the duplicates waiting now), every header
- * it shares. Nothing is done for a header that is not kept.
+ * The headers a stored response keeps, in the form `http.encodeRecord` takes from an
+ * adapter: one string, each name and each value followed by a newline (one string read
+ * by the core instead of an array element per name and value; Node refuses control
+ * characters in a header value, so none holds a newline). Nothing is done for a header
+ * that is not stored.
  */
-function recordFields(s, headers, stored = true) {
+function storedFields(s, headers) {
+  let out = ''
+  for (const name in headers) {
+    const value = headers[name]
+    if (value === undefined || !keepsHeader(s, name, true)) continue
+    if (Array.isArray(value)) {
+      for (const v of value) out += `${name}\n${v}\n`
+    } else {
+      out += `${name}\n${value}\n`
+    }
+  }
+  return out
+}
+
+/**
+ * The headers of a response that is not stored, as a flat list `[name, value, ...]`:
+ * every header it shares with the duplicates waiting now (they replay it).
+ */
+function sharedFields(s, headers) {
   const out = []
   for (const name in headers) {
     const value = headers[name]
-    if (value === undefined || !keepsHeader(s, name, stored)) continue
+    if (value === undefined || !keepsHeader(s, name, false)) continue
     if (Array.isArray(value)) {
       for (const v of value) out.push(name, String(v))
     } else {
@@ -228,11 +248,15 @@ function setAnswerHeaders(res, fields) {
   res.setHeader(http.REPLAYED_HEADER, 'true')
 }
 
+/** The length of a request fingerprint (SHA-256 in hex), at the start of `requestOf`'s text. */
+const FINGERPRINT_LENGTH = 64
+
 /**
- * The scoped key and the fingerprint of a request in one call into the core
- * (`http.request`): `[scoped, fingerprint]` (`[scoped]` without `target`), or the
- * problem to answer. The tenant comes from the tenant function; one that is not a
- * string is the server's fault (500 tenant-unusable).
+ * The scoped key and the fingerprint of a request in one call into the core, as one
+ * string: the fingerprint then the scoped key (read them with `fingerprintIn` and
+ * `scopedIn`; without `target`, the scoped key alone), or the problem to answer (an
+ * object). The tenant comes from the tenant function; one that is not a string is the
+ * server's fault (500 tenant-unusable).
  */
 function requestOf(s, req, method, route, key, target, contentType, body) {
   const tenant = s.tenant(req)
@@ -240,7 +264,17 @@ function requestOf(s, req, method, route, key, target, contentType, body) {
     const what = tenant === null ? 'null' : typeof tenant
     return http.problem({ kind: 'tenant_unusable', message: `the tenant is ${what}, not a string` })
   }
-  return http.request(tenant, method, route, key, target, contentType, body)
+  return native.httpRequestText(tenant, method, route, key, target, contentType, body)
+}
+
+/** The scoped key in `requestOf`'s text; `fingerprinted`: it was given a target. */
+function scopedIn(text, fingerprinted) {
+  return fingerprinted ? text.slice(FINGERPRINT_LENGTH) : text
+}
+
+/** The fingerprint in `requestOf`'s text (given a target). */
+function fingerprintIn(text) {
+  return text.slice(0, FINGERPRINT_LENGTH)
 }
 
 function isOncelyError(e) {
@@ -374,12 +408,15 @@ module.exports = {
   keyValues,
   declaredOver,
   tooLarge,
-  recordFields,
+  storedFields,
+  sharedFields,
   isEventStream,
   storableStatus,
   answerOf,
   setAnswerHeaders,
   requestOf,
+  scopedIn,
+  fingerprintIn,
   dedup,
   dedupAsync,
   goneOf,

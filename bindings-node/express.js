@@ -10,12 +10,15 @@ const {
   keyValues,
   declaredOver,
   tooLarge,
-  recordFields,
+  storedFields,
+  sharedFields,
   isEventStream,
   storableStatus,
   answerOf,
   setAnswerHeaders,
   requestOf,
+  scopedIn,
+  fingerprintIn,
   dedup,
   goneOf,
   replayed,
@@ -150,12 +153,12 @@ function idempotency(options) {
     const r = own
       ? requestOf(s, req, method, route, key)
       : requestOf(s, req, method, route, key, url, req.headers['content-type'], body)
-    if (!Array.isArray(r)) {
+    if (typeof r !== 'string') {
       s.counters.refused++
       return sendProblem(res, r)
     }
-    const scoped = r[0]
-    const fp = own ? s.fingerprint(req, typeof body === 'string' ? Buffer.from(body, 'utf8') : body) : r[1]
+    const scoped = scopedIn(r, !own)
+    const fp = own ? s.fingerprint(req, typeof body === 'string' ? Buffer.from(body, 'utf8') : body) : fingerprintIn(r)
     const capture = new Capture(s, req, res, next, method, cap)
     let outcome
     try {
@@ -253,8 +256,24 @@ function plainCall(name, res, a, b, c) {
  * subclass overrides it, or it is not a Node ServerResponse at all).
  */
 function wrappedBefore(res) {
-  return METHODS.some((name) => res[name] !== hooks[name])
+  if (Object.hasOwn(res, 'write') || Object.hasOwn(res, 'end') || Object.hasOwn(res, 'writeHead')) return true
+  // Read on the prototype once per prototype: each read on an Express response is an
+  // uncached look-up walking its prototype chain (see above).
+  const proto = Object.getPrototypeOf(res)
+  if (proto === null) return true
+  let hooked = hookedPrototypes.get(proto)
+  if (hooked === undefined) {
+    hooked = METHODS.every((name) => proto[name] === hooks[name])
+    hookedPrototypes.set(proto, hooked)
+  }
+  return !hooked
 }
+
+/**
+ * Response prototypes by whether `write`, `end` and `writeHead` reach the process-wide
+ * wrappers through them (Express's own, one per app, and a sub-app's).
+ */
+const hookedPrototypes = new WeakMap()
 
 /** The handler runs; what it writes is kept. */
 const CAPTURING = 0
@@ -530,15 +549,13 @@ class Capture {
       return new Released(owner, 'an event stream is not stored')
     }
     const status = res.statusCode
-    const stored = storableStatus(s, status)
-    const fields = recordFields(s, headers, stored)
     // What was sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
     const chunks = this.chunks
     const body = bodyless(this.method, status) ? EMPTY : chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, this.size)
-    if (stored) return http.encodeRecord(status, fields, body)
+    if (storableStatus(s, status)) return http.encodeRecord(status, storedFields(s, headers), body)
     s.counters.notStored++
     // Replayed later by the waiters: not the handler's own buffer.
-    return new Unstored(owner, { status, fields, body: Buffer.from(body) })
+    return new Unstored(owner, { status, fields: sharedFields(s, headers), body: Buffer.from(body) })
   }
 }
 

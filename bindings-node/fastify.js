@@ -9,11 +9,14 @@ const {
   keyValues,
   declaredOver,
   tooLarge,
-  recordFields,
+  storedFields,
+  sharedFields,
   isEventStream,
   storableStatus,
   answerOf,
   requestOf,
+  scopedIn,
+  fingerprintIn,
   dedupAsync,
   goneOf,
   replayed,
@@ -140,14 +143,14 @@ async function idempotency(fastify, options) {
     const r = own
       ? requestOf(s, request, request.method, route, st.key)
       : requestOf(s, request, request.method, route, st.key, request.url, request.headers['content-type'], st.body)
-    if (!Array.isArray(r)) {
+    if (typeof r !== 'string') {
       s.counters.refused++
       request[STATE] = undefined
       sendProblem(reply, r)
       return
     }
-    const scoped = r[0]
-    const fp = own ? s.fingerprint(request, st.body) : r[1]
+    const scoped = scopedIn(r, !own)
+    const fp = own ? s.fingerprint(request, st.body) : fingerprintIn(r)
 
     // Asked for only by a request that waits for another.
     let goneOnce
@@ -248,9 +251,11 @@ async function idempotency(fastify, options) {
     if (body.length > cap) {
       st.settle(new Released(st.owner, 'the body is over the cap'))
     } else {
-      const stored = storableStatus(s, status)
-      const fields = recordFields(s, headers, stored)
-      st.settle(stored ? http.encodeRecord(status, fields, body) : new Unstored(st.owner, { status, fields, body }))
+      st.settle(
+        storableStatus(s, status)
+          ? http.encodeRecord(status, storedFields(s, headers), body)
+          : new Unstored(st.owner, { status, fields: sharedFields(s, headers), body }),
+      )
     }
     // The answer is sent once the store has settled the key: a retry sent after it
     // finds the key stored or released.

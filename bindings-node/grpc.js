@@ -4,7 +4,7 @@
 // application/grpc, the length-prefixed message as the body, grpc-status and
 // grpc-message as trailers.
 
-const { Unstored, Released, settings, requestOf, dedupAsync, goneOf, replayed, http } = require('./adapter.js')
+const { Unstored, Released, settings, requestOf, scopedIn, fingerprintIn, dedupAsync, goneOf, replayed, http } = require('./adapter.js')
 
 // A cancelled call leaves its handler running: the key stays held until the handler
 // answers, and that answer is kept as usual, so a retry does not run the handler again.
@@ -144,9 +144,9 @@ function wrap(s, grpc, def, handler) {
     // The scoped key and the fingerprint in one call into the core; the fingerprint over
     // the framed message, as every adapter computes it (SPEC §8).
     const r = s.fingerprint ? requestOf(s, call, 'POST', path, key) : requestOf(s, call, 'POST', path, key, path, 'application/grpc', frame(message))
-    if (!Array.isArray(r)) return refuse(r)
-    const scoped = r[0]
-    const fp = s.fingerprint ? s.fingerprint(call, message) : r[1]
+    if (typeof r !== 'string') return refuse(r)
+    const scoped = scopedIn(r, !s.fingerprint)
+    const fp = s.fingerprint ? s.fingerprint(call, message) : fingerprintIn(r)
 
     let cancelled = false
     call.once('cancelled', () => {

@@ -594,9 +594,12 @@ export declare const http: {
    * The record bytes of an HTTP response from its status, its stored headers as one flat
    * list `[name, value, ...]` (values as Latin-1 strings, as Node keeps them, or Buffers),
    * its body and, optionally, its trailers in the same flat form (a gRPC answer's
-   * `grpc-status`): the bytes `encodeResponse` makes of the same response.
+   * `grpc-status`): the bytes `encodeResponse` makes of the same response. `fields` may
+   * also be one string with each name and each value followed by a newline
+   * (`'etag\n"1"\n'`), the form the adapters pass; one that does not split into whole
+   * pairs throws a RangeError (INVALID_ARGUMENT).
    */
-  encodeRecord(status: number, fields: Array<string | Buffer>, body: Buffer, trailers?: Array<string | Buffer> | null): Buffer
+  encodeRecord(status: number, fields: Array<string | Buffer> | string, body: Buffer, trailers?: Array<string | Buffer> | null): Buffer
   /**
    * Record bytes read back flat: `[status, bodyStart, bodyEnd, headerCount, name, value,
    * ...]` (headers, then trailers; values as Latin-1 strings); the body is

@@ -556,6 +556,13 @@ export declare function httpRequest(tenant: string, method: string, route: strin
 export declare function httpRequestFingerprint(method: string, target: string, contentType: string | undefined | null, body: string | Buffer): string
 
 /**
+ * `request` for the server adapters, as one string: the fingerprint's 64 hex digits
+ * followed by the scoped key (the scoped key alone without `target`), or the problem.
+ * Spares the array and a second string (a server makes one per covered request).
+ */
+export declare function httpRequestText(tenant: string, method: string, route: string, key: string, target?: string | null, contentType?: string | null, body?: string | Buffer): string | HttpProblem
+
+/**
  * The scoped key of a request: `tenant`, `method` + `route` (the route template where
  * the framework knows it, else the path) and the key.
  */

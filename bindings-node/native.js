@@ -867,6 +867,7 @@ module.exports.httpIsJson = nativeBinding.httpIsJson
 module.exports.httpProblem = nativeBinding.httpProblem
 module.exports.httpRequest = nativeBinding.httpRequest
 module.exports.httpRequestFingerprint = nativeBinding.httpRequestFingerprint
+module.exports.httpRequestText = nativeBinding.httpRequestText
 module.exports.httpScope = nativeBinding.httpScope
 module.exports.httpStorableGrpcStatus = nativeBinding.httpStorableGrpcStatus
 module.exports.httpStorableStatus = nativeBinding.httpStorableStatus

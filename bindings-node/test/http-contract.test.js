@@ -2,6 +2,7 @@
 // The unit-level cases of tests/vectors/http_server.json (the server contract, SPEC §8)
 // through `oncely.http`: the same answers as the Rust and Python suites.
 const test = require('node:test')
+const native = require('../native.js')
 const assert = require('node:assert/strict')
 const fs = require('node:fs')
 const path = require('node:path')
@@ -46,11 +47,16 @@ const run = {
   scope: (c) => {
     assert.equal(http.scope(c.tenant, c.method, c.route, c.key), c.scoped)
     assert.deepEqual(http.request(c.tenant, c.method, c.route, c.key), [c.scoped])
+    // The adapters' one-string form: the scoped key alone without a target.
+    assert.equal(native.httpRequestText(c.tenant, c.method, c.route, c.key), c.scoped)
   },
   fingerprint: (c) => {
     assert.equal(http.requestFingerprint(c.method, c.target, c.content_type, bodyOf(c)), c.fingerprint)
     const [, fp] = http.request('t', c.method, '/r', 'order-0001', c.target, c.content_type, bodyOf(c))
     assert.equal(fp, c.fingerprint)
+    // The adapters' one-string form: the fingerprint, then the scoped key.
+    const text = native.httpRequestText('t', c.method, '/r', 'order-0001', c.target, c.content_type, bodyOf(c))
+    assert.equal(text, fp + http.request('t', c.method, '/r', 'order-0001')[0])
     if (c.body !== undefined) {
       assert.equal(http.requestFingerprint(c.method, c.target, c.content_type, c.body), c.fingerprint)
     }
@@ -78,6 +84,9 @@ const run = {
       assert.equal(http.encodeRecord(c.response.status, fields, response.body).toString('hex'), c.hex)
     }
     assert.equal(http.encodeRecord(c.response.status, fields, response.body, trailers).toString('hex'), c.hex)
+    // The adapters' one-string form of the fields: each name and value ended by a newline.
+    const text = fields.map((f) => `${f}\n`).join('')
+    assert.equal(http.encodeRecord(c.response.status, text, response.body, trailers).toString('hex'), c.hex)
     const record = Buffer.from(c.hex, 'hex')
     const flat = http.decodeRecord(record)
     assert.deepEqual(flat.slice(0, 1), [c.response.status])
@@ -210,6 +219,12 @@ test('the hot-path forms: problems the client or the server caused, and bad argu
   assert.throws(() => http.encodeRecord(200, [], body, ['grpc-status', 0]), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
   assert.throws(() => http.encodeRecord(200, [], body, 'grpc-status: 0'), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
   assert.equal(http.encodeRecord(200, [], body, null).toString('hex'), http.encodeRecord(200, [], body).toString('hex'))
+  // Fields as one string: every name and value ends with a newline, in whole pairs.
+  assert.equal(http.encodeRecord(200, '', body).toString('hex'), http.encodeRecord(200, [], body).toString('hex'))
+  assert.equal(http.encodeRecord(200, 'ETag\n"1"\n', body).toString('hex'), http.encodeRecord(200, ['etag', '"1"'], body).toString('hex'))
+  for (const text of ['etag\n', 'etag\n"1"', 'etag', 'etag\n"1"\nlink\n', '\n']) {
+    assert.throws(() => http.encodeRecord(200, text, body), { name: 'RangeError', code: 'INVALID_ARGUMENT' }, JSON.stringify(text))
+  }
   assert.throws(() => http.decodeRecord('OHR1'), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
   assert.throws(() => http.decodeRecord(Buffer.from('OHR1')), { code: 'UNAVAILABLE' })
   // Names any case (stored lower-case), values one byte per character, repeats kept.
