@@ -154,11 +154,12 @@ function keepsHeader(s, name, stored) {
 }
 
 /**
- * The headers a stored response keeps, in the form `http.encodeRecord` takes from an
- * adapter: one string, each name and each value followed by a newline (one string read
- * by the core instead of an array element per name and value; Node refuses control
- * characters in a header value, so none holds a newline). Nothing is done for a header
- * that is not stored.
+ * The headers a stored response keeps, in the form `http.encodeRecord` takes: one
+ * string, each name and each value followed by a newline (one string read by the core
+ * instead of an array element per name and value). A value holding a newline (one Node
+ * has not checked yet: Fastify's `reply.header` does not check, Node refuses it later)
+ * must not be split: the list is then given flat, `[name, value, ...]`. Nothing is done
+ * for a header that is not stored.
  */
 function storedFields(s, headers) {
   let out = ''
@@ -166,9 +167,15 @@ function storedFields(s, headers) {
     const value = headers[name]
     if (value === undefined || !keepsHeader(s, name, true)) continue
     if (Array.isArray(value)) {
-      for (const v of value) out += `${name}\n${v}\n`
+      for (const v of value) {
+        const text = String(v)
+        if (text.includes('\n')) return keptFields(s, headers, true)
+        out += `${name}\n${text}\n`
+      }
     } else {
-      out += `${name}\n${value}\n`
+      const text = String(value)
+      if (text.includes('\n')) return keptFields(s, headers, true)
+      out += `${name}\n${text}\n`
     }
   }
   return out
@@ -179,10 +186,15 @@ function storedFields(s, headers) {
  * every header it shares with the duplicates waiting now (they replay it).
  */
 function sharedFields(s, headers) {
+  return keptFields(s, headers, false)
+}
+
+/** The headers kept (`stored`: in a record; else shared), flat: `[name, value, ...]`. */
+function keptFields(s, headers, stored) {
   const out = []
   for (const name in headers) {
     const value = headers[name]
-    if (value === undefined || !keepsHeader(s, name, false)) continue
+    if (value === undefined || !keepsHeader(s, name, stored)) continue
     if (Array.isArray(value)) {
       for (const v of value) out.push(name, String(v))
     } else {
@@ -254,25 +266,42 @@ const FINGERPRINT_LENGTH = 64
 /**
  * The scoped key and the fingerprint of a request in one call into the core, as one
  * string: the fingerprint then the scoped key (read them with `fingerprintIn` and
- * `scopedIn`; without `target`, the scoped key alone), or the problem to answer (an
- * object). The tenant comes from the tenant function; one that is not a string is the
- * server's fault (500 tenant-unusable).
+ * `scopedIn`), or the problem to answer (an object). `target` (the path and query) must
+ * be a string. The tenant comes from the tenant function; one that is not a string is
+ * the server's fault (500 tenant-unusable).
  */
 function requestOf(s, req, method, route, key, target, contentType, body) {
-  const tenant = s.tenant(req)
-  if (typeof tenant !== 'string') {
-    const what = tenant === null ? 'null' : typeof tenant
-    return http.problem({ kind: 'tenant_unusable', message: `the tenant is ${what}, not a string` })
-  }
+  // A missing target would give the scoped key alone, to be misread as both parts.
+  if (typeof target !== 'string') throw mustBe('a string (the path and query)', 'target', target)
+  const tenant = tenantOf(s, req)
+  if (typeof tenant !== 'string') return tenant
   return native.httpRequestText(tenant, method, route, key, target, contentType, body)
 }
 
-/** The scoped key in `requestOf`'s text; `fingerprinted`: it was given a target. */
-function scopedIn(text, fingerprinted) {
-  return fingerprinted ? text.slice(FINGERPRINT_LENGTH) : text
+/**
+ * The scoped key of a request (for an adapter given its own fingerprint function), or
+ * the problem to answer (an object).
+ */
+function scopeOf(s, req, method, route, key) {
+  const tenant = tenantOf(s, req)
+  if (typeof tenant !== 'string') return tenant
+  return native.httpRequestText(tenant, method, route, key)
 }
 
-/** The fingerprint in `requestOf`'s text (given a target). */
+/** The tenant from the tenant function, or the problem when it is not a string. */
+function tenantOf(s, req) {
+  const tenant = s.tenant(req)
+  if (typeof tenant === 'string') return tenant
+  const what = tenant === null ? 'null' : typeof tenant
+  return http.problem({ kind: 'tenant_unusable', message: `the tenant is ${what}, not a string` })
+}
+
+/** The scoped key in `requestOf`'s text. */
+function scopedIn(text) {
+  return text.slice(FINGERPRINT_LENGTH)
+}
+
+/** The fingerprint in `requestOf`'s text. */
 function fingerprintIn(text) {
   return text.slice(0, FINGERPRINT_LENGTH)
 }
@@ -415,6 +444,7 @@ module.exports = {
   answerOf,
   setAnswerHeaders,
   requestOf,
+  scopeOf,
   scopedIn,
   fingerprintIn,
   dedup,

@@ -17,6 +17,7 @@ const {
   answerOf,
   setAnswerHeaders,
   requestOf,
+  scopeOf,
   scopedIn,
   fingerprintIn,
   dedup,
@@ -150,14 +151,12 @@ function idempotency(options) {
     const template = req.route
     const route = String((s.route && s.route(req)) ?? (template ? req.baseUrl + template.path : url.split('?')[0]))
     const own = s.fingerprint !== undefined
-    const r = own
-      ? requestOf(s, req, method, route, key)
-      : requestOf(s, req, method, route, key, url, req.headers['content-type'], body)
+    const r = own ? scopeOf(s, req, method, route, key) : requestOf(s, req, method, route, key, url, req.headers['content-type'], body)
     if (typeof r !== 'string') {
       s.counters.refused++
       return sendProblem(res, r)
     }
-    const scoped = scopedIn(r, !own)
+    const scoped = own ? r : scopedIn(r)
     const fp = own ? s.fingerprint(req, typeof body === 'string' ? Buffer.from(body, 'utf8') : body) : fingerprintIn(r)
     const capture = new Capture(s, req, res, next, method, cap)
     let outcome
@@ -257,23 +256,13 @@ function plainCall(name, res, a, b, c) {
  */
 function wrappedBefore(res) {
   if (Object.hasOwn(res, 'write') || Object.hasOwn(res, 'end') || Object.hasOwn(res, 'writeHead')) return true
-  // Read on the prototype once per prototype: each read on an Express response is an
-  // uncached look-up walking its prototype chain (see above).
+  // Read on the prototype, not on `res`: a prototype keeps its hidden class from request
+  // to request, so these reads are cached, where each read on an Express response is an
+  // uncached look-up walking its prototype chain (see above). Read at every request: a
+  // prototype patched later is seen.
   const proto = Object.getPrototypeOf(res)
-  if (proto === null) return true
-  let hooked = hookedPrototypes.get(proto)
-  if (hooked === undefined) {
-    hooked = METHODS.every((name) => proto[name] === hooks[name])
-    hookedPrototypes.set(proto, hooked)
-  }
-  return !hooked
+  return proto === null || proto.write !== hooks.write || proto.end !== hooks.end || proto.writeHead !== hooks.writeHead
 }
-
-/**
- * Response prototypes by whether `write`, `end` and `writeHead` reach the process-wide
- * wrappers through them (Express's own, one per app, and a sub-app's).
- */
-const hookedPrototypes = new WeakMap()
 
 /** The handler runs; what it writes is kept. */
 const CAPTURING = 0

@@ -15,6 +15,7 @@ const {
   storableStatus,
   answerOf,
   requestOf,
+  scopeOf,
   scopedIn,
   fingerprintIn,
   dedupAsync,
@@ -141,7 +142,7 @@ async function idempotency(fastify, options) {
     const route = String((s.route && s.route(request)) ?? request.routeOptions?.url ?? request.url.split('?')[0])
     const own = s.fingerprint !== undefined
     const r = own
-      ? requestOf(s, request, request.method, route, st.key)
+      ? scopeOf(s, request, request.method, route, st.key)
       : requestOf(s, request, request.method, route, st.key, request.url, request.headers['content-type'], st.body)
     if (typeof r !== 'string') {
       s.counters.refused++
@@ -149,7 +150,7 @@ async function idempotency(fastify, options) {
       sendProblem(reply, r)
       return
     }
-    const scoped = scopedIn(r, !own)
+    const scoped = own ? r : scopedIn(r)
     const fp = own ? s.fingerprint(request, st.body) : fingerprintIn(r)
 
     // Asked for only by a request that waits for another.

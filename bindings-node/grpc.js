@@ -4,7 +4,7 @@
 // application/grpc, the length-prefixed message as the body, grpc-status and
 // grpc-message as trailers.
 
-const { Unstored, Released, settings, requestOf, scopedIn, fingerprintIn, dedupAsync, goneOf, replayed, http } = require('./adapter.js')
+const { Unstored, Released, settings, requestOf, scopeOf, scopedIn, fingerprintIn, dedupAsync, goneOf, replayed, http } = require('./adapter.js')
 
 // A cancelled call leaves its handler running: the key stays held until the handler
 // answers, and that answer is kept as usual, so a retry does not run the handler again.
@@ -143,9 +143,9 @@ function wrap(s, grpc, def, handler) {
     const message = def.requestSerialize(call.request)
     // The scoped key and the fingerprint in one call into the core; the fingerprint over
     // the framed message, as every adapter computes it (SPEC §8).
-    const r = s.fingerprint ? requestOf(s, call, 'POST', path, key) : requestOf(s, call, 'POST', path, key, path, 'application/grpc', frame(message))
+    const r = s.fingerprint ? scopeOf(s, call, 'POST', path, key) : requestOf(s, call, 'POST', path, key, path, 'application/grpc', frame(message))
     if (typeof r !== 'string') return refuse(r)
-    const scoped = scopedIn(r, !s.fingerprint)
+    const scoped = s.fingerprint ? r : scopedIn(r)
     const fp = s.fingerprint ? s.fingerprint(call, message) : fingerprintIn(r)
 
     let cancelled = false

@@ -1,17 +1,19 @@
 // The overhead per request of oncely/express and oncely/fastify, each against the same
 // app without it (Express behind express.json(), Fastify with its JSON parser), in one
-// run: real HTTP on 127.0.0.1 (keep-alive, one request at a time), so the difference of
-// the medians is what the adapter adds. `node bench/adapters.mjs [--quick]`.
+// run: real HTTP on 127.0.0.1 (keep-alive, one request at a time), the scenarios taking
+// turns in batches (paired.mjs), so the difference to the bare app is what the adapter
+// adds. `node bench/adapters.mjs [--quick]`.
 import http from 'node:http'
 import express from 'express'
 import Fastify from 'fastify'
 import { IdempotencyStore, newKey } from 'oncely'
 import { idempotency } from 'oncely/express'
 import { idempotency as fastifyIdempotency } from 'oncely/fastify'
+import { paired } from './paired.mjs'
 
 const quick = process.argv.includes('--quick')
-const N = quick ? 2_000 : 20_000
-const ROUNDS = quick ? 3 : 5
+const CYCLES = quick ? 10 : 50
+const BATCH = 200
 const agent = new http.Agent({ keepAlive: true, maxSockets: 1 })
 
 function app(withMiddleware) {
@@ -39,23 +41,6 @@ function post(port, key) {
   })
 }
 
-// `[median µs per request, CPU µs per request]`: the CPU time (user + system) the process
-// spent per request, client and server, is the second view of the same cost, less
-// sensitive to the scheduling of a shared machine than the latency.
-async function time(port, keyOf) {
-  for (let i = 0; i < 500; i++) await post(port, keyOf(i))
-  const each = new Float64Array(N)
-  const cpu = process.cpuUsage()
-  for (let i = 0; i < N; i++) {
-    const t = process.hrtime.bigint()
-    await post(port, keyOf(i))
-    each[i] = Number(process.hrtime.bigint() - t) / 1000
-  }
-  const used = process.cpuUsage(cpu)
-  // The median request: robust to the stalls of a shared machine.
-  return [[...each].sort((a, b) => a - b)[N >> 1], (used.user + used.system) / N]
-}
-
 async function fastifyApp(withPlugin) {
   const f = Fastify()
   if (withPlugin) await f.register(fastifyIdempotency, { store: new IdempotencyStore({ ttlMs: 600_000 }) })
@@ -69,34 +54,24 @@ const servers = {
   fastify: { bare: await fastifyApp(false), guarded: await fastifyApp(true) },
 }
 const replayKey = newKey()
-const runs = {}
+const scenarios = {}
 for (const [name, { bare, guarded }] of Object.entries(servers)) {
-  runs[`${name} bare`] = () => time(bare.address().port, () => replayKey)
-  runs[`${name} first`] = () => time(guarded.address().port, () => newKey())
-  runs[`${name} replay`] = () => time(guarded.address().port, () => replayKey)
+  scenarios[`${name} bare`] = () => post(bare.address().port, replayKey)
+  scenarios[`${name} first`] = () => post(guarded.address().port, newKey())
+  scenarios[`${name} replay`] = () => post(guarded.address().port, replayKey)
 }
-const names = Object.keys(runs)
-const results = Object.fromEntries(names.map((k) => [k, []]))
-// The scenarios take turns, in a rotated order each round, so that load from outside
-// the run weighs on all of them alike.
-for (let r = 0; r < ROUNDS; r++) {
-  for (let j = 0; j < names.length; j++) {
-    const k = names[(j + r) % names.length]
-    results[k].push(await runs[k]())
-  }
-}
-const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
-const of = (k, i) => median(results[k].map((r) => r[i]))
-console.log(`| adapter | scenario | median µs per request (median of ${ROUNDS} runs × ${N}) | added | CPU µs per request | added |`)
+// The scenarios take turns in batches (see paired.mjs): load from outside the run weighs
+// on each scenario and its baseline alike.
+const out = await paired(scenarios, { base: (n) => `${n.split(' ')[0]} bare`, cycles: CYCLES, batch: BATCH, warm: 500 })
+console.log(`| adapter | scenario | µs per request | added | CPU µs per request | added |  (medians over ${CYCLES} cycles of ${BATCH} requests per scenario)`)
 console.log('|---|---|---|---|---|---|')
+const signed = (v) => `${v >= 0 ? '+' : ''}${v.toFixed(1)}`
 for (const name of Object.keys(servers)) {
-  const b = of(`${name} bare`, 0)
-  const bc = of(`${name} bare`, 1)
-  console.log(`| ${name} | without the adapter | ${b.toFixed(1)} | | ${bc.toFixed(1)} | |`)
+  const b = out[`${name} bare`]
+  console.log(`| ${name} | without the adapter | ${b.us.toFixed(1)} | | ${b.cpu.toFixed(1)} | |`)
   for (const k of ['first', 'replay']) {
-    const m = of(`${name} ${k}`, 0)
-    const c = of(`${name} ${k}`, 1)
-    console.log(`| oncely/${name} | ${k === 'first' ? 'first call (new key)' : 'replay (same key)'} | ${m.toFixed(1)} | ${(m - b).toFixed(1)} | ${c.toFixed(1)} | ${(c - bc).toFixed(1)} |`)
+    const r = out[`${name} ${k}`]
+    console.log(`| oncely/${name} | ${k === 'first' ? 'first call (new key)' : 'replay (same key)'} | ${r.us.toFixed(1)} | ${signed(r.added)} | ${r.cpu.toFixed(1)} | ${signed(r.addedCpu)} |`)
   }
 }
 for (const { bare, guarded } of Object.values(servers)) {

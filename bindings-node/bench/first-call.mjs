@@ -4,9 +4,9 @@
 // wires it (`peer`); $WARM requests (default 2,000), then N timed ones, one at a time on one
 // keep-alive connection, first calls (or replays of one key with --replay); --als turns on
 // an AsyncLocalStorage first (its Promise hooks, for the bare app). The per-request count is
-// the difference of two runs, V8 on one thread (see README.md, "This pass"):
-//   WARM=3000 valgrind --tool=callgrind node --single-threaded bench/first-call.mjs oncely 500
-//   WARM=3000 valgrind --tool=callgrind node --single-threaded bench/first-call.mjs oncely 2500
+// the difference of two runs, V8 on one thread and seeded (see README.md, "This pass"):
+//   WARM=3000 valgrind --tool=callgrind node --predictable --hash-seed=42 --random-seed=42 bench/first-call.mjs oncely 500
+//   WARM=3000 valgrind --tool=callgrind node --predictable --hash-seed=42 --random-seed=42 bench/first-call.mjs oncely 2500
 //   node bench/first-call.mjs <none|oncely|peer> [N] [--replay] [--als]
 // With ONCELY_DIR=/path/to/a/copy/of/bindings-node, `oncely` is that copy's.
 import http from 'node:http'

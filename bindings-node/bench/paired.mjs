@@ -8,7 +8,8 @@
 const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
 
 /**
- * `scenarios`: `{ name: () => Promise }` (one request each); `base`: the baseline's name.
+ * `scenarios`: `{ name: () => Promise }` (one request each); `base`: the baseline's name,
+ * or a function giving each scenario's baseline by its name.
  * Gives `{ name: { us, cpu, added, addedCpu } }`: medians over cycles of the batch mean
  * (µs per request), of the process's CPU time per request (user + system, all threads),
  * and of their differences to the baseline's.
@@ -31,7 +32,11 @@ export async function paired(scenarios, { base, cycles, batch, warm = 300 }) {
     }
   }
   const diff = (xs, b) => median(xs.map((x, c) => x - b[c]))
+  const baseOf = typeof base === 'function' ? base : () => base
   return Object.fromEntries(
-    names.map((n) => [n, { us: median(us[n]), cpu: median(cpu[n]), added: diff(us[n], us[base]), addedCpu: diff(cpu[n], cpu[base]) }]),
+    names.map((n) => {
+      const b = baseOf(n)
+      return [n, { us: median(us[n]), cpu: median(cpu[n]), added: diff(us[n], us[b]), addedCpu: diff(cpu[n], cpu[b]) }]
+    }),
   )
 }

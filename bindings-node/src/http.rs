@@ -1170,20 +1170,32 @@ fn flat_fields(
 }
 
 /// Fields given as one string, each name and each value followed by a newline
-/// (`name\nvalue\n...`, values one byte per character): the form a server adapter
-/// passes, one string read instead of an array element per name and value. A header
-/// value cannot hold a newline (Node refuses control characters in one); a string that
+/// (`name\nvalue\n...`): the form a server adapter passes, one string read instead of an
+/// array element per name and value. Split on the newline characters themselves (read
+/// as UTF-16: a character above U+00FF whose low byte is a newline's does not split),
+/// then each character taken as one byte, as `flat_fields` takes a value. A string that
 /// does not split into whole pairs is INVALID_ARGUMENT naming `field`.
 fn text_fields(
     raw: sys::napi_env,
     v: sys::napi_value,
     field: &str,
 ) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut bytes = Vec::new();
-    push_latin1(raw, v, field, &mut bytes)?;
-    let mut parts = bytes.split(|b| *b == b'\n');
+    let mut len = 0usize;
+    // SAFETY: a null buffer asks for the length in UTF-16 units.
+    let status = unsafe { sys::napi_get_value_string_utf16(raw, v, ptr::null_mut(), 0, &mut len) };
+    if status != sys::Status::napi_ok {
+        return Err(not_a_string(raw, v, field));
+    }
+    let mut units = vec![0u16; len + 1];
+    let mut written = 0usize;
+    // SAFETY: `units` has room for `len` units and the NUL.
+    unsafe { sys::napi_get_value_string_utf16(raw, v, units.as_mut_ptr(), len + 1, &mut written) };
+    units.truncate(written);
+    let mut parts = units.split(|u| *u == u16::from(b'\n'));
     // The text ends with a newline: the last part is empty.
     let last = parts.next_back();
+    // One byte per character, as a header value given as a string in the flat form.
+    let bytes = |part: &[u16]| part.iter().map(|u| *u as u8).collect::<Vec<u8>>();
     let mut out = Vec::new();
     while let Some(name) = parts.next() {
         let Some(value) = parts.next() else {
@@ -1194,8 +1206,8 @@ fn text_fields(
             ));
         };
         out.push((
-            String::from_utf8_lossy(name).to_ascii_lowercase(),
-            value.to_vec(),
+            String::from_utf16_lossy(name).to_ascii_lowercase(),
+            bytes(value),
         ));
     }
     if last.is_some_and(|l| !l.is_empty()) {

@@ -243,3 +243,31 @@ for (const [outerSlow, innerSlow] of [[false, false], [true, false], [false, tru
     })
   })
 }
+
+test('a request without originalUrl is refused with an error (the handler does not run), not scoped with a fingerprint it does not have', async () => {
+  for (const [name, express] of Object.entries(EXPRESSES)) {
+    const app = express()
+    let calls = 0
+    app.use(express.json())
+    app.use((req, res, next) => {
+      delete req.originalUrl
+      next()
+    })
+    // On the route: its template is the scope's route, so only the target is missing.
+    app.post('/orders', idempotency({ store: new IdempotencyStore() }), (req, res) => {
+      calls++
+      res.status(201).json({ calls })
+    })
+    let errors = 0
+    app.use((err, req, res, next) => {
+      errors += err.code === 'INVALID_ARGUMENT' ? 1 : 0
+      res.status(500).end()
+    })
+    await serve(app, async (url) => {
+      const r = await post(`${url}/orders`, 'no-original-url-1')
+      assert.equal(r.status, 500, name)
+    })
+    assert.equal(calls, 0, name)
+    assert.equal(errors, 1, name)
+  }
+})

@@ -222,6 +222,12 @@ test('the hot-path forms: problems the client or the server caused, and bad argu
   // Fields as one string: every name and value ends with a newline, in whole pairs.
   assert.equal(http.encodeRecord(200, '', body).toString('hex'), http.encodeRecord(200, [], body).toString('hex'))
   assert.equal(http.encodeRecord(200, 'ETag\n"1"\n', body).toString('hex'), http.encodeRecord(200, ['etag', '"1"'], body).toString('hex'))
+  // Split on newline characters only: one above U+00FF whose low byte is a newline's is
+  // a character of the value (taken as one byte, as in the flat form).
+  assert.equal(
+    http.encodeRecord(200, 'etag\n"\u010a"\nlink\n<a>\n', body).toString('hex'),
+    http.encodeRecord(200, ['etag', '"\u010a"', 'link', '<a>'], body).toString('hex'),
+  )
   for (const text of ['etag\n', 'etag\n"1"', 'etag', 'etag\n"1"\nlink\n', '\n']) {
     assert.throws(() => http.encodeRecord(200, text, body), { name: 'RangeError', code: 'INVALID_ARGUMENT' }, JSON.stringify(text))
   }
