@@ -178,6 +178,30 @@ export declare class NativeStore {
   begin(key: string | undefined, fingerprint: string | undefined, wait: boolean): unknown
   /** `begin` as a plain function bound to this store: `(wait, key?, fingerprint?)`. */
   beginFunction(): (wait: boolean, key?: string, fingerprint?: string) => unknown
+  /**
+   * `beginFunction`'s function for a lead settled within the call that began it: its
+   * lease is kept in the store, innermost last, instead of handed out in `slot[0]`;
+   * it is then settled with `completeHeld`/`failHeld`, taken out with `releaseHeld` or
+   * given up with `abandonHeld`, each naming how many held leases there are with it.
+   */
+  beginHeldFunction(): (wait: boolean, key?: string, fingerprint?: string) => unknown
+  /**
+   * Completes the innermost held lease (`depth`: the number of held leases, it
+   * included, as the caller counts them).
+   */
+  completeHeld(depth: number, value: unknown): void
+  /** Fails the innermost held lease (see `completeHeld` and `fail`). */
+  failHeld(depth: number, error: unknown, code: number): void
+  /**
+   * Takes the innermost held lease out as a lease handle (an External, settled with
+   * `complete`/`fail`): its action goes on asynchronously.
+   */
+  releaseHeld(depth: number): unknown
+  /**
+   * Gives up the innermost held lease without a result: the entry is removed and one
+   * waiter takes over (the caller failed before it could settle it).
+   */
+  abandonHeld(depth: number): void
   /** Stores `value` until the TTL and gives it to every waiter. */
   complete(lease: unknown, value: unknown): void
   /**

@@ -324,6 +324,10 @@ class IdempotencyStore {
   #native
   /** `native.begin` bound to the store: `(wait, key?, fingerprint?)`. */
   #begin
+  /** The same, for `[RUN]`: a lead's lease is held in the store (see `[RUN]`). */
+  #beginHeld
+  /** Leases held by `[RUN]`'s leads now (nested leads hold theirs inside). */
+  #held = 0
   /** `[0]`: a leader's lease, handed over by `begin`; `[1..]`: the stored values. */
   #slot = [undefined]
   #cacheFailures
@@ -337,6 +341,7 @@ class IdempotencyStore {
   constructor(options) {
     this.#native = new NativeStore(options, ABANDONED, LEAD, this.#slot)
     this.#begin = this.#native.beginFunction()
+    this.#beginHeld = this.#native.beginHeldFunction()
     this.#cacheFailures = options != null && options.cachePermanentFailures === true
   }
 
@@ -369,10 +374,10 @@ class IdempotencyStore {
    * LEAD (this caller leads: its lease is in the slot) or a Promise (a join). The strings
    * cross into Rust only when they differ from the last call's.
    */
-  #beginOf(scoped, fingerprint, wait) {
+  #beginOf(scoped, fingerprint, wait, begin = this.#begin) {
     let r
     try {
-      r = scoped === this.#key && fingerprint === this.#fp ? this.#begin(wait) : this.#begin(wait, scoped === this.#key ? undefined : scoped, fingerprint === this.#fp ? undefined : fingerprint)
+      r = scoped === this.#key && fingerprint === this.#fp ? begin(wait) : begin(wait, scoped === this.#key ? undefined : scoped, fingerprint === this.#fp ? undefined : fingerprint)
     } catch (e) {
       this.#key = this.#fp = undefined
       throw e
@@ -394,25 +399,47 @@ class IdempotencyStore {
   [RUN](scoped, fingerprint, fn, wait) {
     const reentrant = reentry(this, scoped, fingerprint)
     if (reentrant !== undefined) throw reentrant
-    const r = this.#beginOf(scoped, fingerprint, wait)
+    const r = this.#beginOf(scoped, fingerprint, wait, this.#beginHeld)
     if (typeof r === 'number') return { value: this.#slot[r], replayed: true, source: REPLAYED }
-    if (r === LEAD) {
-      const lease = this.#slot[0]
-      this.#slot[0] = undefined
-      const leading = new Leading(this, scoped, fingerprint)
+    if (r === LEAD) return this.#leadHeld(scoped, fingerprint, fn)
+    if (r instanceof Promise) return this.#join(scoped, r, undefined, () => this[RUN](scoped, fingerprint, fn, wait))
+    throw new Error('oncely: unexpected answer from the native store')
+  }
+
+  /**
+   * `[RUN]`'s lead: the lease stays in the store (no External, no finalizer) while the
+   * action runs, and is settled before this call returns when the action returns or
+   * throws at once (a lead nested inside settles its own first, so this one is again the
+   * innermost). An action that goes on asynchronously takes its lease out as a handle.
+   * Whatever else happens before the lease is settled (a `then` getter that throws), the
+   * lease is given up, so that a waiter takes over: never held past this call.
+   */
+  #leadHeld(scoped, fingerprint, fn) {
+    const depth = ++this.#held
+    let holding = true
+    let leading
+    try {
+      leading = new Leading(this, scoped, fingerprint)
       let out
       try {
         out = acting.run(leading, fn)
       } catch (e) {
         leading.end()
-        this.#native.fail(lease, e, this.#cacheFailures ? cacheCode(e) : UNKNOWN)
+        holding = false
+        this.#held--
+        this.#native.failHeld(depth, e, this.#cacheFailures ? cacheCode(e) : UNKNOWN)
         throw e
       }
       if (!isThenable(out)) {
         leading.end()
-        this.#native.complete(lease, out)
+        holding = false
+        this.#held--
+        this.#native.completeHeld(depth, out)
         return { value: out, replayed: false, source: LED }
       }
+      holding = false
+      this.#held--
+      const lease = this.#native.releaseHeld(depth)
       return Promise.resolve(out).then(
         (value) => {
           leading.end()
@@ -425,9 +452,13 @@ class IdempotencyStore {
           throw error
         },
       )
+    } finally {
+      if (holding) {
+        leading?.end()
+        this.#held--
+        this.#native.abandonHeld(depth)
+      }
     }
-    if (r instanceof Promise) return this.#join(scoped, r, undefined, () => this[RUN](scoped, fingerprint, fn, wait))
-    throw new Error('oncely: unexpected answer from the native store')
   }
 
   /**

@@ -256,6 +256,12 @@ struct Inner {
     /// The leases of this store alive now (their addresses): a lease handle from JavaScript
     /// is used only if it is one of these.
     leases: RefCell<HashSet<usize, BuildHasherDefault<AddrHasher>>>,
+    /// The leases of the leads begun with `beginHeldFunction`'s function and not yet
+    /// settled, innermost last: a server adapter's handler that answers within its call
+    /// settles its lease before that call returns (nested leads settle theirs first), so
+    /// it needs no External, no finalizer and no slot. One that goes on asynchronously
+    /// takes its lease out as an External (`releaseHeld`).
+    held: RefCell<Vec<Lease<Value, Failed>>>,
     /// The scoped key parsed last: retries and replays repeat a key, and parsing (the
     /// core's canonical-form check) costs more than comparing the text.
     last_key: RefCell<Option<oncely::ScopedKey>>,
@@ -517,6 +523,7 @@ impl NativeStore {
             lead,
             table,
             leases: RefCell::new(HashSet::default()),
+            held: RefCell::new(Vec::new()),
             last_key: RefCell::new(None),
             last_fp: RefCell::new(None),
         });
@@ -544,7 +551,7 @@ impl NativeStore {
         let raw = env.raw();
         let v = self
             .inner
-            .begin(raw, key.raw(), fingerprint.raw(), wait, true)?;
+            .begin(raw, key.raw(), fingerprint.raw(), wait, true, false)?;
         // SAFETY: a live value of this call.
         Ok(unsafe { Unknown::from_raw_unchecked(raw, v) })
     }
@@ -552,20 +559,79 @@ impl NativeStore {
     /// `begin` as a plain function bound to this store: `(wait, key?, fingerprint?)`.
     #[napi(ts_return_type = "(wait: boolean, key?: string, fingerprint?: string) => unknown")]
     pub fn begin_function<'env>(&self, env: &'env Env) -> Result<Unknown<'env>> {
+        self.bound_begin(env, begin_fn)
+    }
+
+    /// `beginFunction`'s function for a lead settled within the call that began it: its
+    /// lease is kept in the store, innermost last, instead of handed out in `slot[0]`;
+    /// it is then settled with `completeHeld`/`failHeld`, taken out with `releaseHeld` or
+    /// given up with `abandonHeld`, each naming how many held leases there are with it.
+    #[napi(ts_return_type = "(wait: boolean, key?: string, fingerprint?: string) => unknown")]
+    pub fn begin_held_function<'env>(&self, env: &'env Env) -> Result<Unknown<'env>> {
+        self.bound_begin(env, begin_held_fn)
+    }
+
+    /// Completes the innermost held lease (`depth`: the number of held leases, it
+    /// included, as the caller counts them).
+    #[napi(ts_args_type = "depth: number, value: unknown")]
+    pub fn complete_held(&self, env: &Env, depth: u32, value: Unknown<'_>) -> Result<()> {
+        let raw = env.raw();
+        let lease = self.inner.take_held(raw, depth)?;
+        let stored = Rc::new(self.inner.table.put(raw, value.raw())?);
+        self.inner.settling(raw, move || lease.complete_now(stored));
+        Ok(())
+    }
+
+    /// Fails the innermost held lease (see `completeHeld` and `fail`).
+    #[napi(ts_args_type = "depth: number, error: unknown, code: number")]
+    pub fn fail_held(&self, env: &Env, depth: u32, error: Unknown<'_>, code: u32) -> Result<()> {
+        let raw = env.raw();
+        let lease = self.inner.take_held(raw, depth)?;
+        let code = i32::try_from(code)
+            .ok()
+            .and_then(Code::from_i32)
+            .unwrap_or(Code::Unknown);
+        let held = Held::new(raw, error.raw())?;
+        self.inner.settling(raw, move || {
+            lease.fail_now(Failed { held, code });
+        });
+        Ok(())
+    }
+
+    /// Takes the innermost held lease out as a lease handle (an External, settled with
+    /// `complete`/`fail`): its action goes on asynchronously.
+    #[napi(ts_args_type = "depth: number", ts_return_type = "unknown")]
+    pub fn release_held<'env>(&self, env: &'env Env, depth: u32) -> Result<Unknown<'env>> {
+        let raw = env.raw();
+        let lease = self.inner.take_held(raw, depth)?;
+        let handle = self.inner.external(raw, lease)?;
+        // SAFETY: a live value of this call.
+        Ok(unsafe { Unknown::from_raw_unchecked(raw, handle) })
+    }
+
+    /// Gives up the innermost held lease without a result: the entry is removed and one
+    /// waiter takes over (the caller failed before it could settle it).
+    #[napi(ts_args_type = "depth: number")]
+    pub fn abandon_held(&self, env: &Env, depth: u32) -> Result<()> {
+        let raw = env.raw();
+        let lease = self.inner.take_held(raw, depth)?;
+        self.inner.settling(raw, move || drop(lease));
+        Ok(())
+    }
+
+    fn bound_begin<'env>(
+        &self,
+        env: &'env Env,
+        call: unsafe extern "C" fn(sys::napi_env, sys::napi_callback_info) -> sys::napi_value,
+    ) -> Result<Unknown<'env>> {
         let raw = env.raw();
         let data = Box::into_raw(Box::new(self.inner.clone()));
         let mut f = ptr::null_mut();
         // SAFETY: on the JS thread; `data` is freed by the function's finalizer (or here
         // when the function could not be made).
         unsafe {
-            if sys::napi_create_function(
-                raw,
-                c"begin".as_ptr(),
-                5,
-                Some(begin_fn),
-                data.cast(),
-                &mut f,
-            ) != sys::Status::napi_ok
+            if sys::napi_create_function(raw, c"begin".as_ptr(), 5, Some(call), data.cast(), &mut f)
+                != sys::Status::napi_ok
                 || sys::napi_add_finalizer(
                     raw,
                     f,
@@ -708,7 +774,8 @@ fn take_scoped(text: &str) -> Option<oncely::ScopedKey> {
 
 impl Inner {
     /// `NativeStore.begin`; `given`: whether `key` and `fingerprint` were passed (when
-    /// not, they are the last call's).
+    /// not, they are the last call's); `hold`: a lead's lease is kept in `held` instead of
+    /// handed out.
     fn begin(
         self: &Rc<Self>,
         raw: sys::napi_env,
@@ -716,6 +783,7 @@ impl Inner {
         fingerprint: sys::napi_value,
         wait: bool,
         given: bool,
+        hold: bool,
     ) -> Result<sys::napi_value> {
         // `undefined`: the same text as the last call's (the JavaScript side remembers
         // it), which spares converting the strings again.
@@ -757,6 +825,10 @@ impl Inner {
                 unsafe { sys::napi_throw(raw, e.held.value(raw)) };
                 return Err(Error::new(Status::PendingException, "cached failure"));
             }
+            Ok(Begin::Lead(lease)) if hold => {
+                self.held.borrow_mut().push(lease);
+                self.lead.value(raw)
+            }
             Ok(Begin::Lead(lease)) => self.hand_out(raw, lease)?,
             Ok(Begin::Join(join)) => {
                 let last = self.last_key.borrow();
@@ -792,7 +864,34 @@ unsafe extern "C" fn begin_fn(
         let inner = &*(data as *const Rc<Inner>);
         let mut wait = true;
         sys::napi_get_value_bool(env, argv[0], &mut wait);
-        inner.begin(env, argv[1], argv[2], wait, argc > 1)
+        inner.begin(env, argv[1], argv[2], wait, argc > 1, false)
+    };
+    crate::errors::value_or_throw(env, result)
+}
+
+/// `begin_fn` whose lead's lease is kept in the store's `held` leases
+/// (`NativeStore.beginHeldFunction`).
+unsafe extern "C" fn begin_held_fn(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+) -> sys::napi_value {
+    let mut argc = 3usize;
+    let mut argv = [ptr::null_mut(); 3];
+    let mut data = ptr::null_mut();
+    // SAFETY: as in `begin_fn`: the data is a boxed `Rc<Inner>` freed by the finalizer.
+    let result = unsafe {
+        sys::napi_get_cb_info(
+            env,
+            info,
+            &mut argc,
+            argv.as_mut_ptr(),
+            ptr::null_mut(),
+            &mut data,
+        );
+        let inner = &*(data as *const Rc<Inner>);
+        let mut wait = true;
+        sys::napi_get_value_bool(env, argv[0], &mut wait);
+        inner.begin(env, argv[1], argv[2], wait, argc > 1, true)
     };
     crate::errors::value_or_throw(env, result)
 }
@@ -826,6 +925,19 @@ impl Inner {
         env: sys::napi_env,
         lease: Lease<Value, Failed>,
     ) -> Result<sys::napi_value> {
+        let ext = self.external(env, lease)?;
+        // SAFETY: `slot` is an array held by this store.
+        unsafe { sys::napi_set_element(env, self.table.array.value(env), 0, ext) };
+        Ok(self.lead.value(env))
+    }
+
+    /// `lease` as a lease handle: an External whose finalizer abandons a lease collected
+    /// unsettled.
+    fn external(
+        self: &Rc<Self>,
+        env: sys::napi_env,
+        lease: Lease<Value, Failed>,
+    ) -> Result<sys::napi_value> {
         let cell = Box::into_raw(Box::new(LeaseCell {
             lease: Some(lease),
             inner: self.clone(),
@@ -851,9 +963,7 @@ impl Inner {
             ));
         }
         self.leases.borrow_mut().insert(cell as usize);
-        // SAFETY: `slot` is an array held by this store.
-        unsafe { sys::napi_set_element(env, self.table.array.value(env), 0, ext) };
-        Ok(self.lead.value(env))
+        Ok(ext)
     }
 
     /// The lease behind a handle from JavaScript, if it is a live lease of this store.
@@ -873,6 +983,26 @@ impl Inner {
         // which cannot run while JavaScript still passes the External); used on the JS
         // thread only and not reentered.
         Ok(unsafe { &mut *(data as *mut LeaseCell) })
+    }
+
+    /// The innermost held lease, when `depth` is the number of held leases (the caller's
+    /// count): a count that does not match settles nothing (a held lease is never
+    /// settled for another lead).
+    fn take_held(&self, env: sys::napi_env, depth: u32) -> Result<Lease<Value, Failed>> {
+        let mut held = self.held.borrow_mut();
+        if held.len() != depth as usize || depth == 0 {
+            return Err(errors::throw(
+                env,
+                Ctor::Error,
+                Code::Internal.as_str(),
+                &format!(
+                    "oncely: {} held leases, not {depth}: a held lease is settled by the call that began it",
+                    held.len()
+                ),
+                &[],
+            ));
+        }
+        Ok(held.pop().expect("depth > 0 leases"))
     }
 
     fn take_lease(

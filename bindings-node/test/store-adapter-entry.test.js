@@ -109,3 +109,87 @@ test('the scoped key http.request stashes is taken only by a begin of the same t
   assert.equal(b[RUN](scoped, fp, () => 'x', true).value, 'b')
   void cfg
 })
+
+test('RUN: leads nested in a lead that answers at once (sync in sync, async in sync) each settle their own key', async () => {
+  const store = new IdempotencyStore()
+  const [outer, inner, late] = [key(), key(), key()]
+  let release
+  const r = store[RUN](outer, fp, () => {
+    const a = store[RUN](inner, fp, () => 'inner', true)
+    const b = store[RUN](late, fp, () => new Promise((res) => { release = res }), true)
+    return { a: a.value, b: b instanceof Promise }
+  }, true)
+  assert.deepEqual(r.value, { a: 'inner', b: true })
+  assert.equal(store[RUN](outer, fp, () => assert.fail('ran twice'), true).source, 'replayed')
+  assert.equal(store[RUN](inner, fp, () => assert.fail('ran twice'), true).value, 'inner')
+  const waiter = store[RUN](late, fp, () => assert.fail('joined ran'), true)
+  release('late')
+  assert.equal((await waiter).value, 'late')
+  assert.equal(store[RUN](late, fp, () => assert.fail('ran twice'), true).source, 'replayed')
+})
+
+test('RUN: whatever throws before a lead that answered at once is settled (a `then` getter), the key is given up at once: the next caller leads', async () => {
+  const store = new IdempotencyStore()
+  const k = key()
+  const poisoned = {
+    get then() {
+      throw new Error('then getter')
+    },
+  }
+  assert.throws(() => store[RUN](k, fp, () => poisoned, true), /then getter/)
+  assert.equal(store[RUN](k, fp, () => 'second', true).source, 'led')
+  // Nested: the inner lead's poisoned value does not disturb the outer lead's lease.
+  const [outer, inner] = [key(), key()]
+  const r = store[RUN](outer, fp, () => {
+    assert.throws(() => store[RUN](inner, fp, () => poisoned, true), /then getter/)
+    return 'outer'
+  }, true)
+  assert.equal(r.value, 'outer')
+  assert.equal(store[RUN](outer, fp, () => assert.fail('ran twice'), true).value, 'outer')
+  assert.equal(store[RUN](inner, fp, () => 'again', true).source, 'led')
+})
+
+test('RUN: random nesting of leads that return, throw, fail later or succeed later: every key settles once, none is left held', async () => {
+  const store = new IdempotencyStore()
+  let seed = 11
+  const rand = (m) => (seed = (seed * 1103515245 + 12345) % 2147483648) % m
+  const pending = []
+  const outcome = new Map()
+  const lead = (depth) => {
+    const k = key()
+    const kind = rand(4)
+    let r
+    try {
+      r = store[RUN](k, fp, () => {
+        if (depth < 4) for (let i = rand(3); i > 0; i--) lead(depth + 1)
+        if (kind === 0) return `v-${k}`
+        if (kind === 1) throw new Error(`e-${k}`)
+        return delay(rand(5)).then(() => {
+          if (kind === 2) return `v-${k}`
+          throw new Error(`e-${k}`)
+        })
+      }, true)
+    } catch {
+      outcome.set(k, 'failed')
+      return
+    }
+    if (r instanceof Promise) {
+      pending.push(r.then(() => outcome.set(k, 'stored'), () => outcome.set(k, 'failed')))
+    } else {
+      outcome.set(k, 'stored')
+    }
+  }
+  for (let i = 0; i < 200; i++) lead(0)
+  await Promise.all(pending)
+  assert.ok(outcome.size > 200)
+  for (const [k, o] of outcome) {
+    let ran = false
+    const again = store[RUN](k, fp, () => {
+      ran = true
+      return 'again'
+    }, true)
+    // A stored value replays; a failed lead left the key free (not held).
+    assert.equal(ran, o === 'failed', `${k}: ${o}`)
+    assert.equal(again.source, o === 'failed' ? 'led' : 'replayed')
+  }
+})
