@@ -132,6 +132,7 @@ test('RUN: whatever throws before a lead that answered at once is settled (a `th
   const store = new IdempotencyStore()
   const k = key()
   const poisoned = {
+    // biome-ignore lint/suspicious/noThenProperty: a value whose `then` throws when read, on purpose
     get then() {
       throw new Error('then getter')
     },
