@@ -179,12 +179,14 @@ export declare class NativeStore {
   /** `begin` as a plain function bound to this store: `(wait, key?, fingerprint?)`. */
   beginFunction(): (wait: boolean, key?: string, fingerprint?: string) => unknown
   /**
-   * `beginFunction`'s function for a lead settled within the call that began it: its
-   * lease is kept in the store, innermost last, instead of handed out in `slot[0]`;
-   * it is then settled with `completeHeld`/`failHeld`, taken out with `releaseHeld` or
-   * given up with `abandonHeld`, each naming how many held leases there are with it.
+   * `beginFunction`'s function for a lead settled within the call that began it:
+   * `(wait, key, fingerprint, running)`, `running` the number of held leases whose
+   * calls are still running (any more held are given up first). A lead's lease is kept
+   * in the store, innermost last, instead of handed out in `slot[0]`; it is then
+   * settled with `completeHeld`/`failHeld`, taken out with `releaseHeld` or given up
+   * with `abandonHeld`, each naming its depth (`running + 1` at its begin).
    */
-  beginHeldFunction(): (wait: boolean, key?: string, fingerprint?: string) => unknown
+  beginHeldFunction(): (wait: boolean, key: string | undefined, fingerprint: string | undefined, running: number) => unknown
   /**
    * Completes the innermost held lease (`depth`: the number of held leases, it
    * included, as the caller counts them).

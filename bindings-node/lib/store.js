@@ -135,6 +135,11 @@ function contextOn() {
   return leadsRunning > 0
 }
 
+/** How many leads run now (for tests). */
+function runningLeads() {
+  return leadsRunning
+}
+
 /** The callers of one key in this process that wait for its outcome (leader included). */
 class Callers {
   constructor(map, key) {
@@ -263,6 +268,19 @@ function isThenable(v) {
   return v !== null && (typeof v === 'object' || typeof v === 'function') && typeof v.then === 'function'
 }
 
+/**
+ * `Promise.resolve(value)` that never throws: a Promise whose `constructor` getter throws
+ * gives a Promise rejected with that error (the action failed), not a synchronous throw
+ * that would leave its lease unsettled.
+ */
+function promiseOf(value) {
+  try {
+    return Promise.resolve(value)
+  } catch (e) {
+    return Promise.reject(e)
+  }
+}
+
 /** Runs `fn` as the action of `flight`: always a Promise, never a synchronous throw. */
 function act(flight, fn) {
   try {
@@ -326,7 +344,11 @@ class IdempotencyStore {
   #begin
   /** The same, for `[RUN]`: a lead's lease is held in the store (see `[RUN]`). */
   #beginHeld
-  /** Leases held by `[RUN]`'s leads now (nested leads hold theirs inside). */
+  /**
+   * `[RUN]` leads running now, each with its lease held in the store (nested leads hold
+   * theirs inside): counted here, so that the store gives up any lease held beyond them
+   * (left by a call that ended without settling it) at the next begin.
+   */
   #held = 0
   /** `[0]`: a leader's lease, handed over by `begin`; `[1..]`: the stored values. */
   #slot = [undefined]
@@ -374,10 +396,14 @@ class IdempotencyStore {
    * LEAD (this caller leads: its lease is in the slot) or a Promise (a join). The strings
    * cross into Rust only when they differ from the last call's.
    */
-  #beginOf(scoped, fingerprint, wait, begin = this.#begin) {
+  #beginOf(scoped, fingerprint, wait, held = false) {
     let r
     try {
-      r = scoped === this.#key && fingerprint === this.#fp ? begin(wait) : begin(wait, scoped === this.#key ? undefined : scoped, fingerprint === this.#fp ? undefined : fingerprint)
+      if (held) {
+        r = this.#beginHeld(wait, scoped === this.#key ? undefined : scoped, fingerprint === this.#fp ? undefined : fingerprint, this.#held)
+      } else {
+        r = scoped === this.#key && fingerprint === this.#fp ? this.#begin(wait) : this.#begin(wait, scoped === this.#key ? undefined : scoped, fingerprint === this.#fp ? undefined : fingerprint)
+      }
     } catch (e) {
       this.#key = this.#fp = undefined
       throw e
@@ -399,7 +425,7 @@ class IdempotencyStore {
   [RUN](scoped, fingerprint, fn, wait) {
     const reentrant = reentry(this, scoped, fingerprint)
     if (reentrant !== undefined) throw reentrant
-    const r = this.#beginOf(scoped, fingerprint, wait, this.#beginHeld)
+    const r = this.#beginOf(scoped, fingerprint, wait, true)
     if (typeof r === 'number') return { value: this.#slot[r], replayed: true, source: REPLAYED }
     if (r === LEAD) return this.#leadHeld(scoped, fingerprint, fn)
     if (r instanceof Promise) return this.#join(scoped, r, undefined, () => this[RUN](scoped, fingerprint, fn, wait))
@@ -409,10 +435,12 @@ class IdempotencyStore {
   /**
    * `[RUN]`'s lead: the lease stays in the store (no External, no finalizer) while the
    * action runs, and is settled before this call returns when the action returns or
-   * throws at once (a lead nested inside settles its own first, so this one is again the
-   * innermost). An action that goes on asynchronously takes its lease out as a handle.
-   * Whatever else happens before the lease is settled (a `then` getter that throws), the
-   * lease is given up, so that a waiter takes over: never held past this call.
+   * throws at once (a lead nested inside settles its own first). An action that goes on
+   * asynchronously takes its lease out as a handle. Whatever else happens before the
+   * lease is settled (a `then` getter that throws), it is given up, so that a waiter
+   * takes over; and should this call end without even that (a stack overflow in its
+   * last steps), the store gives the lease up at the next begin or settle (`#held` is
+   * kept with plain statements, which cannot fail, before any call).
    */
   #leadHeld(scoped, fingerprint, fn) {
     const depth = ++this.#held
@@ -424,23 +452,26 @@ class IdempotencyStore {
       try {
         out = acting.run(leading, fn)
       } catch (e) {
-        leading.end()
+        // Read before this lease stops counting: reading the code may run the error's
+        // getters, which may lead other keys of this store (nested above this lease).
+        const code = this.#cacheFailures ? cacheCode(e) : UNKNOWN
         holding = false
         this.#held--
-        this.#native.failHeld(depth, e, this.#cacheFailures ? cacheCode(e) : UNKNOWN)
+        leading.end()
+        this.#native.failHeld(depth, e, code)
         throw e
       }
       if (!isThenable(out)) {
-        leading.end()
         holding = false
         this.#held--
+        leading.end()
         this.#native.completeHeld(depth, out)
         return { value: out, replayed: false, source: LED }
       }
       holding = false
       this.#held--
       const lease = this.#native.releaseHeld(depth)
-      return Promise.resolve(out).then(
+      return promiseOf(out).then(
         (value) => {
           leading.end()
           this.#native.complete(lease, value)
@@ -454,9 +485,10 @@ class IdempotencyStore {
       )
     } finally {
       if (holding) {
-        leading?.end()
+        holding = false
         this.#held--
         this.#native.abandonHeld(depth)
+        leading?.end()
       }
     }
   }
@@ -512,7 +544,7 @@ class IdempotencyStore {
       const led = Promise.resolve({ value: out, replayed: false, source: LED })
       return signal === undefined ? led : waitFor(led, signal, () => flight.leaderLeaves())
     }
-    const done = Promise.resolve(out).then(
+    const done = promiseOf(out).then(
       (value) => {
         flight.end()
         if (signal === undefined) flight.leaderLeaves()
@@ -565,4 +597,4 @@ function httpStatusOf(err) {
   return isOncelyError(err) ? err.httpStatus : undefined
 }
 
-module.exports = { contextOn, RUN, ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }
+module.exports = { contextOn, runningLeads, RUN, ABANDONED, LEAD, abortable, LED, JOINED, REPLAYED, noop, waitFor, acting, Callers, enter, leave, goneReason, Flight, ActionInfo, act, isThenable, reentry, EXECUTE_DEFAULTS, executeArgs, cacheCode, IdempotencyStore, httpStatusOf }

@@ -562,11 +562,15 @@ impl NativeStore {
         self.bound_begin(env, begin_fn)
     }
 
-    /// `beginFunction`'s function for a lead settled within the call that began it: its
-    /// lease is kept in the store, innermost last, instead of handed out in `slot[0]`;
-    /// it is then settled with `completeHeld`/`failHeld`, taken out with `releaseHeld` or
-    /// given up with `abandonHeld`, each naming how many held leases there are with it.
-    #[napi(ts_return_type = "(wait: boolean, key?: string, fingerprint?: string) => unknown")]
+    /// `beginFunction`'s function for a lead settled within the call that began it:
+    /// `(wait, key, fingerprint, running)`, `running` the number of held leases whose
+    /// calls are still running (any more held are given up first). A lead's lease is kept
+    /// in the store, innermost last, instead of handed out in `slot[0]`; it is then
+    /// settled with `completeHeld`/`failHeld`, taken out with `releaseHeld` or given up
+    /// with `abandonHeld`, each naming its depth (`running + 1` at its begin).
+    #[napi(
+        ts_return_type = "(wait: boolean, key: string | undefined, fingerprint: string | undefined, running: number) => unknown"
+    )]
     pub fn begin_held_function<'env>(&self, env: &'env Env) -> Result<Unknown<'env>> {
         self.bound_begin(env, begin_held_fn)
     }
@@ -875,8 +879,8 @@ unsafe extern "C" fn begin_held_fn(
     env: sys::napi_env,
     info: sys::napi_callback_info,
 ) -> sys::napi_value {
-    let mut argc = 3usize;
-    let mut argv = [ptr::null_mut(); 3];
+    let mut argc = 4usize;
+    let mut argv = [ptr::null_mut(); 4];
     let mut data = ptr::null_mut();
     // SAFETY: as in `begin_fn`: the data is a boxed `Rc<Inner>` freed by the finalizer.
     let result = unsafe {
@@ -891,7 +895,12 @@ unsafe extern "C" fn begin_held_fn(
         let inner = &*(data as *const Rc<Inner>);
         let mut wait = true;
         sys::napi_get_value_bool(env, argv[0], &mut wait);
-        inner.begin(env, argv[1], argv[2], wait, argc > 1, true)
+        // The held leases whose calls are still running (the caller's count); any
+        // more are left over from a call that ended without settling its lease.
+        let mut running = 0u32;
+        sys::napi_get_value_uint32(env, argv[3], &mut running);
+        inner.give_up_held_above(env, running as usize);
+        inner.begin(env, argv[1], argv[2], wait, true, true)
     };
     crate::errors::value_or_throw(env, result)
 }
@@ -985,24 +994,41 @@ impl Inner {
         Ok(unsafe { &mut *(data as *mut LeaseCell) })
     }
 
-    /// The innermost held lease, when `depth` is the number of held leases (the caller's
-    /// count): a count that does not match settles nothing (a held lease is never
-    /// settled for another lead).
+    /// The held lease at `depth` (1: the outermost), the innermost once the leases above
+    /// it are given up: those were begun inside its action, which has returned, so their
+    /// calls ended without settling them (a stack overflow in their last steps). Throws
+    /// when there is no lease at `depth` (it was given up already): nothing is settled
+    /// for another lead.
     fn take_held(&self, env: sys::napi_env, depth: u32) -> Result<Lease<Value, Failed>> {
-        let mut held = self.held.borrow_mut();
-        if held.len() != depth as usize || depth == 0 {
-            return Err(errors::throw(
+        let depth = depth as usize;
+        self.give_up_held_above(env, depth);
+        let lease = {
+            let mut held = self.held.borrow_mut();
+            if held.len() == depth && depth > 0 {
+                held.pop()
+            } else {
+                None
+            }
+        };
+        lease.ok_or_else(|| {
+            errors::throw(
                 env,
                 Ctor::Error,
                 Code::Internal.as_str(),
-                &format!(
-                    "oncely: {} held leases, not {depth}: a held lease is settled by the call that began it",
-                    held.len()
-                ),
-                &[],
-            ));
+                "oncely: this held lease was given up already",
+                &[Prop::Str(c"kind", "lease_settled")],
+            )
+        })
+    }
+
+    /// Gives up the held leases above the first `depth` (their keys are released, one
+    /// waiter of each takes over).
+    fn give_up_held_above(&self, env: sys::napi_env, depth: usize) {
+        if self.held.borrow().len() <= depth {
+            return;
         }
-        Ok(held.pop().expect("depth > 0 leases"))
+        let stale: Vec<_> = self.held.borrow_mut().drain(depth..).collect();
+        self.settling(env, move || drop(stale));
     }
 
     fn take_lease(

@@ -194,3 +194,77 @@ test('RUN: random nesting of leads that return, throw, fail later or succeed lat
     assert.equal(again.source, o === 'failed' ? 'led' : 'replayed')
   }
 })
+
+test('RUN: an error code getter that leads another key of the same store while the failed lead is settled: every key settles as it should', async () => {
+  const store = new IdempotencyStore({ cachePermanentFailures: true })
+  const [outer, inGetter, later] = [key(), key(), key()]
+  const err = new Error('outer failed')
+  Object.defineProperty(err, 'code', {
+    get() {
+      store[RUN](inGetter, fp, () => 'from getter', true)
+      return undefined
+    },
+  })
+  assert.throws(() => store[RUN](outer, fp, () => { throw err }, true), /outer failed/)
+  // Cached (cachePermanentFailures): the next caller gets the failure, the action does not run.
+  assert.throws(() => store[RUN](outer, fp, () => assert.fail('ran twice'), false), /outer failed/)
+  assert.equal(store[RUN](inGetter, fp, () => assert.fail('ran twice'), false).value, 'from getter')
+  assert.equal(store[RUN](later, fp, () => 'later', true).source, 'led')
+  assert.equal(store[RUN](later, fp, () => assert.fail('ran twice'), false).source, 'replayed')
+})
+
+test('RUN and execute: an action returning a Promise whose constructor getter throws fails (the key is free at once) and its lead ends', async () => {
+  const { runningLeads } = require('../lib/store.js')
+  for (const via of ['RUN', 'execute']) {
+    const before = runningLeads()
+    const store = new IdempotencyStore()
+    const k = key()
+    let runs = 0
+    const action = () => {
+      runs++
+      const p = delay(5).then(() => 'value')
+      Object.defineProperty(p, 'constructor', {
+        get() {
+          throw new Error('constructor getter')
+        },
+      })
+      return p
+    }
+    const first = via === 'RUN' ? store[RUN](k, fp, action, true) : store.execute(k, fp, action)
+    await assert.rejects(first, /constructor getter/, via)
+    assert.equal(runningLeads(), before, via)
+    assert.equal(store[RUN](k, fp, () => 'again', false).source, 'led', via)
+    assert.equal(runs, 1, via)
+  }
+})
+
+// Last in this file: the overflowed calls' leads never end, so the re-entrancy context
+// stays on for the rest of the process.
+test('RUN: a stack overflow inside nested leads: the leases their calls could not settle are given up at the next begin; later leads run once and replay', async () => {
+  const store = new IdempotencyStore()
+  const keys = []
+  const rec = () => {
+    const k = key()
+    keys.push(k)
+    return store[RUN](k, fp, () => {
+      try {
+        rec()
+      } catch {}
+      return 'v'
+    }, true)
+  }
+  try {
+    rec()
+  } catch {}
+  const fresh = key()
+  let runs = 0
+  const first = store[RUN](fresh, fp, () => ++runs, true)
+  assert.equal(first.source, 'led')
+  assert.equal(store[RUN](fresh, fp, () => ++runs, true).source, 'replayed')
+  assert.equal(runs, 1)
+  // Every key of the overflow settled or was given up: none is held.
+  for (const k of keys) {
+    const r = store[RUN](k, fp, () => 'again', false)
+    assert.ok(r.source === 'replayed' || r.source === 'led', `${k}: ${r.source}`)
+  }
+})
