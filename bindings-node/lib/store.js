@@ -269,16 +269,14 @@ function isThenable(v) {
 }
 
 /**
- * `Promise.resolve(value)` that never throws: a Promise whose `constructor` getter throws
- * gives a Promise rejected with that error (the action failed), not a synchronous throw
- * that would leave its lease unsettled.
+ * A Promise of an action's `value` (a thenable) that never throws: whatever the value's
+ * `constructor` or `then` does (a getter that throws, an own `then` that throws when
+ * called), the Promise rejects with it (the action failed) instead of a synchronous
+ * throw that would leave the action's lease unsettled. (`Promise.resolve` checks the
+ * constructor, and `.then` on the value calls its own `then`, both synchronously.)
  */
 function promiseOf(value) {
-  try {
-    return Promise.resolve(value)
-  } catch (e) {
-    return Promise.reject(e)
-  }
+  return new Promise((resolve) => resolve(value))
 }
 
 /** Runs `fn` as the action of `flight`: always a Promise, never a synchronous throw. */
@@ -455,17 +453,25 @@ class IdempotencyStore {
         // Read before this lease stops counting: reading the code may run the error's
         // getters, which may lead other keys of this store (nested above this lease).
         const code = this.#cacheFailures ? cacheCode(e) : UNKNOWN
+        // Nothing runs between the count and the settle (ending the lead can run user
+        // code: `acting.disable` reads `Array[Symbol.species]`).
         holding = false
         this.#held--
-        leading.end()
-        this.#native.failHeld(depth, e, code)
+        try {
+          this.#native.failHeld(depth, e, code)
+        } finally {
+          leading.end()
+        }
         throw e
       }
       if (!isThenable(out)) {
         holding = false
         this.#held--
-        leading.end()
-        this.#native.completeHeld(depth, out)
+        try {
+          this.#native.completeHeld(depth, out)
+        } finally {
+          leading.end()
+        }
         return { value: out, replayed: false, source: LED }
       }
       holding = false

@@ -238,6 +238,30 @@ test('RUN and execute: an action returning a Promise whose constructor getter th
   }
 })
 
+for (const via of ['RUN', 'execute']) {
+  test(`${via}: an action's native Promise whose own then throws: the action fails, its key is free once that is known, and the lead ends`, async () => {
+    const { runningLeads } = require('../lib/store.js')
+    const before = runningLeads()
+    const store = new IdempotencyStore()
+    const k = key()
+    let runs = 0
+    const action = () => {
+      runs++
+      const p = delay(5).then(() => 'value')
+      // biome-ignore lint/suspicious/noThenProperty: a Promise whose own then throws, on purpose
+      p.then = () => {
+        throw new Error('then call')
+      }
+      return p
+    }
+    const first = via === 'RUN' ? store[RUN](k, fp, action, true) : store.execute(k, fp, action)
+    await assert.rejects(first, /then call/)
+    // At once, not when the garbage collector frees a lease nobody holds.
+    const r = store[RUN](k, fp, () => 'again', false)
+    assert.deepEqual({ next: r.source, leadsLeft: runningLeads() - before, runs }, { next: 'led', leadsLeft: 0, runs: 1 })
+  })
+}
+
 // Last in this file: the overflowed calls' leads never end, so the re-entrancy context
 // stays on for the rest of the process.
 test('RUN: a stack overflow inside nested leads: the leases their calls could not settle are given up at the next begin; later leads run once and replay', async () => {
