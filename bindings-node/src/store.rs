@@ -851,38 +851,34 @@ unsafe extern "C" fn begin_fn(
     env: sys::napi_env,
     info: sys::napi_callback_info,
 ) -> sys::napi_value {
-    let mut argc = 3usize;
-    let mut argv = [ptr::null_mut(); 3];
-    let mut data = ptr::null_mut();
-    // SAFETY: a callback of a function made by `begin_function`, whose data is a boxed
-    // `Rc<Inner>` freed only by the function's finalizer.
-    let result = unsafe {
-        sys::napi_get_cb_info(
-            env,
-            info,
-            &mut argc,
-            argv.as_mut_ptr(),
-            ptr::null_mut(),
-            &mut data,
-        );
-        let inner = &*(data as *const Rc<Inner>);
-        let mut wait = true;
-        sys::napi_get_value_bool(env, argv[0], &mut wait);
-        inner.begin(env, argv[1], argv[2], wait, argc > 1, false)
-    };
-    crate::errors::value_or_throw(env, result)
+    // SAFETY: a callback of a function made by `begin_function`.
+    unsafe { begin_call(env, info, false) }
 }
 
 /// `begin_fn` whose lead's lease is kept in the store's `held` leases
-/// (`NativeStore.beginHeldFunction`).
+/// (`NativeStore.beginHeldFunction`): `(wait, key, fingerprint, running)`.
 unsafe extern "C" fn begin_held_fn(
     env: sys::napi_env,
     info: sys::napi_callback_info,
 ) -> sys::napi_value {
+    // SAFETY: a callback of a function made by `begin_held_function`.
+    unsafe { begin_call(env, info, true) }
+}
+
+/// The call of a bound begin function; `hold`: `begin_held_fn`'s.
+///
+/// # Safety
+/// A callback of a function made by `bound_begin`, whose data is a boxed `Rc<Inner>`
+/// freed only by the function's finalizer.
+unsafe fn begin_call(
+    env: sys::napi_env,
+    info: sys::napi_callback_info,
+    hold: bool,
+) -> sys::napi_value {
     let mut argc = 4usize;
     let mut argv = [ptr::null_mut(); 4];
     let mut data = ptr::null_mut();
-    // SAFETY: as in `begin_fn`: the data is a boxed `Rc<Inner>` freed by the finalizer.
+    // SAFETY: see the function's contract; missing arguments read as `undefined`.
     let result = unsafe {
         sys::napi_get_cb_info(
             env,
@@ -895,12 +891,16 @@ unsafe extern "C" fn begin_held_fn(
         let inner = &*(data as *const Rc<Inner>);
         let mut wait = true;
         sys::napi_get_value_bool(env, argv[0], &mut wait);
-        // The held leases whose calls are still running (the caller's count); any
-        // more are left over from a call that ended without settling its lease.
-        let mut running = 0u32;
-        sys::napi_get_value_uint32(env, argv[3], &mut running);
-        inner.give_up_held_above(env, running as usize);
-        inner.begin(env, argv[1], argv[2], wait, true, true)
+        if hold {
+            // The held leases whose calls are still running (the caller's count); any
+            // more are left over from a call that ended without settling its lease. No
+            // count (not a number): nothing is given up.
+            let mut running = 0u32;
+            if sys::napi_get_value_uint32(env, argv[3], &mut running) == sys::Status::napi_ok {
+                inner.give_up_held_above(env, running as usize);
+            }
+        }
+        inner.begin(env, argv[1], argv[2], wait, hold || argc > 1, hold)
     };
     crate::errors::value_or_throw(env, result)
 }

@@ -262,6 +262,22 @@ for (const via of ['RUN', 'execute']) {
   })
 }
 
+test('the held begin given no count of running leads gives up no held lease', () => {
+  const { NativeStore } = require('../native.js')
+  const { ABANDONED, LEAD } = require('../lib/store.js')
+  const native = new NativeStore(undefined, ABANDONED, LEAD, [undefined])
+  const begin = native.beginHeldFunction()
+  const [a, b] = [key(), key()]
+  assert.equal(begin(true, a, fp, 0), LEAD)
+  // Without a count, the lease of `a` (whose call still runs) stays held.
+  assert.equal(begin(true, b, fp), LEAD)
+  native.completeHeld(2, 'b')
+  native.completeHeld(1, 'a')
+  // Both stored: each begins again as a replay (the index of its value).
+  assert.equal(typeof begin(true, a, fp, 0), 'number')
+  assert.equal(typeof begin(true, b, fp, 0), 'number')
+})
+
 // Last in this file: the overflowed calls' leads never end, so the re-entrancy context
 // stays on for the rest of the process.
 test('RUN: a stack overflow inside nested leads: the leases their calls could not settle are given up at the next begin; later leads run once and replay', async () => {
