@@ -581,9 +581,7 @@ impl NativeStore {
     pub fn complete_held(&self, env: &Env, depth: u32, value: Unknown<'_>) -> Result<()> {
         let raw = env.raw();
         let lease = self.inner.take_held(raw, depth)?;
-        let stored = Rc::new(self.inner.table.put(raw, value.raw())?);
-        self.inner.settling(raw, move || lease.complete_now(stored));
-        Ok(())
+        self.inner.complete_lease(raw, lease, value.raw())
     }
 
     /// Fails the innermost held lease (see `completeHeld` and `fail`).
@@ -591,15 +589,7 @@ impl NativeStore {
     pub fn fail_held(&self, env: &Env, depth: u32, error: Unknown<'_>, code: u32) -> Result<()> {
         let raw = env.raw();
         let lease = self.inner.take_held(raw, depth)?;
-        let code = i32::try_from(code)
-            .ok()
-            .and_then(Code::from_i32)
-            .unwrap_or(Code::Unknown);
-        let held = Held::new(raw, error.raw())?;
-        self.inner.settling(raw, move || {
-            lease.fail_now(Failed { held, code });
-        });
-        Ok(())
+        self.inner.fail_lease(raw, lease, error.raw(), code)
     }
 
     /// Takes the innermost held lease out as a lease handle (an External, settled with
@@ -660,9 +650,7 @@ impl NativeStore {
     pub fn complete(&self, env: &Env, lease: Unknown<'_>, value: Unknown<'_>) -> Result<()> {
         let raw = env.raw();
         let lease = self.inner.take_lease(raw, lease.raw())?;
-        let stored = Rc::new(self.inner.table.put(raw, value.raw())?);
-        self.inner.settling(raw, move || lease.complete_now(stored));
-        Ok(())
+        self.inner.complete_lease(raw, lease, value.raw())
     }
 
     /// Gives `error` to every waiter and removes the entry (or caches it, when the store
@@ -671,15 +659,7 @@ impl NativeStore {
     pub fn fail(&self, env: &Env, lease: Unknown<'_>, error: Unknown<'_>, code: u32) -> Result<()> {
         let raw = env.raw();
         let lease = self.inner.take_lease(raw, lease.raw())?;
-        let code = i32::try_from(code)
-            .ok()
-            .and_then(Code::from_i32)
-            .unwrap_or(Code::Unknown);
-        let held = Held::new(raw, error.raw())?;
-        self.inner.settling(raw, move || {
-            lease.fail_now(Failed { held, code });
-        });
-        Ok(())
+        self.inner.fail_lease(raw, lease, error.raw(), code)
     }
 
     /// Gives up the claim without a result (a lead no one will use): the entry is removed
@@ -992,6 +972,38 @@ impl Inner {
         // which cannot run while JavaScript still passes the External); used on the JS
         // thread only and not reentered.
         Ok(unsafe { &mut *(data as *mut LeaseCell) })
+    }
+
+    /// Stores `value` as the outcome of `lease` until the TTL and gives it to every waiter.
+    fn complete_lease(
+        &self,
+        env: sys::napi_env,
+        lease: Lease<Value, Failed>,
+        value: sys::napi_value,
+    ) -> Result<()> {
+        let stored = Rc::new(self.table.put(env, value)?);
+        self.settling(env, move || lease.complete_now(stored));
+        Ok(())
+    }
+
+    /// Gives `error` to every waiter of `lease` and removes its entry (or caches it, when
+    /// the store caches permanent failures and `code` is one).
+    fn fail_lease(
+        &self,
+        env: sys::napi_env,
+        lease: Lease<Value, Failed>,
+        error: sys::napi_value,
+        code: u32,
+    ) -> Result<()> {
+        let code = i32::try_from(code)
+            .ok()
+            .and_then(Code::from_i32)
+            .unwrap_or(Code::Unknown);
+        let held = Held::new(env, error)?;
+        self.settling(env, move || {
+            lease.fail_now(Failed { held, code });
+        });
+        Ok(())
     }
 
     /// The held lease at `depth` (1: the outermost), the innermost once the leases above
