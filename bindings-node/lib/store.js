@@ -195,7 +195,19 @@ class Leading {
     this.running = false
     leadStops()
   }
+
+  /** The leader's lease was collected with its never-settling action. */
+  collected() {
+    this.end()
+  }
 }
+
+/**
+ * Ends the lead whose lease handle was collected unsettled (its action can never settle;
+ * the store has released the key): a lead nobody joins would otherwise count as running
+ * for good, and keep `acting` on.
+ */
+const collectedLeads = new FinalizationRegistry((lead) => lead.collected())
 
 /** One run of an action, from its lead until it settles (or its lease is collected). */
 class Flight extends Leading {
@@ -477,6 +489,7 @@ class IdempotencyStore {
       holding = false
       this.#held--
       const lease = this.#native.releaseHeld(depth)
+      collectedLeads.register(lease, leading)
       return promiseOf(out).then(
         (value) => {
           leading.end()

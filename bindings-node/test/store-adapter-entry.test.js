@@ -278,6 +278,24 @@ test('the held begin given no count of running leads gives up no held lease', ()
   assert.equal(typeof begin(true, b, fp, 0), 'number')
 })
 
+test('RUN: a lead whose action never settles, its lease collected, stops counting as running (the context can go off)', async () => {
+  const { runningLeads } = require('../lib/store.js')
+  const before = runningLeads()
+  const store = new IdempotencyStore()
+  const k = key()
+  ;(() => {
+    store[RUN](k, fp, () => new Promise(() => {}), true)
+  })()
+  const waiter = store[RUN](k, fp, () => 'v', true)
+  for (let i = 0; i < 20 && runningLeads() !== before; i++) {
+    gc()
+    await delay(5)
+  }
+  // The waiter took over and led.
+  assert.equal((await waiter).value, 'v')
+  assert.equal(runningLeads(), before)
+})
+
 // Last in this file: the overflowed calls' leads never end, so the re-entrancy context
 // stays on for the rest of the process.
 test('RUN: a stack overflow inside nested leads: the leases their calls could not settle are given up at the next begin; later leads run once and replay', async () => {
