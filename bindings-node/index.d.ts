@@ -503,8 +503,8 @@ export declare class RedisStore {
   execute<T>(scoped: ScopedKey, fingerprint: string, fn: (info: ActionInfo) => T | PromiseLike<T>, options?: ExecuteOptions): Promise<Executed<T>>
   /**
    * Counts since the store was made (this process's instance): claims, leads,
-   * takeovers, replays, remoteWaits, leasesLost, unavailable (calls that failed with
-   * UNAVAILABLE).
+   * takeovers, replays, remoteWaits, leasesLost, abandoned (leads given up without an
+   * outcome), unavailable (calls that failed with UNAVAILABLE).
    */
   counters(): RedisStoreCounters
   /** The record of `scoped` in Redis (for an operator), or null. */

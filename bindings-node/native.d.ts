@@ -723,6 +723,11 @@ export interface RedisStoreCounters {
   /** Leaders that found their lease taken over when completing. */
   leasesLost: number
   /**
+   * Leads given up without an outcome (the lease was abandoned or collected unsettled,
+   * before its action started or while it ran) and released for a waiter.
+   */
+  abandoned: number
+  /**
    * Claims released (UNAVAILABLE) because fewer replicas than `minReplicas`
    * acknowledged them.
    */

@@ -291,7 +291,7 @@ class RedisStore {
 
   /**
    * Counts since the store was made: claims, leads, takeovers, replays, remoteWaits,
-   * leasesLost, unavailable, claimsUnreplicated, completionsUnreplicated.
+   * leasesLost, abandoned, unavailable, claimsUnreplicated, completionsUnreplicated.
    */
   counters() {
     return this.#native.counters()

@@ -581,6 +581,9 @@ pub struct RedisStoreCounters {
     pub remote_waits: f64,
     /// Leaders that found their lease taken over when completing.
     pub leases_lost: f64,
+    /// Leads given up without an outcome (the lease was abandoned or collected unsettled,
+    /// before its action started or while it ran) and released for a waiter.
+    pub abandoned: f64,
     /// Claims released (UNAVAILABLE) because fewer replicas than `minReplicas`
     /// acknowledged them.
     pub claims_unreplicated: f64,
@@ -976,6 +979,7 @@ impl NativeRedisStore {
             replays: c.replays as f64,
             remote_waits: c.remote_waits as f64,
             leases_lost: c.leases_lost as f64,
+            abandoned: c.abandoned as f64,
             claims_unreplicated: c.claims_unreplicated as f64,
             completions_unreplicated: c.completions_unreplicated as f64,
             unavailable: c.unavailable as f64,

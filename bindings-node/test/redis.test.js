@@ -915,3 +915,22 @@ test('a running record with a live lease is not removed', needsRedis, async () =
   assert.equal((await first).value, 'first')
   assert.equal((await b.execute(k, fp, () => 'third')).value, 'first')
 })
+
+test('a lead given up before its action starts is counted as abandoned, and its key is free', needsRedis, async () => {
+  // What execute does when its caller's signal aborts as the claim answers `lead`.
+  const { NativeRedisStore } = require('../native.js')
+  const pfx = prefix()
+  const native = new NativeRedisStore({ url: URL, prefix: pfx })
+  const k = key()
+  const [p] = native.begin(k, fp, true)
+  const [kind, lease] = await p
+  assert.equal(kind, 2)
+  native.abandon(lease)
+  native.abandon(lease) // a settled lease is left alone: counted once
+  await new Promise((r) => setImmediate(r))
+  const c = native.counters()
+  assert.deepEqual([c.leads, c.abandoned], [1, 1])
+  const other = store({ prefix: pfx })
+  assert.equal((await other.execute(k, fp, () => 'second')).source, 'led')
+  assert.equal(other.counters().abandoned, 0)
+})

@@ -502,7 +502,8 @@ impl PyRedisStore {
     }
 
     /// What this store instance has done: claims, leads, takeovers, replays,
-    /// remote_waits, leases_lost.
+    /// remote_waits, leases_lost, abandoned, claims_unreplicated,
+    /// completions_unreplicated, unavailable.
     fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.inner.counters();
         let d = PyDict::new(py);
@@ -512,6 +513,7 @@ impl PyRedisStore {
         d.set_item("replays", c.replays)?;
         d.set_item("remote_waits", c.remote_waits)?;
         d.set_item("leases_lost", c.leases_lost)?;
+        d.set_item("abandoned", c.abandoned)?;
         d.set_item("claims_unreplicated", c.claims_unreplicated)?;
         d.set_item("completions_unreplicated", c.completions_unreplicated)?;
         d.set_item("unavailable", c.unavailable)?;

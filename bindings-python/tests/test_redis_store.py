@@ -1050,3 +1050,21 @@ async def test_a_running_record_with_a_live_lease_is_not_removed() -> None:
     release.set()
     assert (await task).value == "first"
     assert (await other.execute(k, FP, lambda: "third")).value == "first"
+
+
+@needs_redis
+async def test_a_lead_given_up_unsettled_is_counted_as_abandoned() -> None:
+    pfx = prefix()
+    s = store(pfx)
+    k = key()
+
+    async def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        await s.execute(k, FP, interrupted)
+    counters = s.counters()
+    assert (counters["leads"], counters["abandoned"]) == (1, 1)
+    done = await store(pfx).execute(k, FP, lambda: "second")
+    assert (done.value, done.source) == ("second", "led")
+    assert s.counters()["abandoned"] == 1

@@ -19,6 +19,10 @@ pub struct RedisCounters {
     pub remote_waits: u64,
     /// Leaders that found their lease taken over when completing.
     pub leases_lost: u64,
+    /// Leads given up without an outcome: the lease was dropped unsettled (its caller
+    /// went away, before its action started or while it ran) and released for a waiter
+    /// to take over. `leads - abandoned` is how many leads surely ran their action.
+    pub abandoned: u64,
     /// Claims released and answered UNAVAILABLE because fewer replicas than
     /// [`min_replicas`](crate::RedisStoreBuilder::min_replicas) acknowledged them.
     pub claims_unreplicated: u64,
@@ -41,6 +45,7 @@ pub(crate) struct AtomicCounters {
     pub(crate) replays: AtomicU64,
     pub(crate) remote_waits: AtomicU64,
     pub(crate) leases_lost: AtomicU64,
+    pub(crate) abandoned: AtomicU64,
     pub(crate) claims_unreplicated: AtomicU64,
     pub(crate) completions_unreplicated: AtomicU64,
     pub(crate) unavailable: AtomicU64,

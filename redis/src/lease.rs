@@ -213,6 +213,7 @@ impl<E: Send + Sync + 'static> Drop for RedisLease<E> {
                 return;
             }
             // Unsettled: abandoned (cancelled) or panicked.
+            bump(&self.store.inner.counters.abandoned);
             self.stop_renewing();
             self.release_in_background();
             drop(local);

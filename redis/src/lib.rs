@@ -294,6 +294,7 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             replays: c.replays.load(Ordering::Relaxed),
             remote_waits: c.remote_waits.load(Ordering::Relaxed),
             leases_lost: c.leases_lost.load(Ordering::Relaxed),
+            abandoned: c.abandoned.load(Ordering::Relaxed),
             claims_unreplicated: c.claims_unreplicated.load(Ordering::Relaxed),
             completions_unreplicated: c.completions_unreplicated.load(Ordering::Relaxed),
             unavailable: c.unavailable.load(Ordering::Relaxed),

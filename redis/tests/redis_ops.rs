@@ -240,15 +240,34 @@ fn counters_count_claims_replays_takeovers_and_lost_leases() {
         block_on(held.complete(b"late".to_vec())),
         Err(Error::LeaseLost)
     ));
+    // A lead dropped unsettled (its caller went away) is counted as abandoned, and its
+    // key is free for the next caller.
+    let k3 = key();
+    let Begin::Lead(dropped) = block_on(a.begin(&k3, "fp", ExecuteOptions::default())).unwrap()
+    else {
+        panic!("expected to lead")
+    };
+    drop(dropped);
+    // Released in the background: waited for, so that `b` leads without waiting first.
+    let released = std::time::Instant::now();
+    while block_on(a.get(&k3)).unwrap().is_some() {
+        assert!(
+            released.elapsed() < Duration::from_secs(5),
+            "never released"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(run(&b, &k3, b"x"), (b"x".to_vec(), Source::Led));
     assert_eq!(
         a.counters(),
         RedisCounters {
-            claims: 3,
-            leads: 2,
+            claims: 4,
+            leads: 3,
             takeovers: 0,
             replays: 1,
             remote_waits: 0,
             leases_lost: 1,
+            abandoned: 1,
             unavailable: 0,
             claims_unreplicated: 0,
             completions_unreplicated: 0,
@@ -257,12 +276,13 @@ fn counters_count_claims_replays_takeovers_and_lost_leases() {
     assert_eq!(
         b.counters(),
         RedisCounters {
-            claims: 2,
-            leads: 1,
+            claims: 3,
+            leads: 2,
             takeovers: 1,
             replays: 1,
             remote_waits: 0,
             leases_lost: 0,
+            abandoned: 0,
             unavailable: 0,
             claims_unreplicated: 0,
             completions_unreplicated: 0,

@@ -126,7 +126,7 @@ rl.on('close', async () => {
   const c = store.counters()
   emit({
     end: NAME,
-    counters: { claims: c.claims, leads: c.leads, takeovers: c.takeovers, replays: c.replays, remote_waits: c.remoteWaits, leases_lost: c.leasesLost, completions_unreplicated: c.completionsUnreplicated },
+    counters: { claims: c.claims, leads: c.leads, takeovers: c.takeovers, replays: c.replays, remote_waits: c.remoteWaits, leases_lost: c.leasesLost, abandoned: c.abandoned, completions_unreplicated: c.completionsUnreplicated },
     calls,
   })
   process.exit(0)

@@ -247,8 +247,8 @@ class RedisStore(_RedisStore, Driver):
 
     For operators: :meth:`get` / :meth:`remove` read and delete a record by its scoped
     key, :meth:`ping` is a health check, :meth:`counters` counts claims, leads,
-    takeovers, replays, remote_waits, leases_lost and unavailable (calls that failed
-    with ``StoreUnavailableError``).
+    takeovers, replays, remote_waits, leases_lost, abandoned (leads given up without an
+    outcome) and unavailable (calls that failed with ``StoreUnavailableError``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
