@@ -305,7 +305,7 @@ fn main() {
         "end": w.name,
         "counters": {"claims": c.claims, "leads": c.leads, "takeovers": c.takeovers,
                      "replays": c.replays, "remote_waits": c.remote_waits,
-                     "leases_lost": c.leases_lost,
+                     "leases_lost": c.leases_lost, "abandoned": c.abandoned,
                      "completions_unreplicated": c.completions_unreplicated},
         "calls": {"led": w.calls[0].load(Ordering::Relaxed),
                   "joined": w.calls[1].load(Ordering::Relaxed),
