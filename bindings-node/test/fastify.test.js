@@ -173,6 +173,57 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 
+  test(`${major}: body parsers that read the stream themselves get the whole body, empty ones too`, async () => {
+    const app = Fastify()
+    await app.register(idempotency, { store: new IdempotencyStore() })
+    // Parsers given the stream (no parseAs): one iterates it, one listens to 'data', one pipes it.
+    app.addContentTypeParser('text/iterated', async (req, payload) => {
+      const chunks = []
+      for await (const c of payload) chunks.push(c)
+      return Buffer.concat(chunks).toString()
+    })
+    app.addContentTypeParser('text/listened', (req, payload, done) => {
+      let text = ''
+      payload.on('data', (c) => {
+        text += c
+      })
+      payload.on('end', () => done(null, text))
+    })
+    app.addContentTypeParser('text/piped', (req, payload, done) => {
+      const chunks = []
+      const sink = new (require('node:stream').Writable)({
+        write(c, _e, cb) {
+          chunks.push(c)
+          cb()
+        },
+      })
+      payload.pipe(sink).on('finish', () => done(null, Buffer.concat(chunks).toString()))
+    })
+    let calls = 0
+    app.post('/echo', async (req) => ({ n: ++calls, body: req.body }))
+    await app.listen({ port: 0, host: '127.0.0.1' })
+    const url = `http://127.0.0.1:${app.server.address().port}`
+    try {
+      const big = 'x'.repeat(200_000)
+      for (const type of ['text/iterated', 'text/listened', 'text/piped']) {
+        for (const body of [big, '']) {
+          const key = `order-${newKey()}`
+          const r = () => send(url, { method: 'POST', path: '/echo', headers: { 'idempotency-key': key, 'content-type': type }, body })
+          const first = await r()
+          assert.equal(first.status, 200, first.body)
+          const n = calls
+          assert.deepEqual(JSON.parse(first.body), { n, body }, type)
+          const again = await r()
+          assert.equal(again.headers.get('idempotent-replayed'), 'true')
+          assert.deepEqual(again.body, first.body)
+          assert.equal(calls, n)
+        }
+      }
+    } finally {
+      await app.close()
+    }
+  })
+
   test(`${major}: on a RedisStore, a retry sent once an unstored answer arrived runs the handler again`, { skip: !REDIS && 'ONCELY_REDIS_URL not set' }, async () => {
     for (let round = 0; round < 30; round++) {
       const store = new RedisStore({ url: REDIS, prefix: `oncely-fastify-test-${newKey()}`, leaseMs: 3_000 })
