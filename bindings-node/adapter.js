@@ -418,6 +418,30 @@ function goneOf(emitter, event, unless = () => false) {
   })
 }
 
+/**
+ * Sockets the server timed out (`server.setTimeout`, Fastify's `connectionTimeout`) while
+ * a led handler was running. The server then destroys the connection, but the handler
+ * goes on: that cut is no sign that it stopped, so it is taken as a client gone away
+ * (the key stays held until the handler answers), not as a cut that releases the key
+ * (a retry would run the handler again while it still runs).
+ */
+const timedOut = new WeakSet()
+
+/**
+ * Notes a timeout of `socket` in `timedOut` until `res` (a Node ServerResponse) closes: a
+ * keep-alive socket serves other requests after. Called after the adapter's own 'close'
+ * listener is added, which reads it.
+ */
+function watchTimeout(socket, res) {
+  if (!socket || typeof socket.once !== 'function') return
+  const onTimeout = () => timedOut.add(socket)
+  socket.once('timeout', onTimeout)
+  res.once('close', () => {
+    socket.removeListener('timeout', onTimeout)
+    queueMicrotask(() => timedOut.delete(socket))
+  })
+}
+
 /** `on_replay` and the counter, for every replayed answer. */
 function replayed(s, req, scoped) {
   s.counters.replayed++
@@ -451,5 +475,7 @@ module.exports = {
   dedupAsync,
   goneOf,
   replayed,
+  timedOut,
+  watchTimeout,
   http,
 }

@@ -23,6 +23,8 @@ const {
   dedup,
   goneOf,
   replayed,
+  timedOut,
+  watchTimeout,
   http,
 } = require('./adapter.js')
 
@@ -344,7 +346,10 @@ class Capture {
     // stopped: the key is released now.
     // Listened for only when the handler has not ended its response within `next()`:
     // 'close' is emitted in a later tick, and an ended response ignores it.
-    if (this.state === CAPTURING) res.once('close', () => this.closed())
+    if (this.state === CAPTURING) {
+      res.once('close', () => this.closed())
+      watchTimeout(this.req.socket, res)
+    }
     if (this.known) {
       if (this.outcome instanceof Error) throw this.outcome
       return this.outcome
@@ -358,7 +363,7 @@ class Capture {
   closed() {
     if (this.state !== CAPTURING) return
     const socket = this.req.socket
-    if (socket && (socket.readableEnded || socket.errored)) {
+    if (socket && (socket.readableEnded || socket.errored || timedOut.has(socket))) {
       if (this.res.headersSent) this.away = true
       return
     }

@@ -21,6 +21,8 @@ const {
   dedupAsync,
   goneOf,
   replayed,
+  timedOut,
+  watchTimeout,
   http,
 } = require('./adapter.js')
 
@@ -196,9 +198,10 @@ async function idempotency(fastify, options) {
         reply.raw.once('close', () => {
           if (st.streaming || st.settled) return
           const socket = request.raw.socket
-          if (!reply.raw.headersSent && socket && (socket.readableEnded || socket.errored)) return
+          if (!reply.raw.headersSent && socket && (socket.readableEnded || socket.errored || timedOut.has(socket))) return
           st.settle(new Released(owner, 'the response was not sent whole'))
         })
+        watchTimeout(request.raw.socket, reply.raw)
         led = true
         // In a microtask (which keeps the async context): `st.run`, which onSend waits
         // for, is set once the store's call has returned.
