@@ -427,18 +427,20 @@ function goneOf(emitter, event, unless = () => false) {
  */
 const timedOut = new WeakSet()
 
+/** Sockets `watchTimeout` listens to (one listener each, however many requests they serve). */
+const watched = new WeakSet()
+
 /**
- * Notes a timeout of `socket` in `timedOut` until `res` (a Node ServerResponse) closes: a
- * keep-alive socket serves other requests after. Called after the adapter's own 'close'
- * listener is added, which reads it.
+ * Notes in `timedOut` a timeout that destroyed `socket`. Node's own 'timeout' listener,
+ * added when the connection opened, has run before this one: the socket is destroyed
+ * only when no listener on the server, request or response kept it (a kept one is no
+ * cut). A destroyed socket serves no later request, so an entry is never deleted.
  */
-function watchTimeout(socket, res) {
-  if (!socket || typeof socket.once !== 'function') return
-  const onTimeout = () => timedOut.add(socket)
-  socket.once('timeout', onTimeout)
-  res.once('close', () => {
-    socket.removeListener('timeout', onTimeout)
-    queueMicrotask(() => timedOut.delete(socket))
+function watchTimeout(socket) {
+  if (!socket || typeof socket.on !== 'function' || watched.has(socket)) return
+  watched.add(socket)
+  socket.on('timeout', () => {
+    if (socket.destroyed) timedOut.add(socket)
   })
 }
 

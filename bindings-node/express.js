@@ -348,7 +348,7 @@ class Capture {
     // 'close' is emitted in a later tick, and an ended response ignores it.
     if (this.state === CAPTURING) {
       res.once('close', () => this.closed())
-      watchTimeout(this.req.socket, res)
+      watchTimeout(this.req.socket)
     }
     if (this.known) {
       if (this.outcome instanceof Error) throw this.outcome

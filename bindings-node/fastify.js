@@ -201,7 +201,7 @@ async function idempotency(fastify, options) {
           if (!reply.raw.headersSent && socket && (socket.readableEnded || socket.errored || timedOut.has(socket))) return
           st.settle(new Released(owner, 'the response was not sent whole'))
         })
-        watchTimeout(request.raw.socket, reply.raw)
+        watchTimeout(request.raw.socket)
         led = true
         // In a microtask (which keeps the async context): `st.run`, which onSend waits
         // for, is set once the store's call has returned.
