@@ -444,6 +444,16 @@ function watchTimeout(socket) {
   })
 }
 
+/**
+ * Whether a led request's connection closed because its client went away (it ended or
+ * reset the connection) or a server timeout cut it: either way the handler goes on, so
+ * its key stays held until it answers. Any other close before the answer is the server
+ * cutting a request whose handler has stopped.
+ */
+function clientGone(socket) {
+  return Boolean(socket && (socket.readableEnded || socket.errored || timedOut.has(socket)))
+}
+
 /** `on_replay` and the counter, for every replayed answer. */
 function replayed(s, req, scoped) {
   s.counters.replayed++
@@ -477,7 +487,7 @@ module.exports = {
   dedupAsync,
   goneOf,
   replayed,
-  timedOut,
+  clientGone,
   watchTimeout,
   http,
 }

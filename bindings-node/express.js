@@ -23,7 +23,7 @@ const {
   dedup,
   goneOf,
   replayed,
-  timedOut,
+  clientGone,
   watchTimeout,
   http,
 } = require('./adapter.js')
@@ -362,8 +362,7 @@ class Capture {
 
   closed() {
     if (this.state !== CAPTURING) return
-    const socket = this.req.socket
-    if (socket && (socket.readableEnded || socket.errored || timedOut.has(socket))) {
+    if (clientGone(this.req.socket)) {
       if (this.res.headersSent) this.away = true
       return
     }

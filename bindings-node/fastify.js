@@ -21,7 +21,7 @@ const {
   dedupAsync,
   goneOf,
   replayed,
-  timedOut,
+  clientGone,
   watchTimeout,
   http,
 } = require('./adapter.js')
@@ -197,8 +197,7 @@ async function idempotency(fastify, options) {
         // Error, whose stack trace cost ~20 µs per first call, profiled).
         reply.raw.once('close', () => {
           if (st.streaming || st.settled) return
-          const socket = request.raw.socket
-          if (!reply.raw.headersSent && socket && (socket.readableEnded || socket.errored || timedOut.has(socket))) return
+          if (!reply.raw.headersSent && clientGone(request.raw.socket)) return
           st.settle(new Released(owner, 'the response was not sent whole'))
         })
         watchTimeout(request.raw.socket)
