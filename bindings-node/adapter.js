@@ -3,6 +3,7 @@
 // key decision, the scope and fingerprint of a request, and the dedup loop over a store.
 // Every rule is the core's (`oncely.http`); this file only drives it.
 
+const { ServerResponse, OutgoingMessage } = require('node:http')
 const { http, IdempotencyStore, OncelyError } = require('./index.js')
 const native = require('./native.js')
 const { RUN } = require('./lib/store.js')
@@ -419,39 +420,63 @@ function goneOf(emitter, event, unless = () => false) {
 }
 
 /**
- * Sockets the server timed out (`server.setTimeout`, Fastify's `connectionTimeout`) while
- * a led handler was running. The server then destroys the connection, but the handler
- * goes on: that cut is no sign that it stopped, so it is taken as a client gone away
- * (the key stays held until the handler answers), not as a cut that releases the key
- * (a retry would run the handler again while it still runs).
+ * Sockets a server timeout fired on (`server.setTimeout`, Fastify's `connectionTimeout`).
+ * A timeout cuts the connection (Node's, at once; a timeout callback of the app's own,
+ * at once or later: `(s) => s.end('HTTP/1.1 408 …')`, a deferred `destroy`) while the
+ * handler goes on: a close after it is no sign that the handler stopped, so it is taken
+ * as a client gone away (the key stays held until the handler answers), not as a cut
+ * that releases the key (a retry would run the handler again while it still runs).
+ * Every timeout is noted, cut or kept: which code cuts the connection later cannot be
+ * told from the socket. A handler's own cut is told apart by its call, `res.destroy()`
+ * (see `cutResponses`). A destroyed socket serves no later request, so an entry is never
+ * deleted; a kept-alive one keeps it (a handler on it that cuts its connection should do
+ * so with `res.destroy()`).
  */
 const timedOut = new WeakSet()
 
 /** Sockets `watchTimeout` listens to (one listener each, however many requests they serve). */
 const watched = new WeakSet()
 
-/**
- * Notes in `timedOut` a timeout that destroyed `socket`. Node's own 'timeout' listener,
- * added when the connection opened, has run before this one: the socket is destroyed
- * only when no listener on the server, request or response kept it (a kept one is no
- * cut). A destroyed socket serves no later request, so an entry is never deleted.
- */
+/** Notes in `timedOut` every timeout of `socket`. */
 function watchTimeout(socket) {
   if (!socket || typeof socket.on !== 'function' || watched.has(socket)) return
   watched.add(socket)
-  socket.on('timeout', () => {
-    if (socket.destroyed) timedOut.add(socket)
-  })
+  socket.on('timeout', () => timedOut.add(socket))
+}
+
+/**
+ * Responses cut with `res.destroy()`: by a handler, or by the framework for a handler
+ * that failed (Fastify, a stream that errs after its headers). Node's own cuts (a
+ * timeout, a client's reset) destroy the socket, not the response. `destroy` of Node's
+ * ServerResponse is wrapped once per process (`hookDestroy`): the wrapper notes the
+ * response and calls on; nothing else is done for a response that is not destroyed.
+ */
+const cutResponses = new WeakSet()
+
+let destroyHooked = false
+
+function hookDestroy() {
+  if (destroyHooked) return
+  destroyHooked = true
+  const P = ServerResponse.prototype
+  const own = Object.hasOwn(P, 'destroy') ? P.destroy : undefined
+  P.destroy = function destroy(error) {
+    cutResponses.add(this)
+    return (own ?? OutgoingMessage.prototype.destroy).call(this, error)
+  }
 }
 
 /**
  * Whether a led request's connection closed because its client went away (it ended or
  * reset the connection) or a server timeout cut it: either way the handler goes on, so
- * its key stays held until it answers. Any other close before the answer is the server
- * cutting a request whose handler has stopped.
+ * its key stays held until it answers. Any other close before the answer (the response
+ * `res` destroyed, the connection cut without a timeout) is the server cutting a request
+ * whose handler has stopped.
  */
-function clientGone(socket) {
-  return Boolean(socket && (socket.readableEnded || socket.errored || timedOut.has(socket)))
+function clientGone(socket, res) {
+  if (!socket) return false
+  if (socket.readableEnded || socket.errored) return true
+  return timedOut.has(socket) && !cutResponses.has(res)
 }
 
 /** `on_replay` and the counter, for every replayed answer. */
@@ -489,5 +514,6 @@ module.exports = {
   replayed,
   clientGone,
   watchTimeout,
+  hookDestroy,
   http,
 }

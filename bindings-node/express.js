@@ -25,6 +25,7 @@ const {
   replayed,
   clientGone,
   watchTimeout,
+  hookDestroy,
   http,
 } = require('./adapter.js')
 
@@ -86,6 +87,7 @@ function idempotency(options) {
   const s = settings(options)
   const cap = s.config.bodyCap
   hookResponses()
+  hookDestroy()
 
   // Not an async function: a first call whose handler answers at once, with the
   // in-process store, runs without a Promise (each one costs the Promise hooks of
@@ -362,7 +364,7 @@ class Capture {
 
   closed() {
     if (this.state !== CAPTURING) return
-    if (clientGone(this.req.socket)) {
+    if (clientGone(this.req.socket, this.res)) {
       if (this.res.headersSent) this.away = true
       return
     }

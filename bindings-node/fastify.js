@@ -23,6 +23,7 @@ const {
   replayed,
   clientGone,
   watchTimeout,
+  hookDestroy,
   http,
 } = require('./adapter.js')
 
@@ -98,6 +99,7 @@ function sendProblem(reply, p) {
  */
 async function idempotency(fastify, options) {
   const s = settings(options)
+  hookDestroy()
   const global = options.global ?? true
   const cap = s.config.bodyCap
 
@@ -197,7 +199,7 @@ async function idempotency(fastify, options) {
         // Error, whose stack trace cost ~20 µs per first call, profiled).
         reply.raw.once('close', () => {
           if (st.streaming || st.settled) return
-          if (!reply.raw.headersSent && clientGone(request.raw.socket)) return
+          if (!reply.raw.headersSent && clientGone(request.raw.socket, reply.raw)) return
           st.settle(new Released(owner, 'the response was not sent whole'))
         })
         watchTimeout(request.raw.socket)

@@ -52,12 +52,15 @@ function slowHandler() {
   return c
 }
 
-async function check(port, c) {
+/** What a client gets from a request the timeout cut: an error, or the timeout callback's 408. */
+const cutAnswer = (got) => (typeof got === 'string' ? got : got.status)
+
+async function check(port, c, cut = 'error ECONNRESET') {
   const key = `order-${Date.now()}-timeout`
   const first = await post(port, key)
-  assert.equal(first, 'error ECONNRESET', 'the server cut the first request')
+  assert.equal(cutAnswer(first), cut, 'the server cut the first request')
   // Sent while the first handler still runs: it waits, and is cut in turn.
-  await post(port, key)
+  assert.equal(cutAnswer(await post(port, key)), cut)
   await sleep(500)
   const later = await post(port, key)
   assert.equal(c.calls, 1, 'the handler ran again for one key')
@@ -98,6 +101,52 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
       await app.close()
     }
   })
+}
+
+/**
+ * Timeout callbacks of the app's own that cut the connection themselves, later than
+ * Node would: what the client gets from each.
+ */
+const CUTS = {
+  'a deferred destroy': [(socket) => setImmediate(() => socket.destroy()), 'error ECONNRESET'],
+  'a 408 written on the socket': [(socket) => socket.end('HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n'), 408],
+}
+
+for (const [what, [onTimeout, cut]] of Object.entries(CUTS)) {
+  test(`express: a timeout callback that cuts the connection itself (${what}) does not free the key`, async () => {
+    const c = slowHandler()
+    const app = express()
+    app.post('/r', express.text(), forExpress({ store: new IdempotencyStore() }), async (req, res) => {
+      res.status(201).send(await c.run())
+    })
+    const server = await new Promise((r) => {
+      const s = app.listen(0, '127.0.0.1', () => r(s))
+    })
+    server.setTimeout(100, onTimeout)
+    try {
+      await check(server.address().port, c, cut)
+    } finally {
+      server.closeAllConnections()
+      server.close()
+    }
+  })
+
+  for (const [major, Fastify] of Object.entries(FASTIFIES)) {
+    test(`${major}: a timeout callback that cuts the connection itself (${what}) does not free the key`, async () => {
+      const c = slowHandler()
+      const app = Fastify({ connectionTimeout: 100 })
+      await app.register(forFastify, { store: new IdempotencyStore() })
+      app.post('/r', async (req, reply) => reply.code(201).send(await c.run()))
+      await app.listen({ port: 0, host: '127.0.0.1' })
+      app.server.on('timeout', onTimeout)
+      try {
+        await check(app.server.address().port, c, cut)
+      } finally {
+        app.server.closeAllConnections()
+        await app.close()
+      }
+    })
+  }
 }
 
 /** Writes `count` covered requests at once on one connection (pipelined) and reads for `ms`. */
