@@ -30,6 +30,7 @@ const {
 const { acting } = require('./lib/store.js')
 
 const STATE = Symbol('oncely.idempotency')
+const WATCHED = Symbol('oncely.watched')
 const EMPTY = Buffer.alloc(0)
 
 function noop() {}
@@ -88,6 +89,58 @@ function bodyStream(body, read) {
   return stream
 }
 
+/**
+ * `reply.send` of a led request: notes that an answer is on its way (`st.sending`),
+ * then sends as Fastify does.
+ */
+function markedSend(payload) {
+  const st = this.request[STATE]
+  if (st !== undefined) st.sending = true
+  return Object.getPrototypeOf(this).send.call(this, payload)
+}
+
+/**
+ * A led handler has ended (its Promise settled) and, a microtask later, Fastify has
+ * sent nothing through `reply.send`: it sends nothing once the client has gone (an
+ * async handler resolving with nothing), nor for a hijacked reply. Without this the
+ * key would wait for an `onSend` that never comes: a retry would wait for good.
+ */
+function handlerEnded(st, request, reply) {
+  st.ended = true
+  if (st.settled || st.sending) return
+  if (reply.sent || reply.raw.headersSent) {
+    // Answered around Fastify (hijacked, or written on the raw response): not stored;
+    // released once the response has closed (the close listener, or now).
+    if (st.closed) st.settle(new Released(st.owner, 'the response was not sent whole'))
+    return
+  }
+  // Fastify did not send the empty answer only because the client has gone: that
+  // answer is the handler's, kept as any other answer of a client gone away, so a
+  // retry replays it instead of running the handler again.
+  st.whole(st, request, reply.statusCode, reply.getHeaders(), EMPTY)
+}
+
+/**
+ * The route's handler, watched for a led request: `reply.send` notes that an answer
+ * is on its way (through hooks that may take time), and a handler that returns a
+ * Promise is seen to end (`handlerEnded`). Other requests call the handler alone.
+ */
+function watchHandler(handler) {
+  return function watched(request, reply) {
+    const st = request[STATE]
+    if (st === undefined || st.settle === undefined) return handler.call(this, request, reply)
+    reply.send = markedSend
+    const result = handler.call(this, request, reply)
+    if (result !== null && typeof result === 'object' && typeof result.then === 'function') {
+      // Fastify's own reaction to the Promise (a send of its value, or of its error)
+      // runs after this one's: the check waits a microtask more.
+      const ended = () => queueMicrotask(() => handlerEnded(st, request, reply))
+      result.then(ended, ended)
+    }
+    return result
+  }
+}
+
 function sendProblem(reply, p) {
   return reply.code(p.status).headers(Object.fromEntries(p.headers)).send(p.body)
 }
@@ -132,7 +185,7 @@ async function idempotency(fastify, options) {
     // The async context the request arrived in: the store is called in it from
     // preHandler, which may run in another request's context (a plugin that parks
     // requests and resumes them from inside another request's hooks).
-    request[STATE] = { key, body: EMPTY, context: acting.getStore() }
+    request[STATE] = { key, body: EMPTY, context: acting.getStore(), whole: settleWhole }
   })
 
   fastify.addHook('preParsing', async (request, reply, payload) => {
@@ -198,8 +251,12 @@ async function idempotency(fastify, options) {
         // Every answered response closes too: one settled already makes no Released (an
         // Error, whose stack trace cost ~20 µs per first call, profiled).
         reply.raw.once('close', () => {
+          st.closed = true
           if (st.streaming || st.settled) return
-          if (!reply.raw.headersSent && clientGone(request.raw.socket, reply.raw)) return
+          // Held while the handler may still answer through Fastify: it runs, or its
+          // answer is on its way (`reply.send` called, in the hooks). A handler known to
+          // have ended without either (see `watchHandler`) answered around Fastify.
+          if (!reply.raw.headersSent && clientGone(request.raw.socket, reply.raw) && !(st.ended && !st.sending)) return
           st.settle(new Released(owner, 'the response was not sent whole'))
         })
         watchTimeout(request.raw.socket)
@@ -231,6 +288,30 @@ async function idempotency(fastify, options) {
         if (!led) done(e)
       },
     )
+  })
+
+  /** Settles a whole answer of this plugin's request: its record, or why it is not stored. */
+  function settleWhole(st, request, status, headers, body) {
+    // What is sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
+    if (request.method === 'HEAD' || status < 200 || status === 204 || status === 304) body = EMPTY
+    if (body.length > cap) {
+      st.settle(new Released(st.owner, 'the body is over the cap'))
+    } else {
+      st.settle(
+        storableStatus(s, status)
+          ? http.encodeRecord(status, storedFields(s, headers), body)
+          : new Unstored(st.owner, { status, fields: sharedFields(s, headers), body }),
+      )
+    }
+  }
+
+  // Routes registered after the plugin (in its context and those under it) have their
+  // handler watched; earlier ones keep the close rule alone.
+  fastify.addHook('onRoute', (route) => {
+    if (typeof route.handler === 'function' && !route.handler[WATCHED]) {
+      route.handler = watchHandler(route.handler)
+      route.handler[WATCHED] = true
+    }
   })
 
   fastify.addHook('onSend', async (request, reply, payload) => {
@@ -266,19 +347,9 @@ async function idempotency(fastify, options) {
       }
       return payload
     }
-    // What is sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
     const status = reply.statusCode
     const headers = reply.getHeaders()
-    if (request.method === 'HEAD' || status < 200 || status === 204 || status === 304) body = EMPTY
-    if (body.length > cap) {
-      st.settle(new Released(st.owner, 'the body is over the cap'))
-    } else {
-      st.settle(
-        storableStatus(s, status)
-          ? http.encodeRecord(status, storedFields(s, headers), body)
-          : new Unstored(st.owner, { status, fields: sharedFields(s, headers), body }),
-      )
-    }
+    st.whole(st, request, status, headers, body)
     // The answer is sent once the store has settled the key: a retry sent after it
     // finds the key stored or released.
     st.holding = true
