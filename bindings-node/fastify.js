@@ -201,7 +201,9 @@ async function idempotency(fastify, options) {
       return bodyStream(EMPTY)
     }
     st.body = body
-    return bodyStream(body, payload)
+    // The parsers get a copy: one that changes its chunk in place must not change the
+    // bytes the fingerprint is taken from (a retry with another body would be replayed).
+    return bodyStream(Buffer.from(body), payload)
   })
 
   // Callback-style: the leader goes on to the handler from inside the store's call, so

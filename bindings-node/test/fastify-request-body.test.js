@@ -92,3 +92,35 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 }
+
+for (const [major, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${major}: a body parser that changes its chunk in place does not change the fingerprint`, async () => {
+    const app = Fastify()
+    await app.register(idempotency, { store: new IdempotencyStore() })
+    // Reads the stream and upper-cases the bytes where they are.
+    app.addContentTypeParser('text/x-shout', (req, payload, done) => {
+      const got = []
+      payload.on('data', (c) => got.push(c))
+      payload.on('end', () => {
+        for (const c of got) for (let i = 0; i < c.length; i++) if (c[i] >= 97 && c[i] <= 122) c[i] -= 32
+        done(null, Buffer.concat(got).toString())
+      })
+    })
+    let calls = 0
+    app.post('/r', async (req, reply) => reply.code(201).send(`${++calls} ${req.body}`))
+    const url = await listen(app)
+    try {
+      const headers = { 'idempotency-key': 'order-shout001', 'content-type': 'text/x-shout' }
+      const first = await post(url, headers, ['hello'])
+      assert.deepEqual([first.status, first.body], [201, '1 HELLO'])
+      // The same key with the body the parser made of the first: another request.
+      const other = await post(url, headers, ['HELLO'])
+      assert.equal(other.status, 422, JSON.stringify(other))
+      const again = await post(url, headers, ['hello'])
+      assert.deepEqual([again.status, again.body, again.headers['idempotent-replayed']], [201, '1 HELLO', 'true'])
+      assert.equal(calls, 1)
+    } finally {
+      await app.close()
+    }
+  })
+}
