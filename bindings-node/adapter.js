@@ -420,36 +420,45 @@ function goneOf(emitter, event, unless = () => false) {
 }
 
 /**
- * Sockets a server timeout fired on (`server.setTimeout`, Fastify's `connectionTimeout`).
- * A timeout cuts the connection (Node's, at once; a timeout callback of the app's own,
- * at once or later: `(s) => s.end('HTTP/1.1 408 …')`, a deferred `destroy`) while the
- * handler goes on: a close after it is no sign that the handler stopped, so it is taken
- * as a client gone away (the key stays held until the handler answers), not as a cut
- * that releases the key (a retry would run the handler again while it still runs).
- * Every timeout is noted, cut or kept: which code cuts the connection later cannot be
- * told from the socket. A handler's own cut is told apart by its call, `res.destroy()`
- * (see `cutResponses`). A destroyed socket serves no later request, so an entry is never
- * deleted; a kept-alive one keeps it (a handler on it that cuts its connection should do
- * so with `res.destroy()`).
+ * The server timeouts (`server.setTimeout`, Fastify's `connectionTimeout`, a response's
+ * `res.setTimeout`) each socket has seen: `{ fired, cut }`, `cut` when the last one's
+ * dispatch (Node's listener and the app's callbacks) left the socket destroyed. A timeout
+ * cuts the connection while the handler goes on (a timeout stops nothing): a close after
+ * it is no sign that the handler stopped, so it is taken as a client gone away (the key
+ * stays held until the handler answers), not as a cut that releases the key (a retry
+ * would run the handler again while it still runs). See `clientGone`.
  */
-const timedOut = new WeakSet()
+const timeouts = new WeakMap()
 
-/** Sockets `watchTimeout` listens to (one listener each, however many requests they serve). */
-const watched = new WeakSet()
+/** Sockets in a timeout's dispatch: a `res.destroy()` there is the timeout's cut. */
+const dispatching = new WeakSet()
 
-/** Notes in `timedOut` every timeout of `socket`. */
+/**
+ * Watches `socket`'s timeouts (two listeners per socket, however many requests it
+ * serves: one before Node's, one after) and gives how many it has seen so far: a led
+ * request keeps that number, so that only a timeout during its own run counts for it.
+ */
 function watchTimeout(socket) {
-  if (!socket || typeof socket.on !== 'function' || watched.has(socket)) return
-  watched.add(socket)
-  socket.on('timeout', () => timedOut.add(socket))
+  if (!socket || typeof socket.on !== 'function') return 0
+  const seen = timeouts.get(socket)
+  if (seen !== undefined) return seen.fired
+  const t = { fired: 0, cut: false }
+  timeouts.set(socket, t)
+  socket.prependListener('timeout', () => dispatching.add(socket))
+  socket.on('timeout', () => {
+    dispatching.delete(socket)
+    t.fired++
+    t.cut = socket.destroyed
+  })
+  return 0
 }
 
 /**
- * Responses cut with `res.destroy()`: by a handler, or by the framework for a handler
- * that failed (Fastify, a stream that errs after its headers). Node's own cuts (a
- * timeout, a client's reset) destroy the socket, not the response. `destroy` of Node's
- * ServerResponse is wrapped once per process (`hookDestroy`): the wrapper notes the
- * response and calls on; nothing else is done for a response that is not destroyed.
+ * Responses cut with `res.destroy()` outside a timeout's dispatch: by a handler, or by
+ * the framework for a handler that failed. Node's own cuts (a timeout, a client's
+ * reset) destroy the socket, not the response. `destroy` of Node's ServerResponse is
+ * wrapped once per process (`hookDestroy`): the wrapper notes the response and calls on;
+ * nothing else is done for a response that is not destroyed.
  */
 const cutResponses = new WeakSet()
 
@@ -461,22 +470,39 @@ function hookDestroy() {
   const P = ServerResponse.prototype
   const own = Object.hasOwn(P, 'destroy') ? P.destroy : undefined
   P.destroy = function destroy(error) {
-    cutResponses.add(this)
+    const socket = this.socket
+    if (!(socket && dispatching.has(socket))) cutResponses.add(this)
     return (own ?? OutgoingMessage.prototype.destroy).call(this, error)
   }
 }
 
+/** Whether `res` was cut with `res.destroy()` (see `cutResponses`). */
+function cutByResponse(res) {
+  return cutResponses.has(res)
+}
+
 /**
- * Whether a led request's connection closed because its client went away (it ended or
- * reset the connection) or a server timeout cut it: either way the handler goes on, so
- * its key stays held until it answers. Any other close before the answer (the response
- * `res` destroyed, the connection cut without a timeout) is the server cutting a request
- * whose handler has stopped.
+ * Whether a led request's connection, closed before its answer was whole, closed
+ * because its client went away (it ended or reset the connection) or a server timeout
+ * cut it: either way the handler goes on, so its key stays held until it answers. Any
+ * other close is the server cutting a request whose handler has stopped (a handler's
+ * `res.destroy()`, Express destroying the socket of a handler that failed after its
+ * answer began), which releases the key. `seen`: the socket's timeouts when the request
+ * began to lead (`watchTimeout`).
+ * A timeout whose dispatch cut the connection is a cut. A timeout the app kept (Node
+ * did not cut) may still be cut by the app's own callback later (`setImmediate(() =>
+ * s.destroy())`, `s.end('HTTP/1.1 408 …')`): a close after it, the answer not begun and
+ * not by `res.destroy()`, is taken as that cut; one after the answer began is the server
+ * cutting a handler that failed (the key is released: a handler still sending it would
+ * not have its answer stored either way).
  */
-function clientGone(socket, res) {
+function clientGone(socket, res, seen) {
   if (!socket) return false
   if (socket.readableEnded || socket.errored) return true
-  return timedOut.has(socket) && !cutResponses.has(res)
+  const t = timeouts.get(socket)
+  if (t === undefined || t.fired === seen) return false
+  if (t.cut) return true
+  return !res.headersSent && !cutResponses.has(res)
 }
 
 /** `on_replay` and the counter, for every replayed answer. */
@@ -515,5 +541,6 @@ module.exports = {
   clientGone,
   watchTimeout,
   hookDestroy,
+  cutByResponse,
   http,
 }

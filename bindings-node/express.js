@@ -26,6 +26,7 @@ const {
   clientGone,
   watchTimeout,
   hookDestroy,
+  cutByResponse,
   http,
 } = require('./adapter.js')
 
@@ -302,6 +303,8 @@ class Capture {
     this.over = false
     /** The client went away while the answer was being sent. */
     this.away = false
+    /** The socket's timeouts when this capture began (see `watchTimeout`). */
+    this.seen = 0
     // The outcome once known: record bytes, or an error (Unstored, Released).
     this.known = false
     this.outcome = undefined
@@ -350,7 +353,7 @@ class Capture {
     // 'close' is emitted in a later tick, and an ended response ignores it.
     if (this.state === CAPTURING) {
       res.once('close', () => this.closed())
-      watchTimeout(this.req.socket)
+      this.seen = watchTimeout(this.req.socket)
     }
     if (this.known) {
       if (this.outcome instanceof Error) throw this.outcome
@@ -364,13 +367,39 @@ class Capture {
 
   closed() {
     if (this.state !== CAPTURING) return
-    if (clientGone(this.req.socket, this.res)) {
-      if (this.res.headersSent) this.away = true
+    if (clientGone(this.req.socket, this.res, this.seen)) {
+      if (this.res.headersSent) {
+        this.away = true
+        this.watchFailure()
+      }
       return
     }
     this.release()
     this.s.counters.notStored++
     this.done(new Released(this.owner, 'the response was not sent whole'))
+  }
+
+  /**
+   * The client went away (or a timeout cut the connection) after the answer began: the
+   * key is held until the handler ends its answer. A handler that fails instead
+   * (`next(err)`) ends nothing: Express's final handler, finding the headers sent,
+   * destroys the socket, here already closed. That call is seen on the socket (wrapped
+   * for the rest of its life: it serves no other request) and releases the key; a
+   * destroy that comes from the response (`res.destroy()`, e.g. a stream's pipeline
+   * cleaning up) is no failure, and keeps it held.
+   */
+  watchFailure() {
+    const socket = this.req.socket
+    if (!socket || typeof socket.destroy !== 'function') return
+    const destroy = socket.destroy
+    socket.destroy = (error) => {
+      if (this.state === CAPTURING && !cutByResponse(this.res)) {
+        this.release()
+        this.s.counters.notStored++
+        this.done(new Released(this.owner, 'the handler failed after its answer began'))
+      }
+      return destroy.call(socket, error)
+    }
   }
 
   done(o) {

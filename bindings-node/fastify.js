@@ -91,12 +91,24 @@ function bodyStream(body, read) {
 
 /**
  * `reply.send` of a led request: notes that an answer is on its way (`st.sending`),
- * then sends as Fastify does.
+ * then sends with the `send` the reply had (Fastify's, or a hook's own wrapper).
  */
 function markedSend(payload) {
   const st = this.request[STATE]
-  if (st !== undefined) st.sending = true
-  return Object.getPrototypeOf(this).send.call(this, payload)
+  if (st === undefined) return Object.getPrototypeOf(this).send.call(this, payload)
+  st.sending = true
+  return st.replySend.call(this, payload)
+}
+
+/**
+ * `reply.then` of a led request (`await reply`, `return reply`: the answer is sent
+ * later): notes that the handler's end is no sign that it has answered (`st.deferred`).
+ */
+function markedThen(fulfilled, rejected) {
+  const st = this.request[STATE]
+  if (st === undefined) return Object.getPrototypeOf(this).then.call(this, fulfilled, rejected)
+  st.deferred = true
+  return st.replyThen.call(this, fulfilled, rejected)
 }
 
 /**
@@ -107,31 +119,44 @@ function markedSend(payload) {
  */
 function handlerEnded(st, request, reply) {
   st.ended = true
-  if (st.settled || st.sending) return
+  // An answer on its way, or one the handler said it sends later (`await reply`).
+  if (st.settled || st.sending || st.deferred) return
   if (reply.sent || reply.raw.headersSent) {
     // Answered around Fastify (hijacked, or written on the raw response): not stored;
     // released once the response has closed (the close listener, or now).
     if (st.closed) st.settle(new Released(st.owner, 'the response was not sent whole'))
     return
   }
-  // Fastify did not send the empty answer only because the client has gone: that
-  // answer is the handler's, kept as any other answer of a client gone away, so a
-  // retry replays it instead of running the handler again.
-  st.whole(st, request, reply.statusCode, reply.getHeaders(), EMPTY)
+  if (clientGone(request.raw.socket, reply.raw, st.seen)) {
+    // Fastify did not send the empty answer only because the client has gone: that
+    // answer is the handler's, kept as any other answer of a client gone away, so a
+    // retry replays it instead of running the handler again.
+    st.whole(st, request, reply.statusCode, reply.getHeaders(), EMPTY)
+  } else {
+    // The handler cut the connection itself (`reply.raw.destroy()`, the socket's
+    // `destroy`) and ended: it stopped without an answer, and the key is released.
+    st.settle(new Released(st.owner, 'the handler cut its connection'))
+  }
 }
 
 /**
  * The route's handler, watched for a led request: `reply.send` notes that an answer
- * is on its way (through hooks that may take time), and a handler that returns a
- * Promise is seen to end (`handlerEnded`). Other requests call the handler alone.
+ * is on its way (through hooks that may take time), `reply.then` that it comes later,
+ * and a handler that returns a native Promise is seen to end (`handlerEnded`). Another
+ * thenable is not watched: its `then` may run the work again (a query builder). Other
+ * requests call the handler alone.
  */
 function watchHandler(handler) {
   return function watched(request, reply) {
     const st = request[STATE]
     if (st === undefined || st.settle === undefined) return handler.call(this, request, reply)
+    st.replySend = reply.send
+    st.replyThen = reply.then
     reply.send = markedSend
+    // biome-ignore lint/suspicious/noThenProperty: the reply is a thenable (Fastify's own); this keeps it one
+    reply.then = markedThen
     const result = handler.call(this, request, reply)
-    if (result !== null && typeof result === 'object' && typeof result.then === 'function') {
+    if (result instanceof Promise) {
       // Fastify's own reaction to the Promise (a send of its value, or of its error)
       // runs after this one's: the check waits a microtask more.
       const ended = () => queueMicrotask(() => handlerEnded(st, request, reply))
@@ -185,12 +210,14 @@ async function idempotency(fastify, options) {
     // The async context the request arrived in: the store is called in it from
     // preHandler, which may run in another request's context (a plugin that parks
     // requests and resumes them from inside another request's hooks).
-    request[STATE] = { key, body: EMPTY, context: acting.getStore(), whole: settleWhole }
+    request[STATE] = { s, key, body: EMPTY, context: acting.getStore(), whole: settleWhole }
   })
 
   fastify.addHook('preParsing', async (request, reply, payload) => {
     const st = request[STATE]
-    if (!st) return payload
+    // Not this registration's request: the plugin registered again in a context nearer
+    // the route has taken it (its onRequest runs later and replaces the state).
+    if (!st || st.s !== s) return payload
     const body = await readAll(payload, s.requestCap)
     if (body === null) {
       s.counters.refused++
@@ -212,7 +239,7 @@ async function idempotency(fastify, options) {
   // from here and the handler is not reached.
   fastify.addHook('preHandler', (request, reply, done) => {
     const st = request[STATE]
-    if (!st || reply.sent) return done()
+    if (!st || st.s !== s || reply.sent) return done()
     const route = String((s.route && s.route(request)) ?? request.routeOptions?.url ?? request.url.split('?')[0])
     const own = s.fingerprint !== undefined
     const r = own
@@ -258,10 +285,10 @@ async function idempotency(fastify, options) {
           // Held while the handler may still answer through Fastify: it runs, or its
           // answer is on its way (`reply.send` called, in the hooks). A handler known to
           // have ended without either (see `watchHandler`) answered around Fastify.
-          if (!reply.raw.headersSent && clientGone(request.raw.socket, reply.raw) && !(st.ended && !st.sending)) return
+          if (!reply.raw.headersSent && clientGone(request.raw.socket, reply.raw, st.seen) && !(st.ended && !st.sending && !st.deferred)) return
           st.settle(new Released(owner, 'the response was not sent whole'))
         })
-        watchTimeout(request.raw.socket)
+        st.seen = watchTimeout(request.raw.socket)
         led = true
         // In a microtask (which keeps the async context): `st.run`, which onSend waits
         // for, is set once the store's call has returned.
@@ -318,7 +345,7 @@ async function idempotency(fastify, options) {
 
   fastify.addHook('onSend', async (request, reply, payload) => {
     const st = request[STATE]
-    if (!st || !st.settle) return payload
+    if (!st || st.s !== s || !st.settle) return payload
     // A send while this answer waits for the store below: `reply.sent` is still false,
     // so Fastify sends again when an async handler that called `reply.send` resolves
     // with undefined (or with a value, or rejects). That send is dropped (its hooks never
@@ -329,6 +356,13 @@ async function idempotency(fastify, options) {
       return new Promise(noop)
     }
     if (st.settled) return payload
+    const socket = request.raw.socket
+    if (socket && socket.destroyed && !clientGone(socket, reply.raw, st.seen)) {
+      // The server cut the connection before this answer (the handler's own cut, after
+      // which Fastify 4 sends an empty answer): it stopped, and the key is released.
+      st.settle(new Released(st.owner, 'the connection was cut before the answer'))
+      return payload
+    }
     let body
     if (payload === null || payload === undefined) body = EMPTY
     else if (Buffer.isBuffer(payload)) body = payload

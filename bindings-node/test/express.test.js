@@ -186,6 +186,49 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
     }
   })
 
+  test(`${name}: a client that goes away mid-response, then a handler that fails: the key is released (the retry does not wait for good)`, async () => {
+    let fail
+    const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
+      app.post('/gone-fail', mw, async (req, res, next) => {
+        const n = call()
+        res.status(200).type('text/plain')
+        res.write(`part-1 of call ${n}\n`)
+        if (n === 1) {
+          await new Promise((r) => (fail = r))
+          return next(new Error('the stream broke after the client left'))
+        }
+        res.end('done\n')
+      })
+    })
+    try {
+      const port = new URL(s.url).port
+      await new Promise((resolve, reject) => {
+        const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: '/gone-fail', headers: { 'idempotency-key': 'order-gonef' } })
+        req.on('response', (res) => {
+          res.once('data', () => {
+            req.destroy()
+            resolve()
+          })
+        })
+        req.on('error', () => {})
+        req.end('x')
+        setTimeout(() => reject(new Error('no first part')), 5_000)
+      })
+      const again = send(s.url, { method: 'POST', path: '/gone-fail', headers: { 'idempotency-key': 'order-gonef' }, body: 'x' })
+      await new Promise((r) => setTimeout(r, 200))
+      // The first handler still runs: the retry waits.
+      assert.equal(s.calls(), 1)
+      fail()
+      const r = await Promise.race([again, new Promise((r) => setTimeout(() => r('no answer'), 3_000))])
+      assert.notEqual(r, 'no answer', 'the retry waited for good')
+      assert.equal(r.status, 200)
+      assert.equal(r.body.toString(), 'part-1 of call 2\ndone\n')
+      assert.equal(s.calls(), 2)
+    } finally {
+      await s.close()
+    }
+  })
+
   test(`${name}: a handler that fails mid-response releases the key at once; the retry runs it`, async () => {
     const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
       app.post('/broken', mw, async (req, res, next) => {

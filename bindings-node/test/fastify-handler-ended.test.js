@@ -145,3 +145,166 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 }
+
+/** Like a query builder: each `then` runs the work again. */
+class LazyQuery {
+  constructor(run) {
+    this.run = run
+  }
+  // biome-ignore lint/suspicious/noThenProperty: a thenable is what this stands for
+  then(ok, ko) {
+    return this.run().then(ok, ko)
+  }
+}
+
+/** Like a query that runs once: a second `then` fails. */
+class OnceQuery {
+  constructor(run) {
+    this.run = run
+    this.done = false
+  }
+  // biome-ignore lint/suspicious/noThenProperty: a thenable is what this stands for
+  then(ok, ko) {
+    if (this.done) return Promise.reject(new Error('the query was already run')).then(ok, ko)
+    this.done = true
+    return this.run().then(ok, ko)
+  }
+}
+
+for (const [major, Fastify] of Object.entries(FASTIFIES)) {
+  for (const Query of [LazyQuery, OnceQuery]) {
+    test(`${major}: a handler returning a thenable (${Query.name}): its work runs once, as Fastify calls its then once`, async () => {
+      let inserts = 0
+      const app = Fastify()
+      await app.register(idempotency, { store: new IdempotencyStore() })
+      app.post('/orders', (req, reply) =>
+        new Query(async () => {
+          inserts++
+          return { id: inserts }
+        }),
+      )
+      await app.listen({ port: 0, host: '127.0.0.1' })
+      try {
+        const url = `http://127.0.0.1:${app.server.address().port}/orders`
+        const init = { method: 'POST', headers: { 'idempotency-key': `order-${Query.name}`, 'content-type': 'application/json' }, body: '{}' }
+        const first = await fetch(url, init)
+        assert.deepEqual([first.status, await first.json()], [200, { id: 1 }])
+        const again = await fetch(url, init)
+        assert.deepEqual([again.status, await again.json(), again.headers.get('idempotent-replayed')], [200, { id: 1 }, 'true'])
+        assert.equal(inserts, 1)
+      } finally {
+        await app.close()
+      }
+    })
+  }
+
+  for (const [how, cut] of Object.entries({
+    'reply.raw.destroy()': (req, reply) => reply.raw.destroy(),
+    'request.socket.destroy()': (req) => req.socket.destroy(),
+  })) {
+    test(`${major}: a handler that cuts its connection with ${how} and returns: the key is released, nothing stored`, async () => {
+      let calls = 0
+      const app = await serve(Fastify, async (req, reply) => {
+        const n = ++calls
+        if (n === 1) {
+          cut(req, reply)
+          return
+        }
+        return reply.code(201).send(`call ${n}`)
+      })
+      try {
+        const port = app.server.address().port
+        const key = `order-cut-${how.length}`
+        assert.match(String(await post(port, key)), /^error /)
+        const again = await post(port, key)
+        assert.deepEqual([again.status, again.body, again.headers['idempotent-replayed']], [201, 'call 2', undefined])
+        assert.equal(calls, 2)
+      } finally {
+        await app.close()
+      }
+    })
+  }
+
+  test(`${major}: a send wrapped on the reply by a later hook is kept for a led request`, async () => {
+    const app = Fastify()
+    await app.register(idempotency, { store: new IdempotencyStore() })
+    app.addHook('preHandler', async (req, reply) => {
+      const send = reply.send
+      reply.send = function (payload) {
+        return send.call(this, { data: payload })
+      }
+    })
+    app.post('/r', async (req, reply) => reply.code(201).send('ok'))
+    await app.listen({ port: 0, host: '127.0.0.1' })
+    try {
+      const url = `http://127.0.0.1:${app.server.address().port}/r`
+      const init = { method: 'POST', headers: { 'idempotency-key': 'order-wrap-001' }, body: 'x' }
+      assert.equal(await (await fetch(url, init)).text(), '{"data":"ok"}')
+      const again = await fetch(url, init)
+      assert.equal(await again.text(), '{"data":"ok"}')
+      assert.equal(again.headers.get('idempotent-replayed'), 'true')
+    } finally {
+      await app.close()
+    }
+  })
+
+  test(`${major}: the plugin registered again in a nested context: that one takes the request, and a retry is answered`, async () => {
+    let calls = 0
+    const outer = new IdempotencyStore()
+    const inner = new IdempotencyStore()
+    const app = Fastify()
+    await app.register(idempotency, { store: outer })
+    app.post('/outer', async (req, reply) => reply.code(201).send(`outer ${++calls}`))
+    await app.register(async (child) => {
+      await child.register(idempotency, { store: inner })
+      child.post('/r', async (req, reply) => reply.code(201).send(`call ${++calls}`))
+    })
+    await app.listen({ port: 0, host: '127.0.0.1' })
+    try {
+      const port = app.server.address().port
+      const first = await post(port, 'order-nested-01')
+      const retry = await post(port, 'order-nested-01')
+      assert.deepEqual([first.status, first.body], [201, 'call 1'])
+      assert.deepEqual([retry.status, retry.body, retry.headers['idempotent-replayed']], [201, 'call 1', 'true'])
+      assert.equal(calls, 1)
+      // The nearer registration's store holds the key.
+      assert.equal(outer.size, 0)
+      assert.equal(inner.size, 1)
+    } finally {
+      await app.close()
+    }
+  })
+}
+
+// Fastify 5 only: when a handler that awaits its reply (`await reply`, `return reply`)
+// resolves because its client left, Fastify 4 sends an empty answer itself, and that
+// answer is the one stored.
+for (const [how, handler] of Object.entries({
+  'await reply': async (reply, work) => {
+    work().then((v) => reply.code(201).send(v))
+    await reply
+  },
+  'return reply': async (reply, work) => {
+    work().then((v) => reply.code(201).send(v))
+    return reply
+  },
+})) {
+  test(`fastify 5: ${how} that answers after its client left: the real answer is kept and replayed`, async () => {
+    let calls = 0
+    const work = async () => {
+      calls++
+      await sleep(300)
+      return `charged ${calls}`
+    }
+    const app = await serve(FASTIFIES['fastify 5'], (req, reply) => handler(reply, work))
+    try {
+      const port = app.server.address().port
+      await postAndLeave(port, `order-${how.split(' ')[0]}-01`)
+      const retry = await post(port, `order-${how.split(' ')[0]}-01`)
+      assert.deepEqual([retry.status, retry.body, retry.headers['idempotent-replayed']], [201, 'charged 1', 'true'])
+      assert.equal(calls, 1)
+    } finally {
+      await app.close()
+    }
+  })
+}

@@ -17,12 +17,12 @@ const FASTIFIES = { 'fastify 5': require('fastify'), 'fastify 4': require('fasti
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
 /**
- * One POST /r: `{ status, headers, body }`, `error CODE` when the connection is cut, or
- * `no answer` after 3 s.
+ * One POST /r (a fresh connection, unless `agent`): `{ status, headers, body }`, `error CODE`
+ * when the connection is cut, or `no answer` after 3 s.
  */
-function post(port, key) {
+function post(port, key, agent = false) {
   return new Promise((resolve) => {
-    const req = nodeHttp.request({ host: '127.0.0.1', port, method: 'POST', path: '/r', agent: false, headers: { 'idempotency-key': key, 'content-type': 'text/plain' } })
+    const req = nodeHttp.request({ host: '127.0.0.1', port, method: 'POST', path: '/r', agent, headers: { 'idempotency-key': key, 'content-type': 'text/plain' } })
     const timer = setTimeout(() => {
       resolve('no answer')
       req.destroy()
@@ -32,6 +32,8 @@ function post(port, key) {
       const got = []
       res.on('data', (d) => got.push(d))
       res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(got).toString() }))
+      // Cut after the answer began.
+      res.on('error', (e) => resolve(`error ${e.code} after ${JSON.stringify(Buffer.concat(got).toString())}`))
     })
     req.on('error', (e) => resolve(`error ${e.code}`))
     req.end('x')
@@ -149,6 +151,152 @@ for (const [what, [onTimeout, cut]] of Object.entries(CUTS)) {
   }
 }
 
+test('express: a server timeout after the answer began, then a handler that fails: the key is released once it failed', async () => {
+  let calls = 0
+  const app = express()
+  app.post('/r', forExpress({ store: new IdempotencyStore() }), async (req, res, next) => {
+    const n = ++calls
+    res.status(200).type('text/plain')
+    res.write(`part-1 of call ${n}\n`)
+    if (n === 1) {
+      await sleep(300)
+      return next(new Error('failed after the timeout'))
+    }
+    res.end('done\n')
+  })
+  const server = await new Promise((r) => {
+    const s = app.listen(0, '127.0.0.1', () => r(s))
+  })
+  server.setTimeout(100)
+  try {
+    const port = server.address().port
+    const first = await post(port, 'order-tofail01')
+    assert.equal(first, 'error ECONNRESET after "part-1 of call 1\\n"')
+    // Sent while the first handler still runs: it waits, and is cut in turn.
+    assert.equal(await post(port, 'order-tofail01'), 'error ECONNRESET')
+    assert.equal(calls, 1)
+    await sleep(400)
+    // The first handler has failed: the key is free, and a retry runs the handler.
+    const retry = await post(port, 'order-tofail01')
+    assert.equal(retry.body, 'part-1 of call 2\ndone\n', String(retry))
+    assert.equal(calls, 2)
+  } finally {
+    server.closeAllConnections()
+    server.close()
+  }
+})
+
+/** The same, for a timeout of the led response alone: the retry waits, and replays. */
+async function checkResponseTimeout(port, c) {
+  const key = `order-${Date.now()}-restimeout`
+  assert.equal(await post(port, key), 'error ECONNRESET', 'the timeout cut the first request')
+  const retry = await post(port, key)
+  assert.deepEqual([retry.status, retry.body, retry.headers['idempotent-replayed']], [201, 'charged 1', 'true'], String(retry))
+  assert.equal(c.calls, 1, 'the handler ran again for one key')
+  assert.equal(c.overlaps, 0)
+}
+
+test('express: a response timeout that cuts with res.destroy() does not free a running handler\'s key', async () => {
+  const c = slowHandler()
+  const app = express()
+  app.post('/r', express.text(), forExpress({ store: new IdempotencyStore() }), async (req, res) => {
+    res.setTimeout(100, () => res.destroy())
+    res.status(201).send(await c.run())
+  })
+  const server = await new Promise((r) => {
+    const s = app.listen(0, '127.0.0.1', () => r(s))
+  })
+  try {
+    await checkResponseTimeout(server.address().port, c)
+  } finally {
+    server.closeAllConnections()
+    server.close()
+  }
+})
+
+for (const [major, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${major}: a response timeout that cuts with reply.raw.destroy() does not free a running handler's key`, async () => {
+    const c = slowHandler()
+    const app = Fastify()
+    await app.register(forFastify, { store: new IdempotencyStore() })
+    app.post('/r', async (req, reply) => {
+      reply.raw.setTimeout(100, () => reply.raw.destroy())
+      return reply.code(201).send(await c.run())
+    })
+    await app.listen({ port: 0, host: '127.0.0.1' })
+    try {
+      await checkResponseTimeout(app.server.address().port, c)
+    } finally {
+      await app.close()
+    }
+  })
+}
+
+/** A handler failing after its answer began (Express then destroys the socket), behind a kept timeout. */
+async function keptTimeoutApp(handler) {
+  const app = express()
+  app.post('/r', forExpress({ store: new IdempotencyStore() }), handler)
+  const server = await new Promise((r) => {
+    const s = app.listen(0, '127.0.0.1', () => r(s))
+  })
+  server.setTimeout(100, () => {}) // kept: the app only notes a slow request
+  return server
+}
+
+test('express: a kept timeout, then a handler failing after its answer began: the key is released', async () => {
+  let calls = 0
+  const server = await keptTimeoutApp(async (req, res, next) => {
+    const n = ++calls
+    if (n === 1) {
+      res.writeHead(200, { 'content-type': 'text/plain' })
+      res.write('working...')
+      await sleep(200)
+      return next(new Error('upstream failed'))
+    }
+    res.status(201).send(`call ${n}`)
+  })
+  try {
+    const port = server.address().port
+    assert.match(String(await post(port, 'order-kept-fail1')), /^error /)
+    const retry = await post(port, 'order-kept-fail1')
+    assert.deepEqual([retry.status, retry.body], [201, 'call 2'], String(retry))
+  } finally {
+    server.closeAllConnections()
+    server.close()
+  }
+})
+
+test('express: keep-alive: a timeout kept during an earlier request does not count for a later one', async () => {
+  let calls = 0
+  const server = await keptTimeoutApp(async (req, res, next) => {
+    const n = ++calls
+    if (req.headers['idempotency-key'] === 'order-early-0001') {
+      await sleep(200) // the kept timeout fires on this connection
+      return res.status(201).send('early done')
+    }
+    if (n === 2) {
+      res.writeHead(200, { 'content-type': 'text/plain' })
+      res.write('working...')
+      await sleep(10)
+      return next(new Error('upstream failed'))
+    }
+    res.status(201).send(`call ${n}`)
+  })
+  const agent = new nodeHttp.Agent({ keepAlive: true, maxSockets: 1 })
+  try {
+    const port = server.address().port
+    const early = await post(port, 'order-early-0001', agent)
+    assert.equal(early.body, 'early done')
+    assert.match(String(await post(port, 'order-later-0001', agent)), /^error /)
+    const retry = await post(port, 'order-later-0001')
+    assert.deepEqual([retry.status, retry.body], [201, 'call 3'], String(retry))
+  } finally {
+    agent.destroy()
+    server.closeAllConnections()
+    server.close()
+  }
+})
+
 /** Writes `count` covered requests at once on one connection (pipelined) and reads for `ms`. */
 function pipelined(port, count, ms) {
   const one = (i) => `POST /r HTTP/1.1\r\nHost: x\r\nIdempotency-Key: order-pipe-${i}-${Date.now()}\r\nContent-Type: text/plain\r\nContent-Length: 1\r\n\r\nx`
@@ -221,7 +369,7 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
   })
 }
 
-test('pipelined requests on one connection add one timeout listener to it, not one each', async () => {
+test('pipelined requests on one connection add the timeout listeners to it once, not once each', async () => {
   const most = { express: 0, fastify: 0 }
   const app = express()
   app.post('/r', forExpress({ store: new IdempotencyStore() }), async (req, res) => {
@@ -246,8 +394,8 @@ test('pipelined requests on one connection add one timeout listener to it, not o
     const b = await pipelined(fastify.server.address().port, 12, 1_000)
     assert.equal(a.match(/HTTP\/1.1 201/g)?.length, 12)
     assert.equal(b.match(/HTTP\/1.1 201/g)?.length, 12)
-    // Node's own listener and the adapters' one.
-    assert.deepEqual(most, { express: 2, fastify: 2 })
+    // Node's own listener and the adapters' two (before and after it).
+    assert.deepEqual(most, { express: 3, fastify: 3 })
   } finally {
     server.closeAllConnections()
     server.close()
