@@ -434,23 +434,44 @@ const timeouts = new WeakMap()
 const dispatching = new WeakSet()
 
 /**
- * Watches `socket`'s timeouts (two listeners per socket, however many requests it
- * serves: one before Node's, one after) and gives how many it has seen so far: a led
- * request keeps that number, so that only a timeout during its own run counts for it.
+ * Watches `socket` (once, however many requests it serves) and gives its record
+ * `{ fired, cut, late, onLate }`: its timeouts (two listeners, one before Node's, one
+ * after; a led request keeps `fired` from its start, so that only a timeout during its
+ * own run counts for it), and its late cuts: `destroy()` called without an error on it
+ * once it was already destroyed, the server cutting a connection its client had left
+ * (Express's final handler after a failure). `onLate`: functions called at the next
+ * late cut.
  */
-function watchTimeout(socket) {
-  if (!socket || typeof socket.on !== 'function') return 0
-  const seen = timeouts.get(socket)
-  if (seen !== undefined) return seen.fired
-  const t = { fired: 0, cut: false }
-  timeouts.set(socket, t)
+function watchSocket(socket) {
+  // A socket it cannot watch (none, or no `on`): a record of its own, never updated.
+  if (!socket || typeof socket.on !== 'function') return { fired: 0, cut: false, late: 0, onLate: null }
+  let w = timeouts.get(socket)
+  if (w !== undefined) return w
+  w = { fired: 0, cut: false, late: 0, onLate: null }
+  timeouts.set(socket, w)
   socket.prependListener('timeout', () => dispatching.add(socket))
   socket.on('timeout', () => {
     dispatching.delete(socket)
-    t.fired++
-    t.cut = socket.destroyed
+    w.fired++
+    w.cut = socket.destroyed
   })
-  return 0
+  const destroy = socket.destroy
+  if (typeof destroy === 'function') {
+    socket.destroy = function (error) {
+      // With an error: Node's own, again, on the socket's 'error' (a reset), or a
+      // response's `destroy(err)` passed on (see `whenCut`); not counted.
+      if (this.destroyed && error === undefined) {
+        w.late++
+        const waiting = w.onLate
+        if (waiting !== null) {
+          w.onLate = null
+          for (const f of waiting) f()
+        }
+      }
+      return destroy.call(this, error)
+    }
+  }
+  return w
 }
 
 /**
@@ -471,14 +492,37 @@ function hookDestroy() {
   const own = Object.hasOwn(P, 'destroy') ? P.destroy : undefined
   P.destroy = function destroy(error) {
     const socket = this.socket
-    if (!(socket && dispatching.has(socket))) cutResponses.add(this)
+    if (!(socket && dispatching.has(socket))) {
+      cutResponses.add(this)
+      const f = onCut.get(this)
+      if (f !== undefined) {
+        onCut.delete(this)
+        f()
+      }
+    }
     return (own ?? OutgoingMessage.prototype.destroy).call(this, error)
   }
 }
 
-/** Whether `res` was cut with `res.destroy()` (see `cutResponses`). */
-function cutByResponse(res) {
-  return cutResponses.has(res)
+/** A function called when each response is next cut with `res.destroy()` (see `whenCut`). */
+const onCut = new WeakMap()
+
+/**
+ * Calls `f` at once when `res` was cut with `res.destroy()` (outside a timeout's
+ * dispatch), else when it next is.
+ */
+function whenCut(res, f) {
+  if (cutResponses.has(res)) return f()
+  const before = onCut.get(res)
+  onCut.set(
+    res,
+    before === undefined
+      ? f
+      : () => {
+          before()
+          f()
+        },
+  )
 }
 
 /**
@@ -488,7 +532,7 @@ function cutByResponse(res) {
  * other close is the server cutting a request whose handler has stopped (a handler's
  * `res.destroy()`, Express destroying the socket of a handler that failed after its
  * answer began), which releases the key. `seen`: the socket's timeouts when the request
- * began to lead (`watchTimeout`).
+ * began to lead (`watchSocket`).
  * A timeout whose dispatch cut the connection is a cut. A timeout the app kept (Node
  * did not cut) may still be cut by the app's own callback later (`setImmediate(() =>
  * s.destroy())`, `s.end('HTTP/1.1 408 …')`): a close after it, the answer not begun and
@@ -503,6 +547,17 @@ function clientGone(socket, res, seen) {
   if (t === undefined || t.fired === seen) return false
   if (t.cut) return true
   return !res.headersSent && !cutResponses.has(res)
+}
+
+/**
+ * Whether the client itself left (it ended or reset the connection) or a timeout during
+ * the request cut it (see `clientGone`): not a kept timeout's later, unknown cut.
+ */
+function clientLeft(socket, seen) {
+  if (!socket) return false
+  if (socket.readableEnded || socket.errored) return true
+  const t = timeouts.get(socket)
+  return t !== undefined && t.fired !== seen && t.cut
 }
 
 /** `on_replay` and the counter, for every replayed answer. */
@@ -539,8 +594,9 @@ module.exports = {
   goneOf,
   replayed,
   clientGone,
-  watchTimeout,
+  clientLeft,
+  watchSocket,
   hookDestroy,
-  cutByResponse,
+  whenCut,
   http,
 }

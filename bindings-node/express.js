@@ -24,9 +24,9 @@ const {
   goneOf,
   replayed,
   clientGone,
-  watchTimeout,
+  watchSocket,
   hookDestroy,
-  cutByResponse,
+  whenCut,
   http,
 } = require('./adapter.js')
 
@@ -303,7 +303,8 @@ class Capture {
     this.over = false
     /** The client went away while the answer was being sent. */
     this.away = false
-    /** The socket's timeouts when this capture began (see `watchTimeout`). */
+    /** The socket's record (see `watchSocket`), and its timeouts when this capture began. */
+    this.socketWatch = null
     this.seen = 0
     // The outcome once known: record bytes, or an error (Unstored, Released).
     this.known = false
@@ -353,7 +354,8 @@ class Capture {
     // 'close' is emitted in a later tick, and an ended response ignores it.
     if (this.state === CAPTURING) {
       res.once('close', () => this.closed())
-      this.seen = watchTimeout(this.req.socket)
+      this.socketWatch = watchSocket(this.req.socket)
+      this.seen = this.socketWatch.fired
     }
     if (this.known) {
       if (this.outcome instanceof Error) throw this.outcome
@@ -381,25 +383,26 @@ class Capture {
 
   /**
    * The client went away (or a timeout cut the connection) after the answer began: the
-   * key is held until the handler ends its answer. A handler that fails instead
-   * (`next(err)`) ends nothing: Express's final handler, finding the headers sent,
-   * destroys the socket, here already closed. That call is seen on the socket (wrapped
-   * for the rest of its life: it serves no other request) and releases the key; a
-   * destroy that comes from the response (`res.destroy()`, e.g. a stream's pipeline
-   * cleaning up) is no failure, and keeps it held.
+   * key is held until the handler ends its answer. One that stops instead ends nothing:
+   * a handler that fails (`next(err)`: Express's final handler, finding the headers sent,
+   * destroys the socket, already closed), or a stream torn down (`res.destroy()` from
+   * `pipeline`). Such a cut, a late one of the socket (`watchSocket`) or the response's
+   * (`whenCut`), before this close or after it, releases the key: the answer can no
+   * longer be stored.
    */
   watchFailure() {
-    const socket = this.req.socket
-    if (!socket || typeof socket.destroy !== 'function') return
-    const destroy = socket.destroy
-    socket.destroy = (error) => {
-      if (this.state === CAPTURING && !cutByResponse(this.res)) {
-        this.release()
-        this.s.counters.notStored++
-        this.done(new Released(this.owner, 'the handler failed after its answer began'))
-      }
-      return destroy.call(socket, error)
+    const w = this.socketWatch
+    if (w === null) return
+    const failed = () => {
+      if (this.state !== CAPTURING) return
+      this.release()
+      this.s.counters.notStored++
+      this.done(new Released(this.owner, 'the answer stopped after its client left'))
     }
+    if (w.late > 0) return failed()
+    if (w.onLate === null) w.onLate = []
+    w.onLate.push(failed)
+    whenCut(this.res, failed)
   }
 
   done(o) {

@@ -22,7 +22,8 @@ const {
   goneOf,
   replayed,
   clientGone,
-  watchTimeout,
+  clientLeft,
+  watchSocket,
   hookDestroy,
   http,
 } = require('./adapter.js')
@@ -112,30 +113,39 @@ function markedThen(fulfilled, rejected) {
 }
 
 /**
- * A led handler has ended (its Promise settled) and, a microtask later, Fastify has
- * sent nothing through `reply.send`: it sends nothing once the client has gone (an
- * async handler resolving with nothing), nor for a hijacked reply. Without this the
- * key would wait for an `onSend` that never comes: a retry would wait for good.
+ * A led handler has ended (its Promise settled with `value`, or `failed`), and every
+ * Promise reaction of that turn has run (Fastify's send of its value, a wrapper of the
+ * handler's). Fastify sends nothing for a hijacked reply, nor for a handler resolving
+ * with nothing once its connection is gone: without this the key would wait for an
+ * `onSend` that never comes (a retry would wait for good), or, for an answer written
+ * around Fastify, be released while the handler still ran.
  */
-function handlerEnded(st, request, reply) {
+function handlerEnded(st, request, reply, value, failed) {
   st.ended = true
-  // An answer on its way, or one the handler said it sends later (`await reply`).
-  if (st.settled || st.sending || st.deferred) return
+  if (st.settled || st.sending) return
   if (reply.sent || reply.raw.headersSent) {
     // Answered around Fastify (hijacked, or written on the raw response): not stored;
     // released once the response has closed (the close listener, or now).
     if (st.closed) st.settle(new Released(st.owner, 'the response was not sent whole'))
     return
   }
-  if (clientGone(request.raw.socket, reply.raw, st.seen)) {
+  // An answer Fastify sends (a value, an error, or an empty answer on a live
+  // connection): onSend settles it.
+  if (failed || value !== undefined) return
+  const socket = request.raw.socket
+  if (socket && !socket.destroyed) return
+  // An answer the handler sends later (`await reply`, which resolves once the connection
+  // has closed) is kept when it comes, unless the server cut the connection.
+  if (st.deferred && clientGone(socket, reply.raw, st.seen)) return
+  if (clientLeft(socket, st.seen)) {
     // Fastify did not send the empty answer only because the client has gone: that
     // answer is the handler's, kept as any other answer of a client gone away, so a
     // retry replays it instead of running the handler again.
     st.whole(st, request, reply.statusCode, reply.getHeaders(), EMPTY)
   } else {
-    // The handler cut the connection itself (`reply.raw.destroy()`, the socket's
-    // `destroy`) and ended: it stopped without an answer, and the key is released.
-    st.settle(new Released(st.owner, 'the handler cut its connection'))
+    // The connection was cut on the server's side (the handler's `reply.raw.destroy()`,
+    // the socket's `destroy`) and the handler ended without an answer: the key is released.
+    st.settle(new Released(st.owner, 'the connection was cut before an answer'))
   }
 }
 
@@ -157,10 +167,17 @@ function watchHandler(handler) {
     reply.then = markedThen
     const result = handler.call(this, request, reply)
     if (result instanceof Promise) {
-      // Fastify's own reaction to the Promise (a send of its value, or of its error)
-      // runs after this one's: the check waits a microtask more.
-      const ended = () => queueMicrotask(() => handlerEnded(st, request, reply))
-      result.then(ended, ended)
+      st.watching = true
+      // After every reaction of the turn it settles in: Fastify's own (a send of its
+      // value or error) may come a few Promises later, through wrappers of the handler.
+      result.then(
+        (value) => {
+          // Before Fastify's reaction: Fastify 4 then sends an empty answer of its own.
+          if (value === undefined) st.resolvedEmpty = true
+          setImmediate(handlerEnded, st, request, reply, value, false)
+        },
+        () => setImmediate(handlerEnded, st, request, reply, undefined, true),
+      )
     }
     return result
   }
@@ -282,13 +299,16 @@ async function idempotency(fastify, options) {
         reply.raw.once('close', () => {
           st.closed = true
           if (st.streaming || st.settled) return
+          // A watched handler still running decides when it ends (`handlerEnded`): it may
+          // still be answering around Fastify, or send an answer to keep.
+          if (st.watching && !st.ended && !st.sending) return
           // Held while the handler may still answer through Fastify: it runs, or its
           // answer is on its way (`reply.send` called, in the hooks). A handler known to
           // have ended without either (see `watchHandler`) answered around Fastify.
           if (!reply.raw.headersSent && clientGone(request.raw.socket, reply.raw, st.seen) && !(st.ended && !st.sending && !st.deferred)) return
           st.settle(new Released(owner, 'the response was not sent whole'))
         })
-        st.seen = watchTimeout(request.raw.socket)
+        st.seen = watchSocket(request.raw.socket).fired
         led = true
         // In a microtask (which keeps the async context): `st.run`, which onSend waits
         // for, is set once the store's call has returned.
@@ -357,7 +377,10 @@ async function idempotency(fastify, options) {
     }
     if (st.settled) return payload
     const socket = request.raw.socket
-    if (socket && socket.destroyed && !clientGone(socket, reply.raw, st.seen)) {
+    // An empty answer of Fastify's own (Fastify 4, the handler resolved with nothing) is
+    // kept only when the client surely left (not after a kept timeout's unknown cut).
+    const empty = st.resolvedEmpty && (payload === undefined || payload === null || payload.length === 0)
+    if (socket && socket.destroyed && !(empty ? clientLeft(socket, st.seen) : clientGone(socket, reply.raw, st.seen))) {
       // The server cut the connection before this answer (the handler's own cut, after
       // which Fastify 4 sends an empty answer): it stopped, and the key is released.
       st.settle(new Released(st.owner, 'the connection was cut before the answer'))

@@ -4,6 +4,10 @@
 const test = require('node:test')
 const assert = require('node:assert/strict')
 const http = require('node:http')
+const fs = require('node:fs')
+const net = require('node:net')
+const os = require('node:os')
+const path = require('node:path')
 
 const { IdempotencyStore, RedisStore, newKey, http: oncelyHttp } = require('oncely')
 const { idempotency } = require('oncely/express')
@@ -226,6 +230,75 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
       assert.equal(s.calls(), 2)
     } finally {
       await s.close()
+    }
+  })
+
+  test(`${name}: a client that resets the connection mid-response: the key is held until the handler ends`, async () => {
+    const c = { calls: 0, running: 0, overlaps: 0 }
+    const s = await start(express, { store: new IdempotencyStore() }, (app, mw) => {
+      app.post('/reset', mw, async (req, res) => {
+        const n = ++c.calls
+        if (++c.running > 1) c.overlaps++
+        res.status(200).type('text/plain')
+        res.write(`part-1 of call ${n}\n`)
+        await new Promise((r) => setTimeout(r, 300))
+        c.running--
+        res.end('done\n')
+      })
+    })
+    try {
+      const port = new URL(s.url).port
+      await new Promise((resolve, reject) => {
+        const socket = net.connect(port, '127.0.0.1', () =>
+          socket.write('POST /reset HTTP/1.1\r\nHost: x\r\nIdempotency-Key: order-reset1\r\nContent-Length: 1\r\n\r\nx'),
+        )
+        socket.once('data', () => {
+          socket.resetAndDestroy()
+          resolve()
+        })
+        socket.on('error', () => {})
+        setTimeout(() => reject(new Error('no first part')), 5_000)
+      })
+      await new Promise((r) => setTimeout(r, 50))
+      const again = await send(s.url, { method: 'POST', path: '/reset', headers: { 'idempotency-key': 'order-reset1' }, body: 'x' })
+      assert.equal(c.overlaps, 0, 'the handler ran twice at once for one key')
+      assert.equal(again.body.toString(), 'part-1 of call 2\ndone\n')
+    } finally {
+      await s.close()
+    }
+  })
+
+  test(`${name}: a file sent with res.sendFile whose client resets mid-file, its error passed to next: the key is released`, async () => {
+    const file = path.join(os.tmpdir(), `oncely-big-${process.pid}.txt`)
+    fs.writeFileSync(file, 'y'.repeat(32 * 1024 * 1024))
+    const s = await start(express, { store: new IdempotencyStore() }, (app, mw, call) => {
+      app.post('/file', mw, (req, res, next) => {
+        if (call() > 1) return res.status(201).send('second')
+        // The error reaches Express's final handler before the response's close.
+        res.sendFile(file, (err) => err && next(err))
+      })
+    })
+    try {
+      const port = new URL(s.url).port
+      await new Promise((resolve, reject) => {
+        const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: '/file', headers: { 'idempotency-key': 'order-file1' } })
+        req.on('response', () => {
+          req.destroy()
+          resolve()
+        })
+        req.on('error', () => {})
+        req.end('x')
+        setTimeout(() => reject(new Error('no answer began')), 5_000)
+      })
+      await new Promise((r) => setTimeout(r, 100))
+      const again = send(s.url, { method: 'POST', path: '/file', headers: { 'idempotency-key': 'order-file1' }, body: 'x' })
+      const r = await Promise.race([again, new Promise((r) => setTimeout(() => r('no answer'), 3_000))])
+      assert.notEqual(r, 'no answer', 'the retry waited for good')
+      assert.deepEqual([r.status, r.body.toString()], [201, 'second'])
+      assert.equal(s.calls(), 2)
+    } finally {
+      await s.close()
+      fs.rmSync(file, { force: true })
     }
   })
 

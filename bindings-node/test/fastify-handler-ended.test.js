@@ -308,3 +308,81 @@ for (const [how, handler] of Object.entries({
     }
   })
 }
+
+for (const [major, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${major}: a handler wrapped again by a later onRoute hook: its answer is stored and replayed`, async () => {
+    let calls = 0
+    const app = Fastify()
+    await app.register(idempotency, { store: new IdempotencyStore() })
+    // A timing wrapper: Fastify's send of the value comes a few Promises after the
+    // handler's own.
+    app.addHook('onRoute', (route) => {
+      const inner = route.handler
+      route.handler = async function timed(request, reply) {
+        try {
+          return await inner.call(this, request, reply)
+        } finally {
+          request.log.debug('timed')
+        }
+      }
+    })
+    app.post('/r', async () => ({ charged: ++calls }))
+    await app.listen({ port: 0, host: '127.0.0.1' })
+    try {
+      const port = app.server.address().port
+      const first = await post(port, 'order-wrapped-01')
+      const retry = await post(port, 'order-wrapped-01')
+      assert.deepEqual([first.status, first.body], [200, '{"charged":1}'])
+      assert.deepEqual([retry.body, retry.headers['idempotent-replayed']], ['{"charged":1}', 'true'])
+      assert.equal(calls, 1)
+    } finally {
+      await app.close()
+    }
+  })
+
+  test(`${major}: a hijacked reply answered after its client left, then \`return reply\`: a retry is answered`, async () => {
+    let calls = 0
+    const app = await serve(Fastify, async (request, reply) => {
+      const n = ++calls
+      reply.hijack()
+      await sleep(200)
+      reply.raw.writeHead(201, { 'content-type': 'text/plain' })
+      reply.raw.end(`call ${n}`)
+      return reply
+    })
+    try {
+      const port = app.server.address().port
+      await postAndLeave(port, 'order-hijack-01')
+      await sleep(300)
+      const retry = await post(port, 'order-hijack-01')
+      assert.notEqual(retry, 'no answer', 'the retry waited for good')
+      assert.deepEqual([retry.status, retry.body], [201, 'call 2'])
+    } finally {
+      await app.close()
+    }
+  })
+
+  test(`${major}: a hijacked stream whose client left mid-stream: the key is held until the handler ends`, async () => {
+    const c = { calls: 0, running: 0, overlaps: 0 }
+    const app = await serve(Fastify, async (request, reply) => {
+      const n = ++c.calls
+      if (++c.running > 1) c.overlaps++
+      reply.hijack()
+      reply.raw.writeHead(200, { 'content-type': 'text/plain' })
+      reply.raw.write(`call ${n} working...`)
+      await sleep(300) // the work goes on after the client left
+      c.running--
+      reply.raw.end('done')
+    })
+    try {
+      const port = app.server.address().port
+      await postAndLeave(port, 'order-hijack-02')
+      const retry = await post(port, 'order-hijack-02')
+      assert.equal(c.overlaps, 0, 'the handler ran twice at once for one key')
+      // Not stored (answered around Fastify): the retry ran it after the first ended.
+      assert.deepEqual([retry.status, retry.body], [200, 'call 2 working...done'])
+    } finally {
+      await app.close()
+    }
+  })
+}

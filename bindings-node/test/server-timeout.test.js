@@ -297,6 +297,33 @@ test('express: keep-alive: a timeout kept during an earlier request does not cou
   }
 })
 
+for (const [major, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${major}: a kept timeout, then a handler that destroys the socket and returns: the key is released, no empty answer stored`, async () => {
+    let calls = 0
+    const app = Fastify()
+    await app.register(forFastify, { store: new IdempotencyStore() })
+    app.post('/r', async (request, reply) => {
+      const n = ++calls
+      if (n === 1) {
+        await sleep(250) // the kept timeout fires meanwhile
+        request.raw.socket.destroy()
+        return
+      }
+      return reply.code(201).send(`call ${n}`)
+    })
+    await app.listen({ port: 0, host: '127.0.0.1' })
+    app.server.setTimeout(100, () => {}) // kept: the app only notes a slow request
+    try {
+      const port = app.server.address().port
+      assert.match(String(await post(port, 'order-kept-cut1')), /^error /)
+      const retry = await post(port, 'order-kept-cut1')
+      assert.deepEqual([retry.status, retry.body, retry.headers['idempotent-replayed']], [201, 'call 2', undefined], String(retry))
+    } finally {
+      await app.close()
+    }
+  })
+}
+
 /** Writes `count` covered requests at once on one connection (pipelined) and reads for `ms`. */
 function pipelined(port, count, ms) {
   const one = (i) => `POST /r HTTP/1.1\r\nHost: x\r\nIdempotency-Key: order-pipe-${i}-${Date.now()}\r\nContent-Type: text/plain\r\nContent-Length: 1\r\n\r\nx`
