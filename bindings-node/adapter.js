@@ -438,16 +438,16 @@ const dispatching = new WeakSet()
  * `{ fired, cut, late, onLate }`: its timeouts (two listeners, one before Node's, one
  * after; a led request keeps `fired` from its start, so that only a timeout during its
  * own run counts for it), and its late cuts: `destroy()` called without an error on it
- * once it was already destroyed, the server cutting a connection its client had left
- * (Express's final handler after a failure). `onLate`: functions called at the next
- * late cut.
+ * once it was already destroyed, outside its 'error' event: the server cutting a
+ * connection its client had left (Express's final handler after a failure). `onLate`:
+ * functions called at the next late cut.
  */
 function watchSocket(socket) {
   // A socket it cannot watch (none, or no `on`): a record of its own, never updated.
   if (!socket || typeof socket.on !== 'function') return { fired: 0, cut: false, late: 0, onLate: null }
   let w = timeouts.get(socket)
   if (w !== undefined) return w
-  w = { fired: 0, cut: false, late: 0, onLate: null }
+  w = { fired: 0, cut: false, late: 0, onLate: null, erring: false }
   timeouts.set(socket, w)
   socket.prependListener('timeout', () => dispatching.add(socket))
   socket.on('timeout', () => {
@@ -455,12 +455,21 @@ function watchSocket(socket) {
     w.fired++
     w.cut = socket.destroyed
   })
+  // While the socket's 'error' is emitted (a reset), its listeners cut it again: Node's
+  // own (with the error) and an app's (`server.on('clientError', (e, s) => s.destroy())`):
+  // no late cut, the handler may still run.
+  socket.prependListener('error', () => {
+    w.erring = true
+  })
+  socket.on('error', () => {
+    w.erring = false
+  })
   const destroy = socket.destroy
   if (typeof destroy === 'function') {
     socket.destroy = function (error) {
-      // With an error: Node's own, again, on the socket's 'error' (a reset), or a
-      // response's `destroy(err)` passed on (see `whenCut`); not counted.
-      if (this.destroyed && error === undefined) {
+      // With an error: Node's own, or a response's `destroy(err)` passed on (see
+      // `whenCut`); not counted.
+      if (this.destroyed && error === undefined && !w.erring) {
         w.late++
         const waiting = w.onLate
         if (waiting !== null) {

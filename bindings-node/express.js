@@ -306,6 +306,7 @@ class Capture {
     /** The socket's record (see `watchSocket`), and its timeouts when this capture began. */
     this.socketWatch = null
     this.seen = 0
+    this.lateSeen = 0
     // The outcome once known: record bytes, or an error (Unstored, Released).
     this.known = false
     this.outcome = undefined
@@ -356,6 +357,7 @@ class Capture {
       res.once('close', () => this.closed())
       this.socketWatch = watchSocket(this.req.socket)
       this.seen = this.socketWatch.fired
+      this.lateSeen = this.socketWatch.late
     }
     if (this.known) {
       if (this.outcome instanceof Error) throw this.outcome
@@ -399,7 +401,7 @@ class Capture {
       this.s.counters.notStored++
       this.done(new Released(this.owner, 'the answer stopped after its client left'))
     }
-    if (w.late > 0) return failed()
+    if (w.late > this.lateSeen) return failed()
     if (w.onLate === null) w.onLate = []
     w.onLate.push(failed)
     whenCut(this.res, failed)

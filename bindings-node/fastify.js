@@ -308,7 +308,8 @@ async function idempotency(fastify, options) {
           if (!reply.raw.headersSent && clientGone(request.raw.socket, reply.raw, st.seen) && !(st.ended && !st.sending && !st.deferred)) return
           st.settle(new Released(owner, 'the response was not sent whole'))
         })
-        st.seen = watchSocket(request.raw.socket).fired
+        // Not an HTTP/2 stream: its `socket` is a proxy of the session's, one per stream.
+        if (request.raw.stream === undefined) st.seen = watchSocket(request.raw.socket).fired
         led = true
         // In a microtask (which keeps the async context): `st.run`, which onSend waits
         // for, is set once the store's call has returned.

@@ -386,3 +386,35 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 }
+
+test('fastify 5 over HTTP/2: requests on one session add no listeners to its socket each', async () => {
+  const http2 = require('node:http2')
+  const app = FASTIFIES['fastify 5']({ http2: true })
+  await app.register(idempotency, { store: new IdempotencyStore() })
+  let most = 0
+  app.post('/r', async (req, reply) => {
+    most = Math.max(most, req.raw.stream.session.socket.listenerCount('timeout'))
+    return reply.code(201).send('ok')
+  })
+  await app.listen({ port: 0, host: '127.0.0.1' })
+  const session = http2.connect(`http://127.0.0.1:${app.server.address().port}`)
+  try {
+    const one = (i) =>
+      new Promise((resolve, reject) => {
+        const req = session.request({ ':method': 'POST', ':path': '/r', 'idempotency-key': `order-h2-${i}-0000`, 'content-type': 'text/plain' })
+        req.on('response', (h) => {
+          req.resume()
+          req.on('end', () => resolve(h[':status']))
+        })
+        req.on('error', reject)
+        req.end('x')
+      })
+    const statuses = []
+    for (let i = 0; i < 15; i++) statuses.push(await one(i))
+    assert.deepEqual(new Set(statuses), new Set([201]))
+    assert.ok(most <= 2, `the session's socket had ${most} timeout listeners`)
+  } finally {
+    session.close()
+    await app.close()
+  }
+})
