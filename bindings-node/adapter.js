@@ -227,6 +227,24 @@ function storableStatus(s, status) {
   return rule === 2
 }
 
+const EMPTY = Buffer.alloc(0)
+
+/** Whether an answer goes without a body (Node sends none): to a HEAD, a 1xx, 204 or 304. */
+function bodyless(method, status) {
+  return method === 'HEAD' || status < 200 || status === 204 || status === 304
+}
+
+/**
+ * What a whole answer leaves in the store, its body as sent (see `bodyless`): its record
+ * (a stored status), or, not stored, an Unstored the duplicates waiting now replay (with
+ * a copy of the body: the handler may reuse its buffer).
+ */
+function outcomeOf(s, owner, method, status, headers, body) {
+  if (bodyless(method, status)) body = EMPTY
+  if (storableStatus(s, status)) return http.encodeRecord(status, storedFields(s, headers), body)
+  return new Unstored(owner, { status, fields: sharedFields(s, headers), body: Buffer.from(body) })
+}
+
 /**
  * An answer to replay, from the record bytes a store gave (`http.decodeRecord`: the
  * body is a view of the record, not a copy): `{ status, fields, body }`, `fields` flat.
@@ -503,17 +521,17 @@ function hookDestroy() {
     const socket = this.socket
     if (!(socket && dispatching.has(socket))) {
       cutResponses.add(this)
-      const f = onCut.get(this)
-      if (f !== undefined) {
+      const waiting = onCut.get(this)
+      if (waiting !== undefined) {
         onCut.delete(this)
-        f()
+        for (const f of waiting) f()
       }
     }
     return (own ?? OutgoingMessage.prototype.destroy).call(this, error)
   }
 }
 
-/** A function called when each response is next cut with `res.destroy()` (see `whenCut`). */
+/** Functions called when each response is next cut with `res.destroy()` (see `whenCut`). */
 const onCut = new WeakMap()
 
 /**
@@ -522,16 +540,9 @@ const onCut = new WeakMap()
  */
 function whenCut(res, f) {
   if (cutResponses.has(res)) return f()
-  const before = onCut.get(res)
-  onCut.set(
-    res,
-    before === undefined
-      ? f
-      : () => {
-          before()
-          f()
-        },
-  )
+  const waiting = onCut.get(res)
+  if (waiting === undefined) onCut.set(res, [f])
+  else waiting.push(f)
 }
 
 /**
@@ -550,12 +561,9 @@ function whenCut(res, f) {
  * not have its answer stored either way).
  */
 function clientGone(socket, res, seen) {
-  if (!socket) return false
-  if (socket.readableEnded || socket.errored) return true
-  const t = timeouts.get(socket)
-  if (t === undefined || t.fired === seen) return false
-  if (t.cut) return true
-  return !res.headersSent && !cutResponses.has(res)
+  if (clientLeft(socket, seen)) return true
+  const t = socket && timeouts.get(socket)
+  return t !== undefined && t.fired !== seen && !res.headersSent && !cutResponses.has(res)
 }
 
 /**
@@ -592,6 +600,8 @@ module.exports = {
   sharedFields,
   isEventStream,
   storableStatus,
+  bodyless,
+  outcomeOf,
   answerOf,
   setAnswerHeaders,
   requestOf,

@@ -10,10 +10,8 @@ const {
   keyValues,
   declaredOver,
   tooLarge,
-  storedFields,
-  sharedFields,
   isEventStream,
-  storableStatus,
+  outcomeOf,
   answerOf,
   setAnswerHeaders,
   requestOf,
@@ -67,12 +65,6 @@ function parsedBody(req) {
 }
 
 function noop() {}
-
-const EMPTY = Buffer.alloc(0)
-
-function bodyless(method, status) {
-  return method === 'HEAD' || status < 200 || status === 204 || status === 304
-}
 
 function sendProblem(res, p) {
   res.statusCode = p.status
@@ -577,14 +569,11 @@ class Capture {
       s.counters.notStored++
       return new Released(owner, 'an event stream is not stored')
     }
-    const status = res.statusCode
-    // What was sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
     const chunks = this.chunks
-    const body = bodyless(this.method, status) ? EMPTY : chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, this.size)
-    if (storableStatus(s, status)) return http.encodeRecord(status, storedFields(s, headers), body)
-    s.counters.notStored++
-    // Replayed later by the waiters: not the handler's own buffer.
-    return new Unstored(owner, { status, fields: sharedFields(s, headers), body: Buffer.from(body) })
+    const body = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, this.size)
+    const outcome = outcomeOf(s, owner, this.method, res.statusCode, headers, body)
+    if (outcome instanceof Unstored) s.counters.notStored++
+    return outcome
   }
 }
 

@@ -3,16 +3,14 @@
 
 const { Readable, finished } = require('node:stream')
 const {
-  Unstored,
   Released,
   settings,
   keyValues,
   declaredOver,
   tooLarge,
-  storedFields,
-  sharedFields,
   isEventStream,
-  storableStatus,
+  outcomeOf,
+  bodyless,
   answerOf,
   requestOf,
   scopeOf,
@@ -342,16 +340,11 @@ async function idempotency(fastify, options) {
 
   /** Settles a whole answer of this plugin's request: its record, or why it is not stored. */
   function settleWhole(st, request, status, headers, body) {
-    // What is sent: no body goes with a HEAD answer, a 1xx, 204 or 304.
-    if (request.method === 'HEAD' || status < 200 || status === 204 || status === 304) body = EMPTY
-    if (body.length > cap) {
+    // The cap weighs the body as sent (none to a HEAD, a 1xx, 204 or 304).
+    if (!bodyless(request.method, status) && body.length > cap) {
       st.settle(new Released(st.owner, 'the body is over the cap'))
     } else {
-      st.settle(
-        storableStatus(s, status)
-          ? http.encodeRecord(status, storedFields(s, headers), body)
-          : new Unstored(st.owner, { status, fields: sharedFields(s, headers), body }),
-      )
+      st.settle(outcomeOf(s, st.owner, request.method, status, headers, body))
     }
   }
 

@@ -47,6 +47,22 @@ function oversized(url, length) {
   })
 }
 
+/** A POST whose client goes away once the first part of the answer has come. */
+function leaveAfterFirstPart(port, path, key) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, method: 'POST', path, headers: { 'idempotency-key': key } })
+    req.on('response', (res) => {
+      res.once('data', () => {
+        req.destroy()
+        resolve()
+      })
+    })
+    req.on('error', () => {})
+    req.end('x')
+    setTimeout(() => reject(new Error('no first part')), 5_000)
+  })
+}
+
 async function start(express, options, extra = () => {}) {
   const app = express()
   let calls = 0
@@ -159,18 +175,7 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
     })
     try {
       const port = new URL(s.url).port
-      await new Promise((resolve, reject) => {
-        const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: '/stream', headers: { 'idempotency-key': 'order-gone1' } })
-        req.on('response', (res) => {
-          res.once('data', () => {
-            req.destroy()
-            resolve()
-          })
-        })
-        req.on('error', () => {})
-        req.end('x')
-        setTimeout(() => reject(new Error('no first part')), 5_000)
-      })
+      await leaveAfterFirstPart(port, '/stream', 'order-gone1')
       // The first handler still runs: a retry waits for it and does not run the handler.
       const again = send(s.url, { method: 'POST', path: '/stream', headers: { 'idempotency-key': 'order-gone1' }, body: 'x' })
       await new Promise((r) => setTimeout(r, 200))
@@ -204,18 +209,7 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
     })
     try {
       const port = new URL(s.url).port
-      await new Promise((resolve, reject) => {
-        const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: '/gone-fail', headers: { 'idempotency-key': 'order-gonef' } })
-        req.on('response', (res) => {
-          res.once('data', () => {
-            req.destroy()
-            resolve()
-          })
-        })
-        req.on('error', () => {})
-        req.end('x')
-        setTimeout(() => reject(new Error('no first part')), 5_000)
-      })
+      await leaveAfterFirstPart(port, '/gone-fail', 'order-gonef')
       const again = send(s.url, { method: 'POST', path: '/gone-fail', headers: { 'idempotency-key': 'order-gonef' }, body: 'x' })
       await new Promise((r) => setTimeout(r, 200))
       // The first handler still runs: the retry waits.

@@ -4,43 +4,13 @@
 // that never comes, and a send that is on its way must not be taken for none.
 const test = require('node:test')
 const assert = require('node:assert/strict')
-const nodeHttp = require('node:http')
 
 const { IdempotencyStore } = require('oncely')
 const { idempotency } = require('oncely/fastify')
 const FASTIFIES = { 'fastify 5': require('fastify'), 'fastify 4': require('fastify4') }
+const { post, postAndLeave } = require('./raw-post.js')
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
-
-/** One POST /r: `{ status, headers, body }`, or `no answer` after 3 s. */
-function post(port, key) {
-  return new Promise((resolve) => {
-    const req = nodeHttp.request({ host: '127.0.0.1', port, method: 'POST', path: '/r', agent: false, headers: { 'idempotency-key': key, 'content-type': 'text/plain' } })
-    const timer = setTimeout(() => {
-      resolve('no answer')
-      req.destroy()
-    }, 3_000)
-    req.on('close', () => clearTimeout(timer))
-    req.on('response', (res) => {
-      const got = []
-      res.on('data', (d) => got.push(d))
-      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(got).toString() }))
-    })
-    req.on('error', (e) => resolve(`error ${e.code}`))
-    req.end('x')
-  })
-}
-
-/** A POST /r whose client goes away after 50 ms, before the answer. */
-function postAndLeave(port, key) {
-  return new Promise((resolve) => {
-    const req = nodeHttp.request({ host: '127.0.0.1', port, method: 'POST', path: '/r', agent: false, headers: { 'idempotency-key': key, 'content-type': 'text/plain' } })
-    req.on('error', () => {})
-    req.on('close', resolve)
-    req.end('x')
-    setTimeout(() => req.destroy(), 50)
-  })
-}
 
 async function serve(Fastify, route, before) {
   const app = Fastify()

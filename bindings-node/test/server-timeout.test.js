@@ -13,31 +13,21 @@ const { IdempotencyStore } = require('oncely')
 const { idempotency: forExpress } = require('oncely/express')
 const { idempotency: forFastify } = require('oncely/fastify')
 const FASTIFIES = { 'fastify 5': require('fastify'), 'fastify 4': require('fastify4') }
+const { post } = require('./raw-post.js')
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
-/**
- * One POST /r (a fresh connection, unless `agent`): `{ status, headers, body }`, `error CODE`
- * when the connection is cut, or `no answer` after 3 s.
- */
-function post(port, key, agent = false) {
-  return new Promise((resolve) => {
-    const req = nodeHttp.request({ host: '127.0.0.1', port, method: 'POST', path: '/r', agent, headers: { 'idempotency-key': key, 'content-type': 'text/plain' } })
-    const timer = setTimeout(() => {
-      resolve('no answer')
-      req.destroy()
-    }, 3_000)
-    req.on('close', () => clearTimeout(timer))
-    req.on('response', (res) => {
-      const got = []
-      res.on('data', (d) => got.push(d))
-      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(got).toString() }))
-      // Cut after the answer began.
-      res.on('error', (e) => resolve(`error ${e.code} after ${JSON.stringify(Buffer.concat(got).toString())}`))
-    })
-    req.on('error', (e) => resolve(`error ${e.code}`))
-    req.end('x')
+/** Listens on 127.0.0.1, runs `run(server)`, then closes the server and its connections. */
+async function serveExpress(app, run) {
+  const server = await new Promise((r) => {
+    const s = app.listen(0, '127.0.0.1', () => r(s))
   })
+  try {
+    await run(server)
+  } finally {
+    server.closeAllConnections()
+    server.close()
+  }
 }
 
 /** A handler that takes 400 ms (over the 100 ms timeout), counting its runs and overlaps. */
@@ -78,16 +68,10 @@ test('express: a server timeout during the handler does not free its key', async
   app.post('/r', express.text(), forExpress({ store: new IdempotencyStore() }), async (req, res) => {
     res.status(201).send(await c.run())
   })
-  const server = await new Promise((r) => {
-    const s = app.listen(0, '127.0.0.1', () => r(s))
-  })
-  server.setTimeout(100)
-  try {
+  await serveExpress(app, async (server) => {
+    server.setTimeout(100)
     await check(server.address().port, c)
-  } finally {
-    server.closeAllConnections()
-    server.close()
-  }
+  })
 })
 
 for (const [major, Fastify] of Object.entries(FASTIFIES)) {
@@ -121,16 +105,10 @@ for (const [what, [onTimeout, cut]] of Object.entries(CUTS)) {
     app.post('/r', express.text(), forExpress({ store: new IdempotencyStore() }), async (req, res) => {
       res.status(201).send(await c.run())
     })
-    const server = await new Promise((r) => {
-      const s = app.listen(0, '127.0.0.1', () => r(s))
-    })
-    server.setTimeout(100, onTimeout)
-    try {
+    await serveExpress(app, async (server) => {
+      server.setTimeout(100, onTimeout)
       await check(server.address().port, c, cut)
-    } finally {
-      server.closeAllConnections()
-      server.close()
-    }
+    })
   })
 
   for (const [major, Fastify] of Object.entries(FASTIFIES)) {
@@ -164,11 +142,8 @@ test('express: a server timeout after the answer began, then a handler that fail
     }
     res.end('done\n')
   })
-  const server = await new Promise((r) => {
-    const s = app.listen(0, '127.0.0.1', () => r(s))
-  })
-  server.setTimeout(100)
-  try {
+  await serveExpress(app, async (server) => {
+    server.setTimeout(100)
     const port = server.address().port
     const first = await post(port, 'order-tofail01')
     assert.equal(first, 'error ECONNRESET after "part-1 of call 1\\n"')
@@ -180,10 +155,7 @@ test('express: a server timeout after the answer began, then a handler that fail
     const retry = await post(port, 'order-tofail01')
     assert.equal(retry.body, 'part-1 of call 2\ndone\n', String(retry))
     assert.equal(calls, 2)
-  } finally {
-    server.closeAllConnections()
-    server.close()
-  }
+  })
 })
 
 /** The same, for a timeout of the led response alone: the retry waits, and replays. */
@@ -203,15 +175,9 @@ test('express: a response timeout that cuts with res.destroy() does not free a r
     res.setTimeout(100, () => res.destroy())
     res.status(201).send(await c.run())
   })
-  const server = await new Promise((r) => {
-    const s = app.listen(0, '127.0.0.1', () => r(s))
-  })
-  try {
+  await serveExpress(app, async (server) => {
     await checkResponseTimeout(server.address().port, c)
-  } finally {
-    server.closeAllConnections()
-    server.close()
-  }
+  })
 })
 
 for (const [major, Fastify] of Object.entries(FASTIFIES)) {
@@ -349,21 +315,15 @@ test('express: a timeout the server keeps is no cut: a handler that then destroy
     if (n === 1) return setTimeout(() => res.destroy(), 300)
     res.status(201).send(`call ${n}`)
   })
-  const server = await new Promise((r) => {
-    const s = app.listen(0, '127.0.0.1', () => r(s))
-  })
-  server.setTimeout(100)
-  server.on('timeout', () => {}) // kept: Node does not destroy the socket
-  try {
+  await serveExpress(app, async (server) => {
+    server.setTimeout(100)
+    server.on('timeout', () => {}) // kept: Node does not destroy the socket
     const port = server.address().port
     assert.equal(await post(port, 'order-kept-001'), 'error ECONNRESET')
     const again = await post(port, 'order-kept-001')
     assert.equal(again.status, 201, String(again))
     assert.equal(calls, 2)
-  } finally {
-    server.closeAllConnections()
-    server.close()
-  }
+  })
 })
 
 for (const [major, Fastify] of Object.entries(FASTIFIES)) {
