@@ -31,10 +31,11 @@ pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
     // when it ends or is dropped: the in-process lease, the subscription and its
     // listener are the parent's.
     let local = ThisProcess::new(local);
-    let sub = ThisProcess::new(
+    let mut sub = ThisProcess::new(
         rt.notifier
             .subscribe(&inner.link, Inner::<E>::channel(&record)),
     );
+    let mut listener = ThisProcess::new(sub.first.take().expect("a new subscription listens"));
     if sub.needs_poke {
         let wake = rt.notifier.wake_channel().to_owned();
         rt.pool
@@ -42,7 +43,6 @@ pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
     }
     let mut delay = inner.config.poll_min;
     loop {
-        let mut listener = ThisProcess::new(sub.event.listen());
         let wait = delay.min(Duration::from_millis(left_ms.saturating_add(1)));
         let mut timer = rt.timers.sleep(wait);
         poll_fn(|cx: &mut Context<'_>| {
@@ -61,6 +61,10 @@ pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
             // a caller here must not lead in its place.
             return Joined::Error(crate::runtime::in_flight_at_fork());
         }
+        // Listen again before looking: a notification that comes while the look is
+        // on its way (the completion, just after the record was read as running)
+        // must wake the next wait, not be lost until the next poll.
+        listener = ThisProcess::new(sub.event.listen());
         let peek = rt
             .pool
             .call::<Peek>(inner.scripts.peek.on(&record).arg(&fingerprint))

@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use event_listener::Event;
+use event_listener::{Event, EventListener};
 use redis::{PushInfo, PushKind, Value};
 
 use crate::cluster::{Addr, ClusterCon};
@@ -48,6 +48,10 @@ pub(crate) struct Subscription {
     notifier: Arc<Notifier>,
     channel: String,
     pub(crate) event: Arc<Event>,
+    /// Listening since the subscription was counted (made under the state lock, as
+    /// every notification is sent): the listener's "look again" once it has
+    /// subscribed cannot come before it. Taken by the first wait.
+    pub(crate) first: Option<EventListener>,
     /// The channel is new to the listener: publish to [`Notifier::wake_channel`] so it
     /// subscribes now.
     pub(crate) needs_poke: bool,
@@ -102,6 +106,7 @@ impl Notifier {
         let sharded = matches!(link.topology, Topology::Cluster(_));
         let needs_poke = new && started && !sharded;
         let event = entry.1.clone();
+        let first = Some(event.listen());
         if new && sharded {
             st.changed = true;
             self.stopped.notify_all();
@@ -119,6 +124,7 @@ impl Notifier {
             notifier: self.clone(),
             channel,
             event,
+            first,
             needs_poke,
         }
     }

@@ -640,6 +640,9 @@ fn refused_subscriptions_fall_back_to_polling() {
 fn on_cluster_wake_ups_by_sharded_pub_sub() {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
+        // The binaries before share this cluster: one may have just failed a master
+        // over and started it again.
+        wait_cluster_ok("the tests before");
         woken_by_the_key_shard_only();
         a_dropped_store_leaves_no_listener_or_subscriber();
         a_call_refused_by_one_master_leaves_the_waits_on_the_others();

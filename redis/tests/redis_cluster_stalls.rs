@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use futures::executor::block_on;
 use oncely::{Begin, Code, ExecuteError, ExecuteOptions, IdempotencyKey, LeaderLease, ScopedKey};
 use oncely_redis::RedisStore;
-use support::{cluster_dir, port_of, urls};
+use support::{cluster_dir, port_of, urls, wait_cluster_ok};
 
 #[derive(Debug)]
 struct Boom;
@@ -188,6 +188,9 @@ fn wait_synced(master: &Master) {
 fn on_cluster_stalled_nodes_and_migrating_slots() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        // The binaries before share this cluster: one may have just failed a master
+        // over and started it again.
+        wait_cluster_ok("the tests before");
         redirected_claim_is_replicated_where_it_ran();
         connection_killed_during_wait_vouches_for_nothing();
         script_unknown_to_the_importing_node_is_loaded_there();

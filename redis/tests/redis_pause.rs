@@ -1,6 +1,7 @@
 //! Redis stops answering for a while (`CLIENT PAUSE`): callers get UNAVAILABLE without
 //! running their action, the store works again afterwards, and a leader keeps its
-//! lease across a pause shorter than the lease.
+//! lease across a pause shorter than the lease; a pause that holds a waiter's look
+//! until the completion is sent behind it does not lose its wake-up.
 //!
 //! Its own test binary, so the pause cannot slow down the other Redis tests (cargo
 //! runs test binaries one after another). Gated like `tests/redis.rs`: ignored unless
@@ -38,6 +39,7 @@ fn pause(ms: u64) {
 fn redis_paused() {
     paused_redis_is_unavailable_then_recovers();
     leader_keeps_lease_across_short_pause();
+    remote_waiter_woken_by_a_completion_during_its_look();
 }
 
 fn paused_redis_is_unavailable_then_recovers() {
@@ -116,4 +118,80 @@ fn leader_keeps_lease_across_short_pause() {
     block_on(lease.complete(vec![7])).unwrap();
     let r = block_on(b.execute(&k, "f", || async { Ok(vec![9]) })).unwrap();
     assert_eq!(r.value, vec![7]);
+}
+
+/// A completion whose notification comes while the waiter is looking at the record
+/// (woken by another message on its channel, its look read the record as running)
+/// still wakes it: it listens again before it looks, not after. Each round wakes the
+/// waiter with a stray message on its channel and pauses Redis' writes at once (one
+/// pipeline), so that its look waits there; the completion is sent behind it. When the
+/// pause ends, the look reads "running" and the completion's message follows its
+/// reply. The waiter polls only every 60 s.
+fn remote_waiter_woken_by_a_completion_during_its_look() {
+    // Calls wait out the pause.
+    let io = Duration::from_secs(2);
+    let a: RedisStore<std::io::Error> = RedisStore::builder(url())
+        .prefix(format!("w{}", IdempotencyKey::random().as_str()))
+        .lease(Duration::from_secs(30))
+        .io_timeout(io)
+        .build()
+        .unwrap();
+    let b: RedisStore<std::io::Error> = RedisStore::builder(url())
+        .prefix(a.prefix())
+        .lease(Duration::from_secs(30))
+        .io_timeout(io)
+        .poll_interval(Duration::from_secs(60), Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut con = redis::Client::open(url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for round in 0..20 {
+        let k = key();
+        let channel = format!("{}:done", b.record_key(&k));
+        let Begin::Lead(lease) = block_on(a.begin(&k, "f", ExecuteOptions::default())).unwrap()
+        else {
+            panic!("expected to lead")
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let (b, k) = (b.clone(), k.clone());
+            std::thread::spawn(move || {
+                let r = block_on(b.execute(&k, "f", || async { Ok(b"no".to_vec()) }));
+                let _ = tx.send(r.map(|d| d.value));
+            });
+        }
+        // Subscribed, and past the look its subscription asks for.
+        while redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query::<(String, i64)>(&mut con)
+            .unwrap()
+            .1
+            == 0
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let () = redis::pipe()
+            .cmd("PUBLISH")
+            .arg(&channel)
+            .arg("stray")
+            .ignore()
+            .cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(150)
+            .arg("WRITE")
+            .ignore()
+            .query(&mut con)
+            .unwrap();
+        // The look is queued behind the pause by now; the completion queues after it.
+        std::thread::sleep(Duration::from_millis(50));
+        block_on(lease.complete(b"yes".to_vec())).unwrap();
+        let got = rx
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("round {round}: the completion did not wake the waiter"));
+        assert_eq!(got.unwrap(), b"yes");
+    }
 }

@@ -108,7 +108,37 @@ pub fn owner(slot: u16) -> NodeInfo {
         .unwrap_or_else(|| panic!("slot {slot} is not served"))
 }
 
-/// Waits until every slot is served by a live master and every node agrees.
+/// The slot map as the node on `port` sees it: (first slot, last slot, master's port),
+/// sorted; `None` when it does not answer.
+fn slot_map(port: u16) -> Option<Vec<(i64, i64, i64)>> {
+    let mut c = node(port).ok()?;
+    let redis::Value::Array(ranges) = redis::cmd("CLUSTER").arg("SLOTS").query(&mut c).ok()? else {
+        return None;
+    };
+    let mut map: Vec<(i64, i64, i64)> = ranges
+        .iter()
+        .filter_map(|r| {
+            let redis::Value::Array(r) = r else {
+                return None;
+            };
+            let redis::Value::Array(master) = r.get(2)? else {
+                return None;
+            };
+            let int = |v: &redis::Value| match v {
+                redis::Value::Int(i) => Some(*i),
+                _ => None,
+            };
+            Some((int(r.first()?)?, int(r.get(1)?)?, int(master.get(1)?)?))
+        })
+        .collect();
+    map.sort_unstable();
+    Some(map)
+}
+
+/// Waits until every slot is served by a live master and every node agrees: each
+/// answering node says `cluster_state:ok` and sees the same slot map (a master just
+/// started again after a failover says ok at once, from its own stale view, until
+/// it learns it was demoted: a client that read the map there would write to it).
 pub fn wait_cluster_ok(what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -120,7 +150,8 @@ pub fn wait_cluster_ok(what: &str) {
                 .query::<String>(&mut c)
                 .is_ok_and(|i| i.contains("cluster_state:ok")),
         });
-        if ok {
+        let maps: Vec<_> = urls().iter().filter_map(|u| slot_map(port_of(u))).collect();
+        if ok && maps.windows(2).all(|w| w[0] == w[1]) {
             return;
         }
         assert!(
