@@ -20,7 +20,7 @@ use crate::{settle_local, Inner, RedisStore};
 pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
     store: RedisStore<E>,
     rt: Arc<Runtime<E>>,
-    local: Lease<Vec<u8>, E>,
+    local: ThisProcess<Lease<Vec<u8>, E>>,
     key: ScopedKey,
     record: String,
     fingerprint: String,
@@ -28,9 +28,12 @@ pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
 ) -> Joined<Vec<u8>, E> {
     let inner = &store.inner;
     // In a child after fork(), a copy of this wait must not touch the parent's locks
-    // when it ends or is dropped: the in-process lease, the subscription and its
-    // listener are the parent's.
-    let local = ThisProcess::new(local);
+    // (a parent thread may have held one at the fork) when it is polled, ends or is
+    // dropped: the in-process lease (wrapped by the caller, as the wait may be dropped
+    // unpolled), the notifier, the subscription and its listener are the parent's.
+    if !rt.is_current() {
+        return Joined::Error(crate::runtime::in_flight_at_fork());
+    }
     let mut sub = ThisProcess::new(
         rt.notifier
             .subscribe(&inner.link, Inner::<E>::channel(&record)),
@@ -46,7 +49,10 @@ pub(crate) async fn wait_remote<E: Send + Sync + 'static>(
         let wait = delay.min(Duration::from_millis(left_ms.saturating_add(1)));
         let mut timer = rt.timers.sleep(wait);
         poll_fn(|cx: &mut Context<'_>| {
-            if Pin::new(&mut *listener).poll(cx).is_ready()
+            // In a child the listener is not polled (that locks the parent's event);
+            // the wait ends below.
+            if !rt.is_current()
+                || Pin::new(&mut *listener).poll(cx).is_ready()
                 || Pin::new(&mut timer).poll(cx).is_ready()
             {
                 Poll::Ready(())

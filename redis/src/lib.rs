@@ -619,6 +619,9 @@ impl<E: Send + Sync + 'static> RedisStore<E> {
             }),
             Claim::Running { left_ms } => {
                 bump(&inner.counters.remote_waits);
+                // Wrapped now: a join made before fork() may be dropped unpolled in
+                // the child, where the in-process lease is the parent's.
+                let local = runtime::ThisProcess::new(local);
                 Ok(Begin::Join(RedisJoin::Remote(Box::pin(wait_remote(
                     self.clone(),
                     rt,
