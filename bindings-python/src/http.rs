@@ -142,13 +142,18 @@ fn decision(py: Python<'_>, d: Result<KeyDecision, http::Problem>) -> PyResult<P
 #[pyfunction]
 pub fn http_scope(
     py: Python<'_>,
-    tenant: &str,
-    method: &str,
-    route: &str,
-    key: &str,
+    tenant: &Bound<'_, PyAny>,
+    method: &Bound<'_, PyAny>,
+    route: &Bound<'_, PyAny>,
+    key: &Bound<'_, PyAny>,
 ) -> PyResult<ScopedKey> {
-    let key = IdempotencyKey::parse(key).py(py)?;
-    http::scope(tenant, method, route, &key)
+    // As `oncely.scope`: the key first, then the tenant (SPEC §5); a str that is not
+    // Unicode (a lone surrogate) or another type is the named field's error.
+    let key = IdempotencyKey::parse(&crate::convert::text(py, "idempotency_key", key)?).py(py)?;
+    let tenant = crate::convert::text(py, "tenant", tenant)?;
+    let method = crate::convert::text(py, "method", method)?;
+    let route = crate::convert::text(py, "route", route)?;
+    http::scope(&tenant, &method, &route, &key)
         .map(|inner| ScopedKey { inner })
         .py(py)
 }

@@ -34,6 +34,8 @@ def main() -> None:
     app.add_middleware(IdempotencyMiddleware, store=store, tenant="acme")
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    # Listening before the port is printed: the test connects as soon as it reads it.
+    sock.listen(2048)
     server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off", http="h11"))
     print(sock.getsockname()[1], flush=True)
 

@@ -301,7 +301,8 @@ def replay_head(record: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     body of a stored record. Raises ``StoreUnavailableError`` if it is not a record."""
     status, headers, body, _trailers = http.decode_response(record)
     out = [(n.encode("latin-1"), v) for n, v in headers]
-    out.append((b"content-length", str(len(body)).encode()))
+    if status != 204:  # RFC 9110 §8.6: never in a 204
+        out.append((b"content-length", str(len(body)).encode()))
     out.append((http.REPLAYED_HEADER.encode(), http.REPLAYED_VALUE.encode()))
     return status, out, body
 

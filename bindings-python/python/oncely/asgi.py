@@ -156,7 +156,7 @@ class IdempotencyMiddleware:
         if isinstance(decision, http.Problem):
             await self._refuse(send, decision)
             return
-        body = await self._read_body(scope, receive, send)
+        body = await self._read_body(scope, headers, receive, send)
         if body is None:
             return
         raw_path = scope.get("raw_path")
@@ -211,9 +211,17 @@ class IdempotencyMiddleware:
                 await self._replay(send, scope, scoped, done.value)
             return
 
-    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> Optional[bytes]:
+    async def _read_body(
+        self, scope: Scope, headers: Sequence[tuple[bytes, bytes]], receive: Receive, send: Send
+    ) -> Optional[bytes]:
         """The whole request body, or ``None`` when a problem was sent instead."""
         cap = self._s.request_cap
+        for name, value in headers:
+            if name.lower() == b"content-length" and value.strip().isdigit():
+                if int(value) > cap:
+                    # Refused before its body is read (SPEC §8): no 100 Continue.
+                    await self._refuse(send, http.Problem.request_too_large(cap))
+                    return None
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -253,6 +261,10 @@ class IdempotencyMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
+# Messages an app may send before its response that are not part of it.
+_INFORMATIONAL = frozenset({"http.response.early_hint", "http.response.push"})
+
+
 def _event_stream(start: Message) -> bool:
     for name, value in start.get("headers") or ():
         if name.lower() == b"content-type":
@@ -283,6 +295,10 @@ class _Lead:
         self.answered = False
         # What the app raised after its response was whole, raised once it is sent.
         self.late_error: Optional[BaseException] = None
+        # Set once the whole response went to the leader's client (as soon as it was
+        # whole: what the app does after it, e.g. a background task, does not delay it).
+        self.delivered = False
+        self.deliver_error: Optional[BaseException] = None
 
     async def action(self) -> bytes:
         self.led = True
@@ -321,11 +337,19 @@ class _Lead:
             await self.real_send(message)
             return
         kind = message["type"]
+        if kind in _INFORMATIONAL and self.start is None:
+            # A 1xx (103 Early Hints) or a push before the response: not the response,
+            # never stored (SPEC §8); it goes to the client, the response is captured.
+            await self.real_send(message)
+            return
         if self.complete or (kind == "http.response.start" and self.start is not None):
             # What a server refuses (a second start, a message after the last body)
             # is refused here too, rather than stored in place of the first response.
             raise RuntimeError(f"unexpected ASGI message {kind!r}: the response has begun or ended")
         if kind == "http.response.start":
+            # Headers are an Iterable: read once, here, for the event-stream check, the
+            # client and the record alike.
+            message = {**message, "headers": list(message.get("headers") or ())}
             self.start = message
             if message.get("trailers") or _event_stream(message):
                 # Trailers are not stored; an event stream is sent as it is produced
@@ -339,6 +363,8 @@ class _Lead:
             self.complete = not message.get("more_body", False)
             if not self.s.contract.body_fits(self.size):
                 await self._stream()
+            elif self.complete:
+                await self._deliver()
             return
         await self._stream()
         await self.real_send(message)
@@ -355,11 +381,27 @@ class _Lead:
                 {"type": "http.response.body", "body": body, "more_body": not self.complete}
             )
 
+    async def _deliver(self) -> None:
+        """Sends the whole response to the leader's client as a server would, as soon as
+        it is whole. A failure to send (the client has gone) is not the app's: it is
+        raised by :meth:`finish`, not into the app."""
+        assert self.start is not None
+        self.delivered = True
+        try:
+            await self.real_send(self.start)
+            await self.real_send({"type": "http.response.body", "body": b"".join(self.chunks)})
+        except Exception as e:
+            self.deliver_error = e
+
     async def finish(self) -> None:
         """Sends the app's own response (every header it set) to the leader's client,
-        then raises what the app raised after that response was whole, if anything."""
+        unless it went when it was whole, then raises what the app raised after that
+        response was whole, if anything."""
         assert self.start is not None
-        await self.real_send(self.start)
-        await self.real_send({"type": "http.response.body", "body": b"".join(self.chunks)})
+        if not self.delivered:
+            await self.real_send(self.start)
+            await self.real_send({"type": "http.response.body", "body": b"".join(self.chunks)})
         if self.late_error is not None:
             raise self.late_error
+        if self.deliver_error is not None:
+            raise self.deliver_error

@@ -66,6 +66,20 @@ def _status_line(status: int) -> str:
         return f"{status} Unknown"
 
 
+def _read_up_to(stream: Any, n: int) -> bytes:
+    """Up to ``n`` bytes of ``stream``: fewer only at its end. One ``read(n)`` may give
+    fewer before the end (a raw stream, one chunk of a chunked body)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < n:
+        part = stream.read(n - got)
+        if not part:
+            break
+        parts.append(bytes(part))
+        got += len(part)
+    return b"".join(parts)
+
+
 def _text_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers]
 
@@ -176,6 +190,9 @@ class IdempotencyMiddleware:
                     # would invite a retry, which would run the app again.
                     return run.finish()
                 return self._refuse(start_response, http.Problem.from_error(e))
+            except BaseException:
+                run.close_deferred()
+                raise
             if run.led:
                 return run.finish()
             return self._replay(start_response, environ, scoped, done.value)
@@ -195,10 +212,12 @@ class IdempotencyMiddleware:
         try:
             if stream is None:
                 return b""
-            if length or not environ.get("wsgi.input_terminated"):
-                data = stream.read(length) if length else b""
+            if length:
+                data = _read_up_to(stream, length)
+            elif environ.get("wsgi.input_terminated"):
+                data = _read_up_to(stream, cap + 1)
             else:
-                data = stream.read(cap + 1)
+                data = b""
         except Exception as e:
             return http.Problem.request_body_unreadable(str(e) or type(e).__name__)
         if len(data) > cap:
@@ -247,6 +266,8 @@ class _Lead:
         self.answered = False
         # What the app's close() raised after its body was whole, raised once it is sent.
         self.late_error: Optional[BaseException] = None
+        # The close() of a whole, storable body, called once the server has sent it.
+        self.deferred_close: Optional[Callable[[], object]] = None
 
     def start_response(
         self, status: str, headers: list[tuple[str, str]], exc_info: Any = None
@@ -288,7 +309,12 @@ class _Lead:
                     close()
                 raise
             close = getattr(result, "close", None)
-            if close is not None:
+            if close is not None and self.write is None and self._storable():
+                # The body is whole and will be stored: close() (after-response work,
+                # e.g. werkzeug's call_on_close) runs once the server has sent it, as
+                # without the middleware, instead of delaying the answer.
+                self.deferred_close = close
+            elif close is not None:
                 try:
                     close()
                 except Exception as e:
@@ -308,9 +334,26 @@ class _Lead:
         if self.status is None:
             counters.bump("not_stored")
             raise AppFailed(self, RuntimeError("the app returned without calling start_response"))
-        code = int(self.status.split(" ", 1)[0])
-        raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
-        return self.s.settle(self, code, raw, b"".join(self.chunks))
+        try:
+            code = int(self.status.split(" ", 1)[0])
+            raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
+            return self.s.settle(self, code, raw, b"".join(self.chunks))
+        except BaseException:
+            self.close_deferred()
+            raise
+
+    def _storable(self) -> bool:
+        try:
+            return self.status is not None and http.storable_status(
+                int(self.status.split(" ", 1)[0])
+            )
+        except Exception:
+            return False
+
+    def close_deferred(self) -> None:
+        close, self.deferred_close = self.deferred_close, None
+        if close is not None:
+            close()
 
     def finish(self) -> Iterable[bytes]:
         """The app's own response (every header it set), for the leader's client; what
@@ -318,6 +361,8 @@ class _Lead:
         assert self.status is not None
         self.real_start(self.status, self.headers)
         body = [b"".join(self.chunks)]
+        if self.deferred_close is not None:
+            return _CloseAfter(body, self.deferred_close)
         if self.late_error is None:
             return body
         return _RaiseOnClose(body, self.late_error)
@@ -336,3 +381,18 @@ class _RaiseOnClose:
 
     def close(self) -> None:
         raise self.error
+
+
+class _CloseAfter:
+    """A response body whose ``close()`` (called by the server once the body is sent)
+    calls the app's own ``close()``."""
+
+    def __init__(self, body: list[bytes], close: Callable[[], object]) -> None:
+        self.body = body
+        self._close = close
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.body)
+
+    def close(self) -> None:
+        self._close()

@@ -29,6 +29,7 @@ from ._common import (
     STATUS,
     GrpcSettings,
     Lead,
+    code_of,
     frame,
     grpc,
     pushback,
@@ -151,10 +152,17 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
 
 
 class _Lead(Lead):
+    def answer(self) -> bytes:
+        if self.error is None and code_of(self.context) != 0:
+            # The handler set a status without raising: sent as grpc sends it, with no
+            # message (which its client would fail to read).
+            self.context.abort(self.context.code(), self.context.details() or "")
+        return super().answer()
+
     def action(self) -> bytes:
         self.start()
         try:
-            self.body = self.ser(self.behavior(self.deser(self.raw), self.context))
+            self.respond(self.behavior(self.deser(self.raw), self.context))
         except Exception as e:
             self.failed(e)
         return self.finish()

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional, Union
 from urllib.parse import unquote
 
 from .. import http
-from .._adapter import AppFailed, CounterSet, Unstored, check_options
+from .._adapter import AppFailed, CounterSet, Unstored, check_options, log
 from .._oncely import ScopedKey
 from ..errors import ArgumentTypeError, OncelyError, StoreUnavailableError
 
@@ -174,7 +174,11 @@ class GrpcSettings:
         """Counts a replay, tells ``on_replay`` and sets the stored trailing metadata."""
         self.counters.bump("replayed")
         if self.on_replay is not None:
-            self.on_replay(context, scoped)
+            try:
+                self.on_replay(context, scoped)
+            except Exception:
+                # As the HTTP adapters: a failing hook never changes the replay.
+                log.exception("oncely: the on_replay hook raised")
         context.set_trailing_metadata(metadata)
 
     def key_values(self, context: Any) -> list[bytes]:
@@ -208,8 +212,14 @@ def settle(run: Any, counters: CounterSet, code: int) -> bytes:
     """The record of a finished call: stored when its status is final."""
     trailers = trailers_of(run.context)
     if code == 0:
+        record = record_ok(run.body, trailers)
+        if not run.s.contract.body_fits(len(run.body) + 5):
+            # SPEC §8: never a body over the cap; the key is released, the duplicates
+            # waiting now get this answer.
+            counters.bump("not_stored")
+            raise Unstored(run, record)
         counters.bump("stored")
-        return record_ok(run.body, trailers)
+        return record
     record = record_status(code, run.context.details(), trailers)
     if http.storable_grpc_status(str(code).encode()):
         counters.bump("stored")
@@ -242,6 +252,12 @@ class Lead:
     def start(self) -> None:
         self.led = True
         self.s.counters.bump("led")
+
+    def respond(self, message: Any) -> None:
+        """The handler returned ``message``: serialized when the status is OK (grpc
+        sends no message with another status, and a handler that set one may return
+        ``None``)."""
+        self.body = self.ser(message) if code_of(self.context) == 0 else b""
 
     def failed(self, e: Exception) -> None:
         """The handler raised: kept when it set a status (an abort), else not stored."""

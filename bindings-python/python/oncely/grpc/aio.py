@@ -9,6 +9,8 @@ while the handler runs on and its answer is stored for the retry.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import importlib
 import inspect
 from typing import Any, Callable, NoReturn, Optional, Sequence, Union
@@ -31,6 +33,11 @@ from ._common import (
 __all__ = ["IdempotencyInterceptor", "Counters", "CounterSet"]
 
 _aio: Any = importlib.import_module("grpc.aio")
+# grpc.aio runs a plain `def` handler in a thread pool with this sync context (its
+# `abort` raises); the interceptor's wrapper is async, so it does the same (see `_call`).
+_SyncContext: Any = getattr(
+    importlib.import_module("grpc._cython.cygrpc"), "_SyncServicerContext", None
+)
 
 
 class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
@@ -135,9 +142,34 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
         return message
 
 
+def _is_async_handler(behavior: Any) -> bool:
+    """grpc.aio's own test: anything else is a sync handler, which grpc runs in its
+    thread pool with a sync context (``context.abort`` raising, not a coroutine)."""
+    return (
+        inspect.isawaitable(behavior)
+        or inspect.iscoroutinefunction(behavior)
+        or inspect.isasyncgenfunction(behavior)
+    )
+
+
 async def _call(behavior: Callable[[Any, Any], Any], request: Any, context: Any) -> Any:
-    out = behavior(request, context)
-    if inspect.isawaitable(out):
+    if _is_async_handler(behavior):
+        out = behavior(request, context)
+        if inspect.isawaitable(out):
+            out = await out
+        return out
+    # A sync handler: as grpc.aio runs it, off the event loop, with the sync context
+    # (the context variables copied, so a re-entrant call is still seen).
+    if _SyncContext is None:
+        raise RuntimeError(
+            "oncely.grpc.aio: this grpcio has no sync servicer context for a plain `def` "
+            "handler on an aio server; make the handler `async def`"
+        )
+    loop = asyncio.get_running_loop()
+    sync_context = _SyncContext(context)
+    run = contextvars.copy_context().run
+    out = await loop.run_in_executor(None, run, behavior, request, sync_context)
+    if inspect.isawaitable(out):  # e.g. an object whose __call__ is async, as before
         out = await out
     return out
 
@@ -146,7 +178,7 @@ class _Lead(Lead):
     async def action(self) -> bytes:
         self.start()
         try:
-            self.body = self.ser(await _call(self.behavior, self.deser(self.raw), self.context))
+            self.respond(await _call(self.behavior, self.deser(self.raw), self.context))
         except Exception as e:
             self.failed(e)
         return self.finish()

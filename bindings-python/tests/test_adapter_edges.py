@@ -1,0 +1,419 @@
+"""Edges of oncely.asgi and oncely.wsgi on real servers where the server matters: the
+answer is not held back by work the app does after it (a background task, close()),
+an Early Hint is not the response, headers given as an iterator, a short read of the
+request body, a Content-Length over the cap, a tenant that is not Unicode, a replayed
+204."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+from typing import Any, Iterator
+
+import oncely
+import pytest
+from oncely.asgi import IdempotencyMiddleware as AsgiMiddleware
+from oncely.wsgi import IdempotencyMiddleware as WsgiMiddleware
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+
+from asgi_server import Dispatch, Server  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402
+from starlette.background import BackgroundTask  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import Response  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+POST = {"idempotency-key": "order-0001", "content-type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[Server, Dispatch]]:
+    dispatch = Dispatch()
+    with Server(dispatch) as srv:
+        yield srv, dispatch
+
+
+# --- 1. ASGI: the leader's client waits for the app's background tasks ---------------
+
+
+async def test_asgi_leader_gets_its_response_before_a_background_task_ends(
+    server: tuple[Server, Dispatch],
+) -> None:
+    """Starlette sends a response, then runs its BackgroundTask (an e-mail, a webhook).
+    uvicorn sends the response as it comes; under the middleware the client gets
+    nothing until the background task has ended (here: never, until released)."""
+    srv, dispatch = server
+    release = threading.Event()
+    calls = 0
+
+    async def after() -> None:
+        for _ in range(2000):  # at most 20 s
+            if release.is_set():
+                return
+            await asyncio.sleep(0.01)
+
+    async def create(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        return Response(b'{"id":1}', status_code=201, background=BackgroundTask(after))
+
+    app = Starlette(routes=[Route("/orders", create, methods=["POST"])])
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+        # Control: without the middleware the response comes at once.
+        dispatch.app = app
+        t0 = time.monotonic()
+        plain = await client.post("/orders", headers=POST, content=b"{}")
+        assert plain.status_code == 201 and time.monotonic() - t0 < 2
+        release.set()
+        await asyncio.sleep(0.05)
+        release.clear()
+
+        dispatch.app = AsgiMiddleware(app, store=oncely.IdempotencyStore())
+        try:
+            first = await asyncio.wait_for(client.post("/orders", headers=POST, content=b"{}"), 3)
+        finally:
+            release.set()
+        assert (first.status_code, first.content) == (201, b'{"id":1}')
+        retry = await client.post("/orders", headers=POST, content=b"{}")
+    assert retry.headers["idempotent-replayed"] == "true" and calls == 2
+
+
+# --- 2. WSGI: the leader's client waits for the body's close() -------------------------
+
+
+def test_wsgi_leader_gets_its_response_before_close_ends() -> None:
+    """A WSGI server sends the body, then calls close() (werkzeug's
+    ``response.call_on_close``: after-response work). Under the middleware, __call__
+    returns (and the server sends anything) only once close() has returned."""
+    release = threading.Event()
+
+    class Body:
+        def __iter__(self) -> Iterator[bytes]:
+            return iter([b'{"id":1}'])
+
+        def close(self) -> None:
+            release.wait(20)
+
+    def app(environ: Any, start_response: Any) -> Any:
+        environ["wsgi.input"].read()
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return Body()
+
+    mw = WsgiMiddleware(app, store=oncely.IdempotencyStore())
+    started = threading.Event()
+
+    def start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
+        started.set()
+        return lambda b: None
+
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "HTTP_IDEMPOTENCY_KEY": "order-0001",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(mw(environ, start_response)))
+    t.start()
+    try:
+        assert started.wait(3), "no response before close() returned"
+    finally:
+        release.set()
+        t.join(20)
+    body = out[0]
+    assert b"".join(body) == b'{"id":1}'
+    getattr(body, "close", lambda: None)()
+
+
+# --- 3. ASGI: response headers given as a one-shot iterable ----------------------------
+
+
+async def test_asgi_headers_given_as_an_iterator_are_sent_and_stored_whole() -> None:
+    """ASGI's ``headers`` is an Iterable; the middleware walks it once looking for the
+    content type, then sends (and stores) what is left of it."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        headers = iter([(b"x-a", b"1"), (b"content-type", b"application/json"), (b"etag", b'"v1"')])
+        await send({"type": "http.response.start", "status": 201, "headers": headers})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    mw = AsgiMiddleware(app, store=oncely.IdempotencyStore())
+
+    async def call() -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+        msgs = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+        async def send(m: dict[str, Any]) -> None:
+            if m["type"] == "http.response.start":
+                m = {**m, "headers": list(m.get("headers") or ())}
+            sent.append(m)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/orders",
+            "raw_path": b"/orders",
+            "query_string": b"",
+            "headers": [
+                (b"idempotency-key", b"order-0001"),
+                (b"content-type", b"application/json"),
+            ],
+        }
+        await mw(scope, receive, send)
+        return sent
+
+    first = await call()
+    replay = await call()
+    h1 = dict(first[0]["headers"])
+    h2 = dict(replay[0]["headers"])
+    assert h1.get(b"content-type") == b"application/json" and h1.get(b"etag") == b'"v1"', h1
+    assert h2.get(b"content-type") == b"application/json" and h2.get(b"etag") == b'"v1"', h2
+
+
+# --- 4. ASGI: a Content-Length over the request cap is read anyway ----------------------
+
+
+async def test_asgi_content_length_over_the_cap_is_413_before_the_body_is_read() -> None:
+    """SPEC §8: a request "whose Content-Length already says so is refused before its
+    body is read" (no 100 Continue, no upload of megabytes to be thrown away)."""
+    calls = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("the app must not run")
+
+    mw = AsgiMiddleware(app, store=oncely.IdempotencyStore(), request_cap=10)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1  # uvicorn sends "100 Continue" on the first receive()
+        return {"type": "http.request", "body": b"x" * 11, "more_body": False}
+
+    async def send(m: dict[str, Any]) -> None:
+        sent.append(m)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/upload",
+        "raw_path": b"/upload",
+        "query_string": b"",
+        "headers": [
+            (b"idempotency-key", b"order-0001"),
+            (b"content-length", b"11"),
+            (b"expect", b"100-continue"),
+        ],
+    }
+    await mw(scope, receive, send)
+    assert sent[0]["status"] == 413
+    assert calls == 0, "the body was read before the 413"
+
+
+# --- 5. WSGI: a short read of a terminated input truncates the body silently -----------
+
+
+def test_wsgi_a_short_read_does_not_truncate_the_body() -> None:
+    """With ``wsgi.input_terminated`` (a chunked request) and no Content-Length, the
+    body is read with ONE ``read(cap + 1)``. A stream whose read(n) may return fewer
+    than n bytes before EOF (a raw stream: io.RawIOBase semantics) gives the app a
+    truncated body, which it runs on and which is stored, with no error."""
+
+    class RawChunks(io.RawIOBase):
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buf: Any) -> int:  # one 4-byte chunk per call
+            n = min(4, len(buf), len(self.data))
+            buf[:n] = self.data[:n]
+            self.data = self.data[n:]
+            return n
+
+    seen: list[bytes] = []
+
+    def app(environ: Any, start_response: Any) -> Any:
+        seen.append(environ["wsgi.input"].read())
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b"{}"]
+
+    mw = WsgiMiddleware(app, store=oncely.IdempotencyStore())
+    body = b'{"sku":"A1","qty":3}'
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "HTTP_IDEMPOTENCY_KEY": "order-0001",
+        "CONTENT_TYPE": "application/json",
+        "wsgi.input": RawChunks(body),
+        "wsgi.input_terminated": True,
+    }
+    b"".join(mw(environ, lambda s, h, e=None: lambda b: None))
+    assert seen == [body]
+
+
+# --- 6. A replayed 204 carries a Content-Length the first answer did not ----------------
+
+
+async def test_asgi_a_replayed_204_has_no_content_length() -> None:
+    """RFC 9110 §8.6: a server MUST NOT send Content-Length in a 204. Starlette's 204
+    has none; its replay gets ``content-length: 0`` (replay_head adds it always)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    mw = AsgiMiddleware(app, store=oncely.IdempotencyStore())
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/orders",
+        "raw_path": b"/orders",
+        "query_string": b"",
+        "headers": [(b"idempotency-key", b"order-0001")],
+    }
+    starts: list[dict[str, Any]] = []
+    for _ in range(2):
+        msgs = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+        async def send(m: dict[str, Any]) -> None:
+            if m["type"] == "http.response.start":
+                starts.append(m)
+
+        await mw(dict(scope), receive, send)
+    replay = dict(starts[1]["headers"])
+    assert replay.get(b"idempotent-replayed") == b"true"
+    assert b"content-length" not in replay, replay
+
+
+# --- 7. A tenant holding a lone surrogate escapes as UnicodeEncodeError -----------------
+
+
+async def test_asgi_a_tenant_with_a_lone_surrogate_is_500_tenant_unusable() -> None:
+    """SPEC §5: a lone surrogate in the tenant is INVALID_ARGUMENT naming the tenant
+    (``oncely.scope`` does so); §8: a tenant no key can be scoped by is 500
+    ``tenant-unusable``. ``oncely.http.scope`` raises a bare UnicodeEncodeError instead,
+    which ``Settings.scoped`` does not catch: the middleware crashes."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("the app must not run")
+
+    def tenant(scope: Any) -> str:  # e.g. a principal decoded with surrogateescape
+        return b"alice\xff".decode("utf-8", "surrogateescape")
+
+    mw = AsgiMiddleware(app, store=oncely.IdempotencyStore(), tenant=tenant)
+    sent: list[dict[str, Any]] = []
+    msgs = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+    async def send(m: dict[str, Any]) -> None:
+        sent.append(m)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/orders",
+        "raw_path": b"/orders",
+        "query_string": b"",
+        "headers": [(b"idempotency-key", b"order-0001")],
+    }
+    await mw(scope, receive, send)
+    assert sent[0]["status"] == 500
+    assert b"tenant-unusable" in sent[1]["body"]
+
+
+# --- 8. An early hint (103) before the response turns storing off ---------------------
+
+
+async def test_asgi_an_early_hint_does_not_keep_the_response_from_being_stored() -> None:
+    """An app that sends ``http.response.early_hint`` (ASGI extension, e.g. Hypercorn)
+    before its response: the middleware takes the 1xx for an unknown message, passes the
+    whole response through as "streamed" and stores nothing, so every retry runs the
+    app again (here: two orders for one key)."""
+    calls = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal calls
+        calls += 1
+        await receive()
+        if "http.response.early_hint" in scope.get("extensions", {}):
+            await send({"type": "http.response.early_hint", "links": [b"</app.css>; rel=preload"]})
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"id":1}'})
+
+    mw = AsgiMiddleware(app, store=oncely.IdempotencyStore())
+    got: list[list[dict[str, Any]]] = []
+    for _ in range(2):
+        sent: list[dict[str, Any]] = []
+        msgs = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+        async def send(m: dict[str, Any], sent: list[dict[str, Any]] = sent) -> None:
+            sent.append(m)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/orders",
+            "raw_path": b"/orders",
+            "query_string": b"",
+            "headers": [(b"idempotency-key", b"order-0001")],
+            "extensions": {"http.response.early_hint": {}},
+        }
+        await mw(scope, receive, send)
+        got.append(sent)
+    assert got[0][0]["type"] == "http.response.early_hint"
+    assert [m.get("status") for m in got[0][1:2]] == [201]
+    assert calls == 1, "the app ran twice for one key"
+    assert dict(got[1][0]["headers"]).get(b"idempotent-replayed") == b"true"
+
+
+async def test_hypercorn_h2_starlette_send_early_hints_runs_the_app_once_per_key() -> None:
+    """The same under a real server: Starlette's ``request.send_early_hints`` under
+    Hypercorn over HTTP/2 (h2c, prior knowledge). A retry with the same key must be a
+    replay, not a second order."""
+    pytest.importorskip("hypercorn")
+    pytest.importorskip("h2")
+    from test_asgi import HypercornServer
+
+    calls = 0
+
+    async def create(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        await request.body()
+        await request.send_early_hints("</app.css>; rel=preload")
+        return Response(b'{"id":%d}' % calls, status_code=201, media_type="application/json")
+
+    app = Starlette(routes=[Route("/orders", create, methods=["POST"])])
+    app.add_middleware(AsgiMiddleware, store=oncely.IdempotencyStore())
+    with HypercornServer(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30, http1=False, http2=True) as c:
+            first = await c.post("/orders", headers=POST, content=b"{}")
+            retry = await c.post("/orders", headers=POST, content=b"{}")
+    assert first.http_version == "HTTP/2"
+    assert (first.status_code, first.content) == (201, b'{"id":1}')
+    assert (retry.content, retry.headers.get("idempotent-replayed"), calls) == (
+        b'{"id":1}',
+        "true",
+        1,
+    )
