@@ -204,3 +204,38 @@ def test_sync_response_over_the_cap_is_not_stored() -> None:
 
     got = _sync_answers(_handler(create), 2, {})
     assert [g[1]["call"] for g in got] == [1, 2]
+
+
+def test_sync_body_cap_option_is_the_largest_answer_stored() -> None:
+    calls = 0
+
+    def create(request: Any, context: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return {"blob": "x" * request["size"], "call": calls}
+
+    # 5 bytes of framing + the JSON: a 40-byte blob is over a 32-byte cap, a 1-byte one fits.
+    big = _sync_answers(_handler(create), 2, {"size": 40}, body_cap=32)
+    assert [g[1]["call"] for g in big] == [1, 2]
+    calls = 0
+    small = _sync_answers(_handler(create), 2, {"size": 1}, body_cap=32)
+    assert [g[1]["call"] for g in small] == [1, 1]
+
+
+async def test_aio_body_cap_option_is_the_largest_answer_stored() -> None:
+    calls = 0
+
+    async def create(request: Any, context: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return {"blob": "x" * 40, "call": calls}
+
+    got = await _aio_answers(_handler(create), 2, {}, body_cap=32)
+    assert [g[1]["call"] for g in got] == [1, 2]
+
+
+def test_a_bad_body_cap_is_an_argument_error() -> None:
+    for bad in (-1, "big"):
+        with pytest.raises(oncely.InvalidArgumentError) as e:
+            IdempotencyInterceptor(store=oncely.IdempotencyStore(), body_cap=bad)
+        assert e.value.field == "body_cap"

@@ -49,7 +49,8 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     - ``methods``: the covered full method names (``"/shop.Orders/Create"``); default
       every unary-unary method.
     - ``required`` (a call without a key is INVALID_ARGUMENT; ``False``: passed through),
-      ``wait`` (``False``: a running duplicate gets ABORTED + pushback), ``on_replay``
+      ``wait`` (``False``: a running duplicate gets ABORTED + pushback), ``body_cap``
+      (the largest answer stored, its framed message; default 1 MiB), ``on_replay``
       (called with the context and the scoped key), ``counters``.
     """
 
@@ -61,6 +62,7 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         methods: Optional[Sequence[str]] = None,
         required: bool = True,
         wait: bool = True,
+        body_cap: int = http.DEFAULT_BODY_CAP,
         on_replay: Optional[Callable[[Any, ScopedKey], None]] = None,
         counters: Optional[CounterSet] = None,
     ) -> None:
@@ -72,6 +74,7 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             methods=methods,
             required=required,
             wait=wait,
+            body_cap=body_cap,
             on_replay=on_replay,
             counters=counters,
         )

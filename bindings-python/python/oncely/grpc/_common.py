@@ -113,6 +113,7 @@ class GrpcSettings:
         methods: Optional[Sequence[str]],
         required: bool,
         wait: bool,
+        body_cap: int,
         on_replay: Optional[Callable[[Any, ScopedKey], None]],
         counters: Optional[CounterSet],
     ) -> None:
@@ -135,6 +136,7 @@ class GrpcSettings:
         self.contract = http.ServerConfig(
             required=required,
             wait=wait,
+            body_cap=body_cap,
             grpc_methods=methods,
         )
         self.tenant = tenant

@@ -52,6 +52,7 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
         methods: Optional[Sequence[str]] = None,
         required: bool = True,
         wait: bool = True,
+        body_cap: int = http.DEFAULT_BODY_CAP,
         on_replay: Optional[Callable[[Any, ScopedKey], None]] = None,
         counters: Optional[CounterSet] = None,
     ) -> None:
@@ -63,6 +64,7 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
             methods=methods,
             required=required,
             wait=wait,
+            body_cap=body_cap,
             on_replay=on_replay,
             counters=counters,
         )
