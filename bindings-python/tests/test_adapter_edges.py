@@ -38,15 +38,36 @@ def server() -> Iterator[tuple[Server, Dispatch]]:
         yield srv, dispatch
 
 
-# --- 1. ASGI: the leader's client waits for the app's background tasks ---------------
+async def call_asgi(
+    mw: Any, headers: list[tuple[bytes, bytes]], body: bytes = b"{}", **scope: Any
+) -> list[dict[str, Any]]:
+    """One POST /orders through `mw`, called directly: the messages it sent (headers as
+    a list)."""
+    sent: list[dict[str, Any]] = []
+    msgs = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+    async def send(m: dict[str, Any]) -> None:
+        if m["type"] == "http.response.start":
+            m = {**m, "headers": list(m.get("headers") or ())}
+        sent.append(m)
+
+    base = {"type": "http", "method": "POST", "path": "/orders", "raw_path": b"/orders"}
+    await mw({**base, "query_string": b"", "headers": headers, **scope}, receive, send)
+    return sent
+
+
+KEYED = [(b"idempotency-key", b"order-0001"), (b"content-type", b"application/json")]
 
 
 async def test_asgi_leader_gets_its_response_before_a_background_task_ends(
     server: tuple[Server, Dispatch],
 ) -> None:
-    """Starlette sends a response, then runs its BackgroundTask (an e-mail, a webhook).
-    uvicorn sends the response as it comes; under the middleware the client gets
-    nothing until the background task has ended (here: never, until released)."""
+    """Starlette sends a response, then runs its BackgroundTask (an e-mail, a webhook):
+    the client gets the response at once, as without the middleware, not when the task
+    ends; a retry afterwards is its replay."""
     srv, dispatch = server
     release = threading.Event()
     calls = 0
@@ -83,13 +104,10 @@ async def test_asgi_leader_gets_its_response_before_a_background_task_ends(
     assert retry.headers["idempotent-replayed"] == "true" and calls == 2
 
 
-# --- 2. WSGI: the leader's client waits for the body's close() -------------------------
-
-
 def test_wsgi_leader_gets_its_response_before_close_ends() -> None:
     """A WSGI server sends the body, then calls close() (werkzeug's
-    ``response.call_on_close``: after-response work). Under the middleware, __call__
-    returns (and the server sends anything) only once close() has returned."""
+    ``response.call_on_close``: after-response work): under the middleware too, the
+    answer is started before close() has run."""
     release = threading.Event()
 
     class Body:
@@ -132,12 +150,9 @@ def test_wsgi_leader_gets_its_response_before_close_ends() -> None:
     getattr(body, "close", lambda: None)()
 
 
-# --- 3. ASGI: response headers given as a one-shot iterable ----------------------------
-
-
 async def test_asgi_headers_given_as_an_iterator_are_sent_and_stored_whole() -> None:
-    """ASGI's ``headers`` is an Iterable; the middleware walks it once looking for the
-    content type, then sends (and stores) what is left of it."""
+    """ASGI's ``headers`` is an Iterable, which may be read only once: the client and the
+    record both get every header."""
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await receive()
@@ -146,42 +161,9 @@ async def test_asgi_headers_given_as_an_iterator_are_sent_and_stored_whole() -> 
         await send({"type": "http.response.body", "body": b"{}"})
 
     mw = AsgiMiddleware(app, store=oncely.IdempotencyStore())
-
-    async def call() -> list[dict[str, Any]]:
-        sent: list[dict[str, Any]] = []
-        msgs = [{"type": "http.request", "body": b"{}", "more_body": False}]
-
-        async def receive() -> dict[str, Any]:
-            return msgs.pop(0) if msgs else {"type": "http.disconnect"}
-
-        async def send(m: dict[str, Any]) -> None:
-            if m["type"] == "http.response.start":
-                m = {**m, "headers": list(m.get("headers") or ())}
-            sent.append(m)
-
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/orders",
-            "raw_path": b"/orders",
-            "query_string": b"",
-            "headers": [
-                (b"idempotency-key", b"order-0001"),
-                (b"content-type", b"application/json"),
-            ],
-        }
-        await mw(scope, receive, send)
-        return sent
-
-    first = await call()
-    replay = await call()
-    h1 = dict(first[0]["headers"])
-    h2 = dict(replay[0]["headers"])
-    assert h1.get(b"content-type") == b"application/json" and h1.get(b"etag") == b'"v1"', h1
-    assert h2.get(b"content-type") == b"application/json" and h2.get(b"etag") == b'"v1"', h2
-
-
-# --- 4. ASGI: a Content-Length over the request cap is read anyway ----------------------
+    for answer in (await call_asgi(mw, KEYED), await call_asgi(mw, KEYED)):
+        h = dict(answer[0]["headers"])
+        assert h.get(b"content-type") == b"application/json" and h.get(b"etag") == b'"v1"', h
 
 
 async def test_asgi_content_length_over_the_cap_is_413_before_the_body_is_read() -> None:
@@ -220,14 +202,10 @@ async def test_asgi_content_length_over_the_cap_is_413_before_the_body_is_read()
     assert calls == 0, "the body was read before the 413"
 
 
-# --- 5. WSGI: a short read of a terminated input truncates the body silently -----------
-
-
 def test_wsgi_a_short_read_does_not_truncate_the_body() -> None:
-    """With ``wsgi.input_terminated`` (a chunked request) and no Content-Length, the
-    body is read with ONE ``read(cap + 1)``. A stream whose read(n) may return fewer
-    than n bytes before EOF (a raw stream: io.RawIOBase semantics) gives the app a
-    truncated body, which it runs on and which is stored, with no error."""
+    """With ``wsgi.input_terminated`` (a chunked request) and no Content-Length, a
+    stream whose read(n) may return fewer than n bytes before its end (a raw stream)
+    is read to its end: the app gets the whole body."""
 
     class RawChunks(io.RawIOBase):
         def __init__(self, data: bytes) -> None:
@@ -263,12 +241,8 @@ def test_wsgi_a_short_read_does_not_truncate_the_body() -> None:
     assert seen == [body]
 
 
-# --- 6. A replayed 204 carries a Content-Length the first answer did not ----------------
-
-
 async def test_asgi_a_replayed_204_has_no_content_length() -> None:
-    """RFC 9110 §8.6: a server MUST NOT send Content-Length in a 204. Starlette's 204
-    has none; its replay gets ``content-length: 0`` (replay_head adds it always)."""
+    """RFC 9110 §8.6: a 204 never has a Content-Length, replayed or not."""
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await receive()
@@ -276,115 +250,51 @@ async def test_asgi_a_replayed_204_has_no_content_length() -> None:
         await send({"type": "http.response.body", "body": b""})
 
     mw = AsgiMiddleware(app, store=oncely.IdempotencyStore())
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/orders",
-        "raw_path": b"/orders",
-        "query_string": b"",
-        "headers": [(b"idempotency-key", b"order-0001")],
-    }
-    starts: list[dict[str, Any]] = []
-    for _ in range(2):
-        msgs = [{"type": "http.request", "body": b"", "more_body": False}]
-
-        async def receive() -> dict[str, Any]:
-            return msgs.pop(0) if msgs else {"type": "http.disconnect"}
-
-        async def send(m: dict[str, Any]) -> None:
-            if m["type"] == "http.response.start":
-                starts.append(m)
-
-        await mw(dict(scope), receive, send)
-    replay = dict(starts[1]["headers"])
+    await call_asgi(mw, KEYED, b"")
+    replay = dict((await call_asgi(mw, KEYED, b""))[0]["headers"])
     assert replay.get(b"idempotent-replayed") == b"true"
     assert b"content-length" not in replay, replay
 
 
-# --- 7. A tenant holding a lone surrogate escapes as UnicodeEncodeError -----------------
-
-
 async def test_asgi_a_tenant_with_a_lone_surrogate_is_500_tenant_unusable() -> None:
-    """SPEC §5: a lone surrogate in the tenant is INVALID_ARGUMENT naming the tenant
-    (``oncely.scope`` does so); §8: a tenant no key can be scoped by is 500
-    ``tenant-unusable``. ``oncely.http.scope`` raises a bare UnicodeEncodeError instead,
-    which ``Settings.scoped`` does not catch: the middleware crashes."""
+    """SPEC §5 and §8: a tenant no key can be scoped by (here a lone surrogate, as from
+    a principal decoded with surrogateescape) is 500 ``tenant-unusable``, and the app
+    does not run."""
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError("the app must not run")
 
-    def tenant(scope: Any) -> str:  # e.g. a principal decoded with surrogateescape
+    def tenant(scope: Any) -> str:
         return b"alice\xff".decode("utf-8", "surrogateescape")
 
     mw = AsgiMiddleware(app, store=oncely.IdempotencyStore(), tenant=tenant)
-    sent: list[dict[str, Any]] = []
-    msgs = [{"type": "http.request", "body": b"{}", "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
-
-    async def send(m: dict[str, Any]) -> None:
-        sent.append(m)
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/orders",
-        "raw_path": b"/orders",
-        "query_string": b"",
-        "headers": [(b"idempotency-key", b"order-0001")],
-    }
-    await mw(scope, receive, send)
+    sent = await call_asgi(mw, KEYED)
     assert sent[0]["status"] == 500
     assert b"tenant-unusable" in sent[1]["body"]
 
 
-# --- 8. An early hint (103) before the response turns storing off ---------------------
-
-
 async def test_asgi_an_early_hint_does_not_keep_the_response_from_being_stored() -> None:
-    """An app that sends ``http.response.early_hint`` (ASGI extension, e.g. Hypercorn)
-    before its response: the middleware takes the 1xx for an unknown message, passes the
-    whole response through as "streamed" and stores nothing, so every retry runs the
-    app again (here: two orders for one key)."""
+    """An ``http.response.early_hint`` (an ASGI extension, e.g. Hypercorn's) before the
+    response goes to the client and is not the response: the response is stored and a
+    retry is its replay (the app runs once)."""
     calls = 0
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         nonlocal calls
         calls += 1
         await receive()
-        if "http.response.early_hint" in scope.get("extensions", {}):
-            await send({"type": "http.response.early_hint", "links": [b"</app.css>; rel=preload"]})
+        await send({"type": "http.response.early_hint", "links": [b"</app.css>; rel=preload"]})
         await send({"type": "http.response.start", "status": 201, "headers": []})
         await send({"type": "http.response.body", "body": b'{"id":1}'})
 
     mw = AsgiMiddleware(app, store=oncely.IdempotencyStore())
-    got: list[list[dict[str, Any]]] = []
-    for _ in range(2):
-        sent: list[dict[str, Any]] = []
-        msgs = [{"type": "http.request", "body": b"{}", "more_body": False}]
-
-        async def receive() -> dict[str, Any]:
-            return msgs.pop(0) if msgs else {"type": "http.disconnect"}
-
-        async def send(m: dict[str, Any], sent: list[dict[str, Any]] = sent) -> None:
-            sent.append(m)
-
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/orders",
-            "raw_path": b"/orders",
-            "query_string": b"",
-            "headers": [(b"idempotency-key", b"order-0001")],
-            "extensions": {"http.response.early_hint": {}},
-        }
-        await mw(scope, receive, send)
-        got.append(sent)
-    assert got[0][0]["type"] == "http.response.early_hint"
-    assert [m.get("status") for m in got[0][1:2]] == [201]
+    hints = {"extensions": {"http.response.early_hint": {}}}
+    first = await call_asgi(mw, KEYED, **hints)
+    retry = await call_asgi(mw, KEYED, **hints)
+    assert [m["type"] for m in first[:2]] == ["http.response.early_hint", "http.response.start"]
+    assert first[1]["status"] == 201
     assert calls == 1, "the app ran twice for one key"
-    assert dict(got[1][0]["headers"]).get(b"idempotent-replayed") == b"true"
+    assert dict(retry[0]["headers"]).get(b"idempotent-replayed") == b"true"
 
 
 async def test_hypercorn_h2_starlette_send_early_hints_runs_the_app_once_per_key() -> None:

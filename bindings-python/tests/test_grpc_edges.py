@@ -4,6 +4,7 @@ set without raising, an on_replay hook that raises, an answer over the body cap.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -86,9 +87,8 @@ def _sync_answers(handler: Any, n: int, request: Any, **kw: Any) -> list[Any]:
     return out
 
 
-# 1. A sync (def) handler on a grpc.aio server: grpc runs it in its thread pool with a
-# sync context; the interceptor calls it on the event loop with the async context, so
-# `context.abort(...)` returns an un-awaited coroutine and the handler goes on.
+# A plain `def` handler on a grpc.aio server runs as grpc.aio runs it: in a thread, with
+# the sync context, whose `abort` raises (the handler stops there).
 async def test_aio_sync_handler_abort_stops_the_handler() -> None:
     effects: list[str] = []
 
@@ -113,9 +113,7 @@ async def test_aio_sync_handler_does_not_block_the_event_loop() -> None:
     async def ticker() -> None:
         for _ in range(10):
             ticks.append(time.monotonic())
-            await __import__("asyncio").sleep(0.05)
-
-    import asyncio
+            await asyncio.sleep(0.05)
 
     t = asyncio.ensure_future(ticker())
     await _aio_answers(_handler(create), 1, {})
@@ -124,11 +122,9 @@ async def test_aio_sync_handler_does_not_block_the_event_loop() -> None:
     assert max(gaps) < 0.3, gaps
 
 
-# 2. A handler that sets a final status without raising and returns no message
-# (`set_code` + `set_details` + `return None`): grpc sends that status (aio skips the
-# serializer for a non-OK status, sync reports its own status). The interceptor
-# serializes None, fails, and the leader's answer changes (aio: the details become
-# "Unexpected <class 'AttributeError'>...") while the replay has the handler's details.
+# A handler that sets a final status without raising and returns no message
+# (`set_code`, `set_details`, `return None`): that status and its details are the answer,
+# the same to the first caller and to the replay (no message is serialized).
 @pytest.mark.parametrize("details", [True, False])
 async def test_aio_set_code_and_return_none_replays_the_first_answer(details: bool) -> None:
     calls = 0
@@ -168,8 +164,7 @@ def test_sync_set_code_and_return_none_replays_the_first_answer(details: bool) -
     assert first[0] == grpc.StatusCode.NOT_FOUND
 
 
-# 3. An on_replay hook that raises turns the replay into UNKNOWN (the HTTP adapters log
-# it and replay anyway).
+# An on_replay hook that raises is logged; the replay is sent as stored.
 def test_sync_on_replay_that_raises_does_not_change_the_replay() -> None:
     def create(request: Any, context: Any) -> Any:
         return {"ok": True}
@@ -192,8 +187,7 @@ async def test_aio_on_replay_that_raises_does_not_change_the_replay() -> None:
     assert [g[:2] for g in got] == [("OK", {"ok": True})] * 2
 
 
-# 4. SPEC §8: never a body over the cap (default 1 MiB) is stored; a covered request
-# over the request cap is refused before the handler runs.
+# SPEC §8: an answer over the body cap (default 1 MiB) is not stored: a retry runs again.
 def test_sync_response_over_the_cap_is_not_stored() -> None:
     calls = 0
 
