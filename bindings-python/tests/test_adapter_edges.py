@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import socket
 import threading
 import time
+import urllib.request
 from typing import Any, Iterator
 
 import oncely
@@ -20,6 +23,8 @@ from oncely.wsgi import IdempotencyMiddleware as WsgiMiddleware
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
+
+from wsgiref.simple_server import WSGIRequestHandler, make_server  # noqa: E402
 
 from asgi_server import Dispatch, Server  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
@@ -327,3 +332,249 @@ async def test_hypercorn_h2_starlette_send_early_hints_runs_the_app_once_per_key
         "true",
         1,
     )
+
+
+BIG = 16 * 1024 * 1024
+
+
+def _stalled_leader(port: int) -> socket.socket:
+    """A client that sends its POST and then never reads (a half-open connection, a
+    stalled reader): the server's writes back up."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(
+        b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: order-0001\r\n"
+        b"content-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    )
+    return s
+
+
+@pytest.mark.parametrize("wait", [True, False])
+async def test_hypercorn_a_stalled_leader_client_does_not_hold_the_key(wait: bool) -> None:
+    """The app has answered and returned; its client is not reading (the server's
+    writes back up). The delivery to that client runs beside the app, so the key
+    settles when the app returns, and a retry on another connection is replayed at
+    once, whether it would wait or not."""
+    pytest.importorskip("hypercorn")
+    from test_asgi import HypercornServer
+
+    calls = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal calls
+        if scope["type"] != "http":
+            return
+        calls += 1
+        while (await receive()).get("more_body"):
+            pass
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 201,
+                "headers": [(b"content-type", b"text/plain")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"x" * BIG})
+
+    mw = AsgiMiddleware(app, store=oncely.IdempotencyStore(), body_cap=2 * BIG, wait=wait)
+    with HypercornServer(mw) as url:
+        port = int(url.rsplit(":", 1)[1])
+        leader = _stalled_leader(port)
+        try:
+            await asyncio.sleep(1.0)  # the app has run and sent all it had to send
+            assert calls == 1
+            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+                try:
+                    retry = await asyncio.wait_for(
+                        c.post(
+                            "/orders",
+                            content=b"{}",
+                            headers={
+                                "idempotency-key": "order-0001",
+                                "content-type": "application/json",
+                            },
+                        ),
+                        5,
+                    )
+                except asyncio.TimeoutError:
+                    pytest.fail("the retry waited > 5 s on a key whose app had answered")
+            assert retry.status_code == 201, (retry.status_code, retry.content[:200])
+            assert retry.headers.get("idempotent-replayed") == "true"
+            assert len(retry.content) == BIG and calls == 1
+        finally:
+            leader.close()
+
+
+REDIS = os.environ.get("ONCELY_REDIS_URL")
+
+
+def _store(kind: str) -> Any:
+    if kind == "memory":
+        return oncely.IdempotencyStore()
+    if not REDIS:
+        pytest.skip("ONCELY_REDIS_URL not set")
+    return oncely.RedisStore(REDIS, prefix=f"edges-{os.getpid()}-{time.monotonic_ns()}")
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+@pytest.mark.parametrize("wait", [True, False])
+async def test_a_retry_after_the_answer_before_the_key_settles(kind: str, wait: bool) -> None:
+    """The first client has its answer while the app's background task runs: a retry
+    then waits and replays (wait=True) or gets 409 (wait=False); after it, a replay."""
+    release = threading.Event()
+    calls = 0
+
+    async def after() -> None:
+        for _ in range(1000):
+            if release.is_set():
+                return
+            await asyncio.sleep(0.01)
+
+    async def create(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        await request.body()
+        return Response(
+            b'{"id":%d}' % calls,
+            status_code=201,
+            media_type="application/json",
+            background=BackgroundTask(after),
+        )
+
+    app = Starlette(routes=[Route("/orders", create, methods=["POST"])])
+    dispatch = Dispatch()
+    dispatch.app = AsgiMiddleware(app, store=_store(kind), wait=wait)
+    hdr = {"idempotency-key": "order-0001", "content-type": "application/json"}
+    with Server(dispatch) as srv:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as c:
+            first = await asyncio.wait_for(c.post("/orders", headers=hdr, content=b"{}"), 5)
+            assert first.status_code == 201
+            retry_task = asyncio.ensure_future(c.post("/orders", headers=hdr, content=b"{}"))
+            await asyncio.sleep(0.5)
+            early = retry_task.done()
+            release.set()
+            retry = await asyncio.wait_for(retry_task, 10)
+            await asyncio.sleep(0.3)  # the background task sees `release`
+            late = await c.post("/orders", headers=hdr, content=b"{}")
+    assert calls == 1
+    if wait:
+        assert not early, "the retry did not wait for the background task"
+        assert (retry.status_code, retry.content) == (201, first.content)
+        assert retry.headers.get("idempotent-replayed") == "true"
+    else:
+        assert retry.status_code == 409
+    assert (late.status_code, late.content) == (201, first.content)
+    assert late.headers.get("idempotent-replayed") == "true"
+
+
+# --- the process stops while the answered app's background task runs -------------------
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_shutdown_after_the_answer_does_not_free_the_key(kind: str) -> None:
+    """The leader's client has its 201 (delivered when whole) while the app's
+    background task still runs; the server stops and its loop cancels what is left
+    (asyncio.run, uvicorn past timeout_graceful_shutdown). The answer the client got is
+    the stored one: a retry (the next loop; with Redis, any process) replays it and
+    does not run the app again."""
+    store = _store(kind)
+    calls = 0
+    answered = threading.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal calls
+        calls += 1
+        await receive()
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"id":%d}' % calls})
+        await asyncio.sleep(30)  # a background task: an e-mail, a webhook
+
+    mw = AsgiMiddleware(app, store=store)
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/orders",
+        "raw_path": b"/orders",
+        "query_string": b"",
+        "headers": [(b"idempotency-key", b"order-0001")],
+    }
+
+    def call(got: list[Any]) -> Any:
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(m: dict[str, Any]) -> None:
+            got.append(m)
+            if m["type"] == "http.response.body" and not m.get("more_body"):
+                answered.set()
+
+        return mw(scope, receive, send)
+
+    first: list[Any] = []
+
+    async def server_one() -> None:
+        task = asyncio.ensure_future(call(first))
+        while not answered.is_set():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert not task.done()  # the background task still runs
+        # the server stops here: asyncio.run cancels task and the app's own task
+
+    asyncio.run(server_one())
+    assert first[-1]["body"] == b'{"id":1}'  # the first client was answered
+    retry: list[Any] = []
+
+    async def server_two() -> None:
+        await asyncio.wait_for(call(retry), 5)
+
+    answered.clear()
+    try:
+        asyncio.run(server_two())
+    except asyncio.TimeoutError:
+        pass
+    assert calls == 1, "the app ran twice for one key whose first client got 201"
+
+
+class Quiet(WSGIRequestHandler):
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+def test_wsgiref_refusing_the_headers_still_closes_the_app_body() -> None:
+    closed = threading.Event()
+
+    class Body:  # e.g. a file, a DB cursor, a lock released in close()
+        def __iter__(self) -> Iterator[bytes]:
+            return iter([b'{"id":1}'])
+
+        def close(self) -> None:
+            closed.set()
+
+    def app(environ: Any, start_response: Any) -> Any:
+        environ["wsgi.input"].read()
+        # wsgiref refuses a hop-by-hop header (AssertionError in start_response)
+        start_response(
+            "201 Created", [("Content-Type", "application/json"), ("Connection", "close")]
+        )
+        return Body()
+
+    mw = WsgiMiddleware(app, store=oncely.IdempotencyStore())
+    srv = make_server("127.0.0.1", 0, mw, handler_class=Quiet)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{srv.server_port}/orders",
+            data=b"{}",
+            method="POST",
+            headers={"Idempotency-Key": "order-0001", "Content-Type": "application/json"},
+        )
+        try:
+            urllib.request.urlopen(req, timeout=5).read()
+        except Exception:
+            pass  # wsgiref answers 500
+        assert closed.wait(2), "the app body's close() was never called"
+    finally:
+        srv.shutdown()
+        srv.server_close()

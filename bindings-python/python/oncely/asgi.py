@@ -18,6 +18,7 @@ Pure ASGI: no dependency on any framework.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable, MutableMapping, Optional, Sequence, Union
 
 from . import http
@@ -299,6 +300,10 @@ class _Lead:
         # whole: what the app does after it, e.g. a background task, does not delay it).
         self.delivered = False
         self.deliver_error: Optional[BaseException] = None
+        # The delivery runs beside the app: a client that does not read (a stalled or
+        # half-open connection, HTTP/2 flow control) must not keep the app's send(),
+        # and so the key, from settling.
+        self.delivery: Optional[asyncio.Future[None]] = None
 
     async def action(self) -> bytes:
         self.led = True
@@ -316,6 +321,13 @@ class _Lead:
             # The response was whole before the app raised (e.g. in a background task
             # run after it): it is the answer, as a server would have sent it, and
             # the app is not run again for a retry.
+            self.late_error = e
+        except BaseException as e:
+            # Cancelled (the loop shutting down) or interrupted after the response was
+            # whole, and sent to the client when it was: it is the answer. Abandoning
+            # the lease would let a retry run the app again.
+            if self.streaming or self.start is None or not self.complete:
+                raise
             self.late_error = e
         if self.streaming:
             counters.bump("not_stored")
@@ -364,7 +376,8 @@ class _Lead:
             if not self.s.contract.body_fits(self.size):
                 await self._stream()
             elif self.complete:
-                await self._deliver()
+                self.delivered = True
+                self.delivery = asyncio.ensure_future(self._deliver())
             return
         await self._stream()
         await self.real_send(message)
@@ -386,7 +399,6 @@ class _Lead:
         it is whole. A failure to send (the client has gone) is not the app's: it is
         raised by :meth:`finish`, not into the app."""
         assert self.start is not None
-        self.delivered = True
         try:
             await self.real_send(self.start)
             await self.real_send({"type": "http.response.body", "body": b"".join(self.chunks)})
@@ -398,7 +410,9 @@ class _Lead:
         unless it went when it was whole, then raises what the app raised after that
         response was whole, if anything."""
         assert self.start is not None
-        if not self.delivered:
+        if self.delivery is not None:
+            await self.delivery
+        elif not self.delivered:
             await self.real_send(self.start)
             await self.real_send({"type": "http.response.body", "body": b"".join(self.chunks)})
         if self.late_error is not None:

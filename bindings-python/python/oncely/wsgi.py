@@ -359,7 +359,12 @@ class _Lead:
         """The app's own response (every header it set), for the leader's client; what
         its close() raised after the body was whole is raised once the body is sent."""
         assert self.status is not None
-        self.real_start(self.status, self.headers)
+        try:
+            self.real_start(self.status, self.headers)
+        except BaseException:
+            # The server refused the response: it will never see (nor close) the body.
+            self.close_deferred()
+            raise
         body = [b"".join(self.chunks)]
         if self.deferred_close is not None:
             return _CloseAfter(body, self.deferred_close)
