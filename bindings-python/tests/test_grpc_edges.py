@@ -233,3 +233,20 @@ def test_a_bad_body_cap_is_an_argument_error() -> None:
         with pytest.raises(oncely.InvalidArgumentError) as e:
             IdempotencyInterceptor(store=oncely.IdempotencyStore(), body_cap=bad)
         assert e.value.field == "body_cap"
+
+
+def test_a_stored_answer_with_an_unknown_status_is_unavailable_not_a_crash() -> None:
+    from oncely.grpc._common import read_record
+
+    record = oncely.http.encode_response(
+        200, [("content-type", b"application/grpc")], b"", [("grpc-status", b"99")]
+    )
+    with pytest.raises(oncely.StoreUnavailableError, match="unknown status 99"):
+        read_record(record)
+    # A known one reads as before.
+    code, details, message, _ = read_record(
+        oncely.http.encode_response(
+            200, [("content-type", b"application/grpc")], b"", [("grpc-status", b"5")]
+        )
+    )
+    assert (code, details, message) == (5, "", b"")

@@ -87,6 +87,8 @@ def read_record(record: Any) -> tuple[int, str, bytes, tuple[tuple[str, Any], ..
     if status != 200 or raw is None or not raw.isdigit():
         raise StoreUnavailableError("the stored response is not a gRPC answer")
     code = int(raw)
+    if code not in STATUS:
+        raise StoreUnavailableError(f"the stored gRPC answer has an unknown status {code}")
     if code != 0:
         return code, unquote(meta.get("grpc-message", b"").decode("latin-1")), b"", meta_out
     if len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
