@@ -18,7 +18,6 @@ Pure ASGI: no dependency on any framework.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Awaitable, Callable, MutableMapping, Optional, Sequence, Union
 
 from . import http
@@ -296,14 +295,6 @@ class _Lead:
         self.answered = False
         # What the app raised after its response was whole, raised once it is sent.
         self.late_error: Optional[BaseException] = None
-        # Set once the whole response went to the leader's client (as soon as it was
-        # whole: what the app does after it, e.g. a background task, does not delay it).
-        self.delivered = False
-        self.deliver_error: Optional[BaseException] = None
-        # The delivery runs beside the app: a client that does not read (a stalled or
-        # half-open connection, HTTP/2 flow control) must not keep the app's send(),
-        # and so the key, from settling.
-        self.delivery: Optional[asyncio.Future[None]] = None
 
     async def action(self) -> bytes:
         self.led = True
@@ -324,8 +315,8 @@ class _Lead:
             self.late_error = e
         except BaseException as e:
             # Cancelled (the loop shutting down) or interrupted after the response was
-            # whole, and sent to the client when it was: it is the answer. Abandoning
-            # the lease would let a retry run the app again.
+            # whole (in a background task): as any failure after it, the response is
+            # the answer. Abandoning the lease would let a retry run the app again.
             if self.streaming or self.start is None or not self.complete:
                 raise
             self.late_error = e
@@ -375,9 +366,6 @@ class _Lead:
             self.complete = not message.get("more_body", False)
             if not self.s.contract.body_fits(self.size):
                 await self._stream()
-            elif self.complete:
-                self.delivered = True
-                self.delivery = asyncio.ensure_future(self._deliver())
             return
         await self._stream()
         await self.real_send(message)
@@ -394,28 +382,14 @@ class _Lead:
                 {"type": "http.response.body", "body": body, "more_body": not self.complete}
             )
 
-    async def _deliver(self) -> None:
-        """Sends the whole response to the leader's client as a server would, as soon as
-        it is whole. A failure to send (the client has gone) is not the app's: it is
-        raised by :meth:`finish`, not into the app."""
-        assert self.start is not None
-        try:
-            await self.real_send(self.start)
-            await self.real_send({"type": "http.response.body", "body": b"".join(self.chunks)})
-        except Exception as e:
-            self.deliver_error = e
-
     async def finish(self) -> None:
-        """Sends the app's own response (every header it set) to the leader's client,
-        unless it went when it was whole, then raises what the app raised after that
-        response was whole, if anything."""
+        """Sends the app's own response (every header it set) to the leader's client once
+        the store has settled its key (a retry sent after this answer arrived never
+        meets the key still held: after a 5xx it runs the app again), then raises what
+        the app raised after that response was whole, if anything. So work the app does
+        after its response (a background task) delays it."""
         assert self.start is not None
-        if self.delivery is not None:
-            await self.delivery
-        elif not self.delivered:
-            await self.real_send(self.start)
-            await self.real_send({"type": "http.response.body", "body": b"".join(self.chunks)})
+        await self.real_send(self.start)
+        await self.real_send({"type": "http.response.body", "body": b"".join(self.chunks)})
         if self.late_error is not None:
             raise self.late_error
-        if self.deliver_error is not None:
-            raise self.deliver_error
