@@ -335,19 +335,21 @@ class _Lead:
             counters.bump("not_stored")
             raise AppFailed(self, RuntimeError("the app returned without calling start_response"))
         try:
-            code = int(self.status.split(" ", 1)[0])
+            code = self._code()
             raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
             return self.s.settle(self, code, raw, b"".join(self.chunks))
         except BaseException:
             self.close_deferred()
             raise
 
+    def _code(self) -> int:
+        """The status code of the app's status line (``ValueError`` when it has none)."""
+        return int((self.status or "").split(" ", 1)[0])
+
     def _storable(self) -> bool:
         try:
-            return self.status is not None and http.storable_status(
-                int(self.status.split(" ", 1)[0])
-            )
-        except Exception:
+            return http.storable_status(self._code())
+        except Exception:  # no code, or one out of range: settle refuses it
             return False
 
     def close_deferred(self) -> None:
