@@ -135,6 +135,31 @@ function declaredOver(headers, cap) {
   return Number.isSafeInteger(n) && n > cap
 }
 
+/**
+ * The stores each request (or gRPC call) has been taken through, by the request: one
+ * that reaches an adapter of the same store again (the middleware mounted on the app and
+ * on the route, a rewrite through `app.handle`, a gRPC implementation wrapped twice)
+ * goes straight on to the handler, under the lead it is already in.
+ */
+const takenBy = new WeakMap()
+
+/** Notes that `req` goes through `store`: false when it went through it already. */
+function takeOnce(req, store) {
+  const t = takenBy.get(req)
+  if (t === undefined) {
+    takenBy.set(req, store)
+    return true
+  }
+  if (t === store) return false
+  if (!Array.isArray(t)) {
+    takenBy.set(req, [t, store])
+    return true
+  }
+  if (t.includes(store)) return false
+  t.push(store)
+  return true
+}
+
 /** The 413 problem for a request over the cap. */
 function tooLarge(s) {
   return http.problem({ kind: 'request_too_large', message: String(s.requestCap) })
@@ -561,32 +586,49 @@ function whenCut(res, f) {
  * not have its answer stored either way).
  */
 function clientGone(socket, res, seen) {
-  if (clientLeft(socket, seen)) return true
+  if (clientLeft(socket, seen, res)) return true
   const t = socket && timeouts.get(socket)
   return t !== undefined && t.fired !== seen && !res.headersSent && !cutResponses.has(res)
 }
 
 /**
  * Whether the client itself left (it ended or reset the connection) or a timeout during
- * the request cut it (see `clientGone`): not a kept timeout's later, unknown cut.
+ * the request cut it (see `clientGone`): not a kept timeout's later, unknown cut. A
+ * connection cut with an error is the client's leaving only when the error is the
+ * system's (a reset, a broken pipe: it has a `syscall`) and the server did not cut the
+ * response (`res.destroy(err)`, a `pipeline` into it whose source failed, which puts its
+ * error on the socket too): the handler has stopped then, and the key is released.
  */
-function clientLeft(socket, seen) {
+function clientLeft(socket, seen, res) {
   if (!socket) return false
-  if (socket.readableEnded || socket.errored) return true
+  if (res !== undefined && cutResponses.has(res)) return false
+  if (socket.readableEnded || systemError(socket.errored)) return true
   const t = timeouts.get(socket)
   return t !== undefined && t.fired !== seen && t.cut
+}
+
+/** Whether `e` is an error of the system's (one a system call gave: a reset, a broken pipe). */
+function systemError(e) {
+  return e !== null && typeof e === 'object' && typeof e.syscall === 'string'
 }
 
 /** `on_replay` and the counter, for every replayed answer. */
 function replayed(s, req, scoped) {
   s.counters.replayed++
   if (s.onReplay) {
+    // A failing hook (throwing, or an async one rejecting) must not turn a replay into
+    // an error, nor end the process: it is reported as a warning and the replay is sent.
     try {
-      s.onReplay(req, scoped)
-    } catch {
-      // A failing hook must not turn a replay into an error.
+      const r = s.onReplay(req, scoped)
+      if (r !== null && typeof r === 'object' && typeof r.then === 'function') r.then(undefined, onReplayFailed)
+    } catch (e) {
+      onReplayFailed(e)
     }
   }
+}
+
+function onReplayFailed(e) {
+  process.emitWarning(`onReplay failed: ${e?.stack ?? e}`, { code: 'ONCELY_ON_REPLAY' })
 }
 
 module.exports = {
@@ -595,6 +637,7 @@ module.exports = {
   settings,
   keyValues,
   declaredOver,
+  takeOnce,
   tooLarge,
   storedFields,
   sharedFields,

@@ -9,6 +9,7 @@ const {
   settings,
   keyValues,
   declaredOver,
+  takeOnce,
   tooLarge,
   isEventStream,
   outcomeOf,
@@ -107,6 +108,13 @@ function idempotency(options) {
     if (typeof key !== 'string') {
       s.counters.refused++
       sendProblem(res, key)
+      return
+    }
+    if (!takeOnce(req, s.store)) {
+      // Here again with the same store (mounted twice, dispatched again): its first pass
+      // leads it, and captures the answer given now.
+      s.counters.passedThrough++
+      next()
       return
     }
     if (req._body || req.readableEnded) return covered(req, res, next, method, key, parsedBody(req))

@@ -135,7 +135,7 @@ function handlerEnded(st, request, reply, value, failed) {
   // An answer the handler sends later (`await reply`, which resolves once the connection
   // has closed) is kept when it comes, unless the server cut the connection.
   if (st.deferred && clientGone(socket, reply.raw, st.seen)) return
-  if (clientLeft(socket, st.seen)) {
+  if (clientLeft(socket, st.seen, reply.raw)) {
     // Fastify did not send the empty answer only because the client has gone: that
     // answer is the handler's, kept as any other answer of a client gone away, so a
     // retry replays it instead of running the handler again.
@@ -254,7 +254,9 @@ async function idempotency(fastify, options) {
   // from here and the handler is not reached.
   fastify.addHook('preHandler', (request, reply, done) => {
     const st = request[STATE]
-    if (!st || st.s !== s || reply.sent) return done()
+    // `st.run`: led already, and here again for the answer `reply.callNotFound()` sends
+    // (the not-found handler's hooks): that answer is this lead's.
+    if (!st || st.s !== s || reply.sent || st.run !== undefined) return done()
     const route = String((s.route && s.route(request)) ?? request.routeOptions?.url ?? request.url.split('?')[0])
     const own = s.fingerprint !== undefined
     const r = own
@@ -374,7 +376,7 @@ async function idempotency(fastify, options) {
     // An empty answer of Fastify's own (Fastify 4, the handler resolved with nothing) is
     // kept only when the client surely left (not after a kept timeout's unknown cut).
     const empty = st.resolvedEmpty && (payload === undefined || payload === null || payload.length === 0)
-    if (socket && socket.destroyed && !(empty ? clientLeft(socket, st.seen) : clientGone(socket, reply.raw, st.seen))) {
+    if (socket && socket.destroyed && !(empty ? clientLeft(socket, st.seen, reply.raw) : clientGone(socket, reply.raw, st.seen))) {
       // The server cut the connection before this answer (the handler's own cut, after
       // which Fastify 4 sends an empty answer): it stopped, and the key is released.
       st.settle(new Released(st.owner, 'the connection was cut before the answer'))

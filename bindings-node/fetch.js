@@ -17,7 +17,7 @@ const REPLAYABLE = (b) =>
   b === undefined ||
   b === null ||
   typeof b === 'string' ||
-  b instanceof Uint8Array ||
+  ArrayBuffer.isView(b) ||
   b instanceof ArrayBuffer ||
   b instanceof URLSearchParams ||
   (typeof Blob !== 'undefined' && b instanceof Blob) ||
@@ -46,7 +46,10 @@ async function idempotentFetch(input, init = {}, options = {}) {
   const headers = new Headers(init.headers ?? (isRequest ? input.headers : undefined))
   const key = validateKey(headers.get(http.KEY_HEADER) ?? givenKey ?? newKey())
   headers.set(http.KEY_HEADER, key)
-  const signal = retryOptions.signal ?? init.signal ?? undefined
+  // Every signal the caller gave ends the call: each attempt is sent with `init.signal`
+  // replaced, which would otherwise drop the others (a Request's own among them).
+  const signals = [retryOptions.signal, init.signal, isRequest ? input.signal : undefined].filter((x) => x != null)
+  const signal = signals.length > 1 ? AbortSignal.any(signals) : signals[0]
   const userOnRetry = retryOptions.onRetry
   // A 409 with Retry-After ("in progress": an earlier attempt of this call, whose answer
   // was lost, still runs there) is resent after the delay by the core's rules: the key

@@ -4,7 +4,7 @@
 // application/grpc, the length-prefixed message as the body, grpc-status and
 // grpc-message as trailers.
 
-const { Unstored, Released, settings, requestOf, scopeOf, scopedIn, fingerprintIn, dedupAsync, goneOf, replayed, http } = require('./adapter.js')
+const { Unstored, Released, settings, requestOf, scopeOf, scopedIn, fingerprintIn, dedupAsync, goneOf, replayed, takeOnce, http } = require('./adapter.js')
 
 // A cancelled call leaves its handler running: the key stays held until the handler
 // answers, and that answer is kept as usual, so a retry does not run the handler again.
@@ -92,11 +92,16 @@ function withIdempotency(service, implementation, options) {
   // `readGrpcKey` as a plain function: no class-method dispatch, no decision object.
   s.readGrpcKey = s.config.grpcKeyReader()
   const grpc = options.grpc ?? require('@grpc/grpc-js')
-  const out = { ...implementation }
+  // grpc-js looks a handler up by the method's name, then by its `originalName` (a
+  // proto-loader service names `CreateOrder` what the implementation calls
+  // `createOrder`), and calls it bound to the implementation: the handlers are found the
+  // same way, on an instance's prototype too, and keep their `this`.
+  const out = {}
   for (const [name, def] of Object.entries(service)) {
-    const handler = implementation[name]
-    if (typeof handler !== 'function' || def.requestStream || def.responseStream) continue
-    out[name] = wrap(s, grpc, def, handler)
+    let handler = implementation[name]
+    if (handler === undefined && typeof def?.originalName === 'string') handler = implementation[def.originalName]
+    if (typeof handler !== 'function') continue
+    out[name] = def.requestStream || def.responseStream ? handler.bind(implementation) : wrap(s, grpc, def, handler, implementation)
   }
   return out
 }
@@ -125,13 +130,32 @@ function trailer(grpc, extra) {
   return m
 }
 
-function wrap(s, grpc, def, handler) {
+/**
+ * The status grpc-js sends for an error given to a unary callback (its
+ * `serverErrorToStatus`): the code when it is an integer (else UNKNOWN), the details
+ * when they are a string (else the message, else 'Unknown Error'), and the trailers given
+ * with the error, else the error's own. Anything thrown or passed that is not an object
+ * is UNKNOWN with its text (grpc-js itself would fail on it).
+ */
+function statusOf(err, trailerMd) {
+  if (err === null || (typeof err !== 'object' && typeof err !== 'function')) {
+    return { code: UNKNOWN, details: String(err), metadata: trailerMd ?? null }
+  }
+  const status = { code: UNKNOWN, details: 'message' in err ? err.message : 'Unknown Error', metadata: trailerMd ?? err.metadata ?? null }
+  if ('code' in err && typeof err.code === 'number' && Number.isInteger(err.code)) {
+    status.code = err.code
+    if ('details' in err && typeof err.details === 'string') status.details = err.details
+  }
+  return status
+}
+
+function wrap(s, grpc, def, handler, implementation) {
   const path = def.path
   return function idempotentUnary(call, callback) {
     const key = s.readGrpcKey(path, call.metadata.get(http.GRPC_KEY_METADATA))
     if (key === null) {
       s.counters.passedThrough++
-      return handler.call(this, call, callback)
+      return handler.call(implementation, call, callback)
     }
     const refuse = (p) => {
       s.counters.refused++
@@ -140,6 +164,11 @@ function wrap(s, grpc, def, handler) {
       callback({ code: Number(m['grpc-status']), details: p.detail, metadata: md })
     }
     if (typeof key !== 'string') return refuse(key)
+    if (!takeOnce(call, s.store)) {
+      // Wrapped twice with one store: the outer wrapper leads this call.
+      s.counters.passedThrough++
+      return handler.call(implementation, call, callback)
+    }
     const message = def.requestSerialize(call.request)
     // The scoped key and the fingerprint in one call into the core; the fingerprint over
     // the framed message, as every adapter computes it (SPEC §8).
@@ -162,36 +191,46 @@ function wrap(s, grpc, def, handler) {
         s.counters.led++
         const answer = (err, value, trailerMd, flags) => {
           if (finish) return
-          finish = () => callback(err, value, trailerMd, flags)
           let code = OK
           let detail = ''
           let body = Buffer.alloc(0)
+          let trailerSource = trailerMd
           if (err) {
-            code = Number.isInteger(err.code) ? err.code : UNKNOWN
-            detail = err.details ?? err.message ?? ''
+            // The status grpc-js would send, sent as it is and stored as it is.
+            const status = statusOf(err, trailerMd)
+            code = status.code
+            detail = status.details
+            trailerSource = status.metadata
+            finish = () => callback(status)
           } else {
+            let message
             try {
-              body = frame(def.responseSerialize(value))
+              message = def.responseSerialize(value)
+              // The client gets the bytes the record keeps, not the object, which the
+              // handler may still change before grpc-js serializes it.
+              value = def.responseDeserialize(message)
             } catch (e) {
               s.counters.notStored++
-              finish = () => callback(e)
+              finish = () => callback(statusOf(e))
               return reject(new Released(owner, 'the response could not be serialized'))
             }
+            body = frame(message)
+            finish = () => callback(null, value, trailerMd, flags)
           }
           // The trailers flat, `name, value, ...` (the form `http.encodeRecord` takes).
           const trailers = ['grpc-status', String(code)]
           if (detail) trailers.push('grpc-message', percentEncode(detail))
-          pushTrailers(trailers, err ? err.metadata : trailerMd)
-          if (body.length > s.config.bodyCap) {
-            s.counters.notStored++
-            return reject(new Released(owner, 'the body is over the cap'))
+          pushTrailers(trailers, trailerSource)
+          if (http.storableGrpcStatus(String(code)) && body.length <= s.config.bodyCap) {
+            return resolve(http.encodeRecord(200, GRPC_HEADERS, body, trailers))
           }
-          if (http.storableGrpcStatus(String(code))) return resolve(http.encodeRecord(200, GRPC_HEADERS, body, trailers))
+          // Not stored (a status that is not final, or a body over the cap): the key is
+          // released, and the duplicates waiting now get this answer.
           s.counters.notStored++
           reject(new Unstored(owner, { status: 200, headers: fieldObjects(GRPC_HEADERS), body, trailers: fieldObjects(trailers) }))
         }
         try {
-          const r = handler.call(this, call, answer)
+          const r = handler.call(implementation, call, answer)
           if (r && typeof r.then === 'function') r.then(undefined, (e) => answer(e))
         } catch (e) {
           answer(e)
@@ -228,7 +267,13 @@ function wrap(s, grpc, def, handler) {
         if (cancelled) return
         callback({ code: UNKNOWN, details: String(e?.message ?? e) })
       },
-    )
+    ).catch((e) => {
+      // Sending the answer threw (grpc-js refused what it was given): the call ends with
+      // INTERNAL instead of staying open, and the process goes on.
+      try {
+        callback({ code: 13, details: `the answer could not be sent: ${e?.message ?? e}` })
+      } catch {}
+    })
   }
 }
 

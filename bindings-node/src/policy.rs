@@ -17,6 +17,17 @@ pub(crate) fn ms(d: Duration) -> f64 {
     d.as_millis() as f64 + f64::from(d.subsec_nanos() % 1_000_000) / 1e6
 }
 
+/// The largest delay a server's answer gives JavaScript, in ms: 2⁵³ − 1, the largest
+/// integer a Number holds exactly. A server delay that saturated (SPEC §3: longer than
+/// any deadline) is handed out as this, so that it reads back as a delay (a `Failure`
+/// given to `onFailure` or `classify`) instead of one too large to be a `Duration`.
+const MAX_SERVER_DELAY_MS: f64 = 9_007_199_254_740_991.0;
+
+/// A server's delay in ms, for JavaScript (see [`MAX_SERVER_DELAY_MS`]).
+pub(crate) fn server_delay_ms(d: Duration) -> f64 {
+    ms(d).min(MAX_SERVER_DELAY_MS)
+}
+
 /// Unwraps an instance of the native class `T` from `v`, or throws a `TypeError`
 /// naming `field`.
 pub(crate) fn instance<'a, T: JavaScriptClassExt + 'static>(
@@ -610,7 +621,7 @@ pub fn parse_retry_after(env: &Env, value: Unknown<'_>, now_ms: Unknown<'_>) -> 
         }
     };
     match oncely::parse_retry_after(&v, now).or_throw(raw)? {
-        ServerDelay::After(d) => Ok(ms(d)),
+        ServerDelay::After(d) => Ok(server_delay_ms(d)),
         ServerDelay::DoNotRetry => Ok(-1.0),
     }
 }
@@ -632,7 +643,7 @@ pub fn parse_pushback_ms(env: &Env, value: Unknown<'_>) -> Result<Pushback> {
     let v = convert::string(raw, value.raw(), "grpc-retry-pushback-ms", SHORT_STRING_MAX)?;
     Ok(match oncely::parse_pushback_ms(&v).or_throw(raw)? {
         ServerDelay::After(d) => Pushback {
-            delay_ms: Some(ms(d)),
+            delay_ms: Some(server_delay_ms(d)),
             do_not_retry: false,
         },
         ServerDelay::DoNotRetry => Pushback {
@@ -755,7 +766,7 @@ pub fn extract_failure(levels: Vec<RawLevel>, reasons: Option<&ReasonCodes>) -> 
     let reasons = reasons.map_or(&default, |r| &r.inner);
     let f = oncely::extract(&raw, reasons, SystemTime::now());
     let (delay_ms, do_not_retry) = match f.server_delay {
-        Some(ServerDelay::After(d)) => (Some(ms(d)), false),
+        Some(ServerDelay::After(d)) => (Some(server_delay_ms(d)), false),
         Some(ServerDelay::DoNotRetry) => (None, true),
         None => (None, false),
     };

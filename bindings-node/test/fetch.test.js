@@ -188,3 +188,76 @@ test('409 in progress (with Retry-After) is retried under the same key; a 409 wi
     await close(server)
   }
 })
+
+test('every signal given ends the call: a Request\'s own, init.signal beside options.signal, during a wait too', async () => {
+  const seen = []
+  const server = http.createServer((req, res) => {
+    seen.push(req.headers['idempotency-key'])
+    req.resume()
+    res.writeHead(503, { 'retry-after': '3' }).end()
+  })
+  const url = await listen(server)
+  try {
+    // Already aborted: nothing is sent.
+    await assert.rejects(idempotentFetch(new Request(url, { method: 'POST', body: 'x', signal: AbortSignal.abort() }), {}, { deadline: 5000 }), {
+      name: 'AbortError',
+    })
+    await assert.rejects(
+      idempotentFetch(url, { method: 'POST', body: 'x', signal: AbortSignal.abort() }, { signal: new AbortController().signal }),
+      { name: 'AbortError' },
+    )
+    assert.equal(seen.length, 0)
+    // Aborted while waiting the 3 s the server asked for: the call ends at once.
+    for (const make of [
+      (signal) => idempotentFetch(new Request(url, { method: 'POST', body: 'x', signal })),
+      (signal) => idempotentFetch(url, { method: 'POST', body: 'x', signal }, { signal: new AbortController().signal }),
+    ]) {
+      const controller = new AbortController()
+      const started = Date.now()
+      setTimeout(() => controller.abort(), 200)
+      await assert.rejects(make(controller.signal), { name: 'AbortError' })
+      assert.ok(Date.now() - started < 2000, `ended ${Date.now() - started} ms after it began`)
+    }
+  } finally {
+    await close(server)
+  }
+})
+
+test('a typed array or DataView body is sent again on a retry', async () => {
+  const bodies = []
+  const server = http.createServer(async (req, res) => {
+    const chunks = []
+    for await (const c of req) chunks.push(c)
+    bodies.push(Buffer.concat(chunks).toString('hex'))
+    res.writeHead(bodies.length === 1 ? 503 : 201).end()
+  })
+  const url = await listen(server)
+  try {
+    const bytes = new Uint8Array([1, 2, 3, 4])
+    for (const body of [new DataView(bytes.buffer), new Int16Array(bytes.buffer), new Float32Array(bytes.buffer)]) {
+      bodies.length = 0
+      const res = await idempotentFetch(url, { method: 'POST', body }, { policy: fast })
+      assert.equal(res.status, 201)
+      assert.deepEqual(bodies, ['01020304', '01020304'])
+    }
+  } finally {
+    await close(server)
+  }
+})
+
+test('a Retry-After too long for the platform stops the call at its deadline with the last answer', async () => {
+  let requests = 0
+  const server = http.createServer((req, res) => {
+    requests++
+    req.resume()
+    res.writeHead(503, { 'retry-after': '99999999999999999999' }).end()
+  })
+  const url = await listen(server)
+  try {
+    const res = await idempotentFetch(url, { method: 'POST', body: 'x' }, { deadline: 2000 })
+    assert.equal(res.status, 503)
+    assert.equal(requests, 1)
+  } finally {
+    await close(server)
+  }
+})

@@ -115,3 +115,31 @@ test('grpc: an implementation wrapped twice with one store does not hang the cal
     server.forceShutdown()
   }
 })
+
+for (const [major, express] of Object.entries(EXPRESSES)) {
+  test(`${major}: mounted on the app and on the route with one store, the first mount leads: answered, then replayed`, async () => {
+    const store = new IdempotencyStore()
+    const app = express()
+    let calls = 0
+    app.use(idempotency({ store }))
+    app.post('/orders', idempotency({ store }), (req, res) => {
+      calls++
+      res.status(201).json({ n: calls })
+    })
+    // A rewrite through app.handle reaches the middleware again too.
+    app.post('/v1/orders', (req, res, next) => {
+      req.url = '/orders'
+      app.handle(req, res, next)
+    })
+    await serve(app, async (base) => {
+      for (const path of ['/orders', '/v1/orders']) {
+        const key = `order-${path.length}-once`
+        const first = await post(base + path, key, { replayed: true })
+        assert.deepEqual(first, { status: 201, body: `{"n":${calls}}`, replayed: false })
+        assert.deepEqual(await post(base + path, key, { replayed: true }), { ...first, replayed: true })
+      }
+      assert.equal(calls, 2)
+      assert.equal(store.size, 2)
+    })
+  })
+}

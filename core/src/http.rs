@@ -690,7 +690,7 @@ impl Problem {
     /// | `LeaseLost` | 409 | `lease-lost` |
     /// | `Capacity` | 503 + Retry-After 1 | `capacity` |
     /// | `Unavailable` | 503 + Retry-After 1 | `unavailable` |
-    /// | `LeaderPanicked`, `Reentrant`, `ResultNotStored` | 500 | `internal` |
+    /// | `LeaderPanicked`, `Reentrant`, `ResultNotStored` | 500 (code INTERNAL) | `internal` |
     pub fn from_error(error: &Error) -> Self {
         Self::from_error_in(error, Protocol::Http)
     }
@@ -756,12 +756,22 @@ impl Problem {
             ),
             other => other.to_string(),
         };
+        // The server's own faults answer INTERNAL (gRPC's 500), whatever the error's code
+        // (a re-entrant call is FAILED_PRECONDITION to its caller): a final status such as
+        // FAILED_PRECONDITION would be stored by an adapter around this one, keeping the
+        // fault as the key's answer after the server is fixed.
+        let code = match error {
+            Error::LeaderPanicked(_) | Error::Reentrant { .. } | Error::ResultNotStored { .. } => {
+                Code::Internal
+            }
+            other => other.code(),
+        };
         Problem {
             status: error.http_status(),
             type_uri: slug,
             title,
             detail,
-            code: error.code(),
+            code,
             retry_after,
         }
     }

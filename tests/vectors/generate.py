@@ -1504,8 +1504,10 @@ def http_server_cases():
         ({"kind": "capacity"}, 503, "capacity", "RESOURCE_EXHAUSTED", "1"),
         ({"kind": "unavailable"}, 503, "unavailable", "UNAVAILABLE", "1"),
         ({"kind": "leader_panicked"}, 500, "internal", "INTERNAL", None),
-        ({"kind": "reentrant"}, 500, "internal", "FAILED_PRECONDITION", None),
-        ({"kind": "result_not_stored"}, 500, "internal", "DATA_LOSS", None),
+        # The server's own faults are INTERNAL whatever the error's code: a final gRPC
+        # status would be stored by an adapter around the one that refused.
+        ({"kind": "reentrant"}, 500, "internal", "INTERNAL", None),
+        ({"kind": "result_not_stored"}, 500, "internal", "INTERNAL", None),
     ]:
         headers = {"content-type": "application/problem+json"}
         if retry_after is not None:
@@ -1531,6 +1533,9 @@ def http_server_cases():
         ({"kind": "fingerprint_mismatch"}, "9", None),
         ({"kind": "in_progress", "retry_after_ms": 1500}, "10", "1500"),
         ({"kind": "unavailable"}, "14", "1000"),
+        ({"kind": "leader_panicked"}, "13", None),
+        ({"kind": "reentrant"}, "13", None),
+        ({"kind": "result_not_stored"}, "13", None),
     ]:
         c.append({"op": "grpc_problem", "error": error, "grpc_status": status,
                   "grpc_retry_pushback_ms": pushback})

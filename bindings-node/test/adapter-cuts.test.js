@@ -1,0 +1,189 @@
+'use strict'
+// oncely/express and oncely/fastify on real servers: a response the server cuts with an
+// error releases its key (it is not taken for a client gone away, which would hold it),
+// an onReplay hook that fails (async too) leaves the replay and the process alone, and
+// Fastify's `reply.callNotFound()` answers for its lead.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const { pipeline, Readable } = require('node:stream')
+
+const { IdempotencyStore, newKey } = require('oncely')
+const { idempotency: expressIdempotency } = require('oncely/express')
+const { EXPRESSES, serve, post } = require('./express-helpers.js')
+const { FASTIFIES, idempotency: fastifyIdempotency, within, listen, post: fastifyPost } = require('./fastify-helpers.js')
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+
+/** A keyed POST that the server cuts: 'cut', or 'hang' when nothing comes within 2 s. */
+function cutPost(url, key) {
+  return post(url, key, { ms: 2000 }).then(
+    (r) => (r === 'hang' ? r : `answered ${r.status}`),
+    (e) => (e.name === 'TypeError' ? 'cut' : Promise.reject(e)),
+  )
+}
+
+/** Three requests with one key, each cut by the handler: each must run it again. */
+async function cutThenRetried(url, key, calls) {
+  for (let i = 0; i < 3; i++) {
+    assert.equal(await cutPost(url, key), 'cut', `attempt ${i}: the key was held after the server cut the response`)
+  }
+  assert.equal(calls(), 3)
+}
+
+for (const [name, express] of Object.entries(EXPRESSES)) {
+  test(`${name}: a response the handler cuts with an error releases its key`, async () => {
+    const app = express()
+    app.use(expressIdempotency({ store: new IdempotencyStore() }))
+    const calls = { destroy: 0, pipeline: 0 }
+    app.post('/destroy', (req, res) => {
+      calls.destroy++
+      setTimeout(() => res.destroy(new Error('upstream failed')), 10)
+    })
+    // A stream piped into the response whose source fails before its first byte.
+    app.post('/pipeline', (req, res) => {
+      calls.pipeline++
+      const source = new Readable({
+        read() {
+          this.destroy(new Error('cursor failed'))
+        },
+      })
+      res.type('text/csv')
+      pipeline(source, res, () => {})
+    })
+    await serve(app, async (url) => {
+      await cutThenRetried(`${url}/destroy`, newKey(), () => calls.destroy)
+      await cutThenRetried(`${url}/pipeline`, newKey(), () => calls.pipeline)
+    })
+  })
+
+  test(`${name}: an onReplay hook that throws or rejects: the replay is sent, the server lives on`, async () => {
+    const warnings = []
+    const onWarning = (w) => warnings.push(w)
+    process.on('warning', onWarning)
+    try {
+      for (const onReplay of [
+        () => {
+          throw new Error('metrics down')
+        },
+        async () => {
+          throw new Error('metrics down')
+        },
+      ]) {
+        const app = express()
+        let calls = 0
+        app.post('/orders', expressIdempotency({ store: new IdempotencyStore(), onReplay }), (req, res) => {
+          calls++
+          res.status(201).json({ id: calls })
+        })
+        await serve(app, async (url) => {
+          const key = newKey()
+          const first = await post(`${url}/orders`, key)
+          const again = await post(`${url}/orders`, key, { replayed: true })
+          assert.deepEqual(again, { ...first, replayed: true })
+          await sleep(20)
+          // The server still answers.
+          assert.equal((await post(`${url}/orders`, newKey())).status, 201)
+        })
+      }
+    } finally {
+      process.off('warning', onWarning)
+    }
+    assert.equal(warnings.filter((w) => w.code === 'ONCELY_ON_REPLAY').length, 2)
+  })
+}
+
+for (const [name, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${name}: a response the handler cuts with an error releases its key, and nothing is stored`, async () => {
+    const app = Fastify()
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
+    const calls = { async: 0, callback: 0 }
+    app.post('/async', async (req, reply) => {
+      calls.async++
+      await sleep(10)
+      reply.raw.destroy(new Error('upstream failed'))
+    })
+    app.post('/callback', (req, reply) => {
+      calls.callback++
+      setTimeout(() => reply.raw.destroy(new Error('upstream failed')), 10)
+    })
+    const url = await listen(app)
+    try {
+      for (const path of ['/async', '/callback']) {
+        const key = newKey()
+        for (let i = 0; i < 3; i++) {
+          const r = await within(
+            fastifyPost(url, path, key).then(
+              (a) => a,
+              () => 'cut',
+            ),
+            2000,
+          )
+          assert.equal(r, 'cut', `${path}: attempt ${i} was answered or hung instead of cut (${r?.status ?? r})`)
+        }
+        assert.equal(calls[path.slice(1)], 3, `${path}: every attempt ran the handler`)
+      }
+    } finally {
+      await app.close()
+    }
+  })
+
+  test(`${name}: an async onReplay hook that rejects: the replay is sent, the server lives on`, async () => {
+    const warnings = []
+    const onWarning = (w) => warnings.push(w)
+    process.on('warning', onWarning)
+    const app = Fastify()
+    await app.register(fastifyIdempotency, {
+      store: new IdempotencyStore(),
+      onReplay: async () => {
+        throw new Error('metrics down')
+      },
+    })
+    let calls = 0
+    app.post('/orders', async (req, reply) => reply.code(201).send({ id: ++calls }))
+    const url = await listen(app)
+    try {
+      const key = newKey()
+      const first = await fastifyPost(url, '/orders', key)
+      const again = await fastifyPost(url, '/orders', key)
+      assert.equal(again.text, first.text)
+      assert.equal(again.headers.get('idempotent-replayed'), 'true')
+      await sleep(20)
+      assert.equal((await fastifyPost(url, '/orders', newKey())).status, 201)
+      assert.equal(calls, 2)
+    } finally {
+      process.off('warning', onWarning)
+      await app.close()
+    }
+    assert.equal(warnings.filter((w) => w.code === 'ONCELY_ON_REPLAY').length, 1)
+  })
+
+  test(`${name}: reply.callNotFound() answers for its lead: stored, replayed, no key left held`, async () => {
+    const app = Fastify()
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
+    let calls = 0
+    app.post('/orders/:id', async (req, reply) => {
+      calls++
+      return reply.callNotFound()
+    })
+    app.post('/sync/:id', (req, reply) => {
+      calls++
+      reply.callNotFound()
+    })
+    const url = await listen(app)
+    try {
+      for (const path of ['/orders/7', '/sync/7']) {
+        const key = newKey()
+        const first = await within(fastifyPost(url, path, key), 2000)
+        const retry = await within(fastifyPost(url, path, key), 2000)
+        assert.notEqual(first, 'hang')
+        assert.notEqual(retry, 'hang', `${path}: the retry hung`)
+        assert.equal(first.status, 404)
+        assert.equal(retry.status, 404)
+        assert.equal(retry.headers.get('idempotent-replayed'), 'true')
+      }
+      assert.equal(calls, 2)
+    } finally {
+      await app.close()
+    }
+  })
+}

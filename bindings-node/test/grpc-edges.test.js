@@ -1,0 +1,236 @@
+'use strict'
+// oncely/grpc at the edges of what grpc-js accepts: implementations found by a method's
+// original name or on a class's prototype, answers over the body cap with a duplicate
+// waiting, answers the handler changes after giving them, the status grpc-js derives
+// from an error, errors that are not objects, and a refusal of a nested wrapper. Real
+// @grpc/grpc-js servers on 127.0.0.1 with grpc-js clients.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+
+const grpc = require('@grpc/grpc-js')
+const { IdempotencyStore, newKey } = require('oncely')
+const { withIdempotency } = require('oncely/grpc')
+
+const json = {
+  requestSerialize: (v) => Buffer.from(JSON.stringify(v)),
+  requestDeserialize: (b) => JSON.parse(b.toString()),
+  responseSerialize: (v) => Buffer.from(JSON.stringify(v)),
+  responseDeserialize: (b) => JSON.parse(b.toString()),
+}
+const service = {
+  create: { path: '/shop.Orders/Create', requestStream: false, responseStream: false, ...json },
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+
+async function serve(svc, impl) {
+  const server = new grpc.Server()
+  server.addService(svc, impl)
+  const port = await new Promise((resolve, reject) =>
+    server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => (e ? reject(e) : resolve(p))),
+  )
+  const client = new (grpc.makeGenericClientConstructor(svc, 'Orders'))(`127.0.0.1:${port}`, grpc.credentials.createInsecure())
+  return {
+    client,
+    close: () => {
+      client.close()
+      return new Promise((r) => server.tryShutdown(r))
+    },
+  }
+}
+
+/** A unary call with the key (when given): `{ error, value, status, trailers }`. */
+function call(client, method, request, key) {
+  return new Promise((resolve) => {
+    const md = new grpc.Metadata()
+    if (key !== undefined) md.set('x-idempotency-key', key)
+    let out
+    const c = client[method](request, md, (error, value) => {
+      out = { error, value }
+    })
+    c.on('status', (status) => resolve({ ...out, status, trailers: status.metadata.getMap() }))
+  })
+}
+
+test('grpc: a handler found by the method\'s original name (a proto-loader service) is wrapped', async () => {
+  // The shape @grpc/proto-loader gives: methods named as in the .proto, with the
+  // camelCase name an implementation may use as `originalName`.
+  const svc = { CreateOrder: { ...service.create, originalName: 'createOrder' } }
+  let runs = 0
+  const impl = { createOrder: (c, cb) => cb(null, { id: ++runs }) }
+  const s = await serve(svc, withIdempotency(svc, impl, { store: new IdempotencyStore() }))
+  try {
+    const key = newKey()
+    const a = await call(s.client, 'CreateOrder', { sku: 'A' }, key)
+    const b = await call(s.client, 'CreateOrder', { sku: 'A' }, key)
+    assert.deepEqual([a.value, b.value], [{ id: 1 }, { id: 1 }])
+    assert.equal(b.trailers['idempotent-replayed'], 'true')
+    const missing = await call(s.client, 'CreateOrder', { sku: 'A' })
+    assert.equal(missing.status.code, grpc.status.INVALID_ARGUMENT)
+    assert.equal(runs, 1)
+  } finally {
+    await s.close()
+  }
+})
+
+test('grpc: an implementation that is a class instance keeps its prototype\'s methods and its `this`', async () => {
+  const svc = {
+    ...service,
+    watch: { path: '/shop.Orders/Watch', requestStream: false, responseStream: true, ...json },
+  }
+  class Orders {
+    constructor() {
+      this.n = 0
+    }
+    next() {
+      return ++this.n
+    }
+    create(c, cb) {
+      cb(null, { id: this.next() })
+    }
+    watch(c) {
+      c.write({ id: this.n })
+      c.end()
+    }
+  }
+  const impl = new Orders()
+  const s = await serve(svc, withIdempotency(svc, impl, { store: new IdempotencyStore() }))
+  try {
+    const key = newKey()
+    assert.deepEqual((await call(s.client, 'create', {}, key)).value, { id: 1 })
+    assert.deepEqual((await call(s.client, 'create', {}, key)).value, { id: 1 })
+    assert.deepEqual((await call(s.client, 'create', {}, newKey())).value, { id: 2 })
+    assert.equal(impl.n, 2, 'the handlers ran on the instance itself')
+    const streamed = await new Promise((resolve, reject) => {
+      const out = []
+      const c = s.client.watch({})
+      c.on('data', (d) => out.push(d))
+      c.on('error', reject)
+      c.on('end', () => resolve(out))
+    })
+    assert.deepEqual(streamed, [{ id: 2 }])
+  } finally {
+    await s.close()
+  }
+})
+
+test('grpc: an answer over the body cap is not stored, and the duplicate waiting for it gets it', async () => {
+  let runs = 0
+  const impl = {
+    create: async (c, cb) => {
+      const n = ++runs
+      await sleep(200)
+      cb(null, { id: n, pad: 'x'.repeat(2000) })
+    },
+  }
+  const s = await serve(service, withIdempotency(service, impl, { store: new IdempotencyStore(), bodyCap: 1000 }))
+  try {
+    const key = newKey()
+    const first = call(s.client, 'create', {}, key)
+    await sleep(50)
+    const duplicate = call(s.client, 'create', {}, key)
+    const [a, b] = await Promise.all([first, duplicate])
+    assert.equal(runs, 1, 'the duplicate waiting did not run the handler again')
+    assert.deepEqual(b.value, a.value)
+    // Not stored: a retry after it runs the handler.
+    assert.equal((await call(s.client, 'create', {}, key)).value.id, 2)
+  } finally {
+    await s.close()
+  }
+})
+
+test('grpc: the first caller gets the answer as it was given, not as the handler changed it after', async () => {
+  const impl = {
+    create: (c, cb) => {
+      const order = { id: 1, state: 'created' }
+      cb(null, order)
+      order.state = 'audited'
+    },
+  }
+  const s = await serve(service, withIdempotency(service, impl, { store: new IdempotencyStore() }))
+  try {
+    const key = newKey()
+    const a = await call(s.client, 'create', {}, key)
+    const b = await call(s.client, 'create', {}, key)
+    assert.deepEqual(a.value, { id: 1, state: 'created' })
+    assert.deepEqual(b.value, a.value)
+  } finally {
+    await s.close()
+  }
+})
+
+test('grpc: an error answer is stored as grpc-js sends it: its trailers, and its details as grpc-js reads them', async () => {
+  const answers = [
+    // The trailers given with the error replace the error's own, as grpc-js sends them.
+    (cb) => {
+      const own = new grpc.Metadata()
+      own.set('x-own', 'error')
+      const given = new grpc.Metadata()
+      given.set('x-reason', 'out-of-stock')
+      cb({ code: grpc.status.NOT_FOUND, details: 'gone', metadata: own }, null, given)
+    },
+    // No details and no message.
+    (cb) => cb({ code: grpc.status.NOT_FOUND }),
+    // Details that are not a string: the message.
+    (cb) => cb(Object.assign(new Error('the message'), { code: grpc.status.NOT_FOUND, details: 42 })),
+  ]
+  for (const [i, answer] of answers.entries()) {
+    let runs = 0
+    const impl = {
+      create: (c, cb) => {
+        runs++
+        answer(cb)
+      },
+    }
+    const s = await serve(service, withIdempotency(service, impl, { store: new IdempotencyStore() }))
+    try {
+      const key = newKey()
+      const a = await call(s.client, 'create', {}, key)
+      const b = await call(s.client, 'create', {}, key)
+      assert.equal(runs, 1, `answer ${i}: stored`)
+      assert.equal(a.status.code, grpc.status.NOT_FOUND)
+      assert.equal(b.status.code, a.status.code)
+      assert.equal(b.status.details, a.status.details, `answer ${i}: the same details`)
+      const { 'idempotent-replayed': replayed, ...rest } = b.trailers
+      assert.equal(replayed, 'true')
+      assert.deepEqual(rest, a.trailers, `answer ${i}: the same trailers`)
+    } finally {
+      await s.close()
+    }
+  }
+})
+
+test('grpc: a handler failing with something that is not an object is UNKNOWN, and the server lives on', async () => {
+  const handlers = [(c, cb) => cb('boom'), () => {
+    throw 'boom'
+  }, async () => {
+    throw 7
+  }]
+  for (const create of handlers) {
+    const s = await serve(service, withIdempotency(service, { create }, { store: new IdempotencyStore() }))
+    try {
+      const r = await call(s.client, 'create', {}, newKey())
+      assert.equal(r.status.code, grpc.status.UNKNOWN)
+      // The server still answers.
+      assert.equal((await call(s.client, 'create', {}, newKey())).status.code, grpc.status.UNKNOWN)
+    } finally {
+      await s.close()
+    }
+  }
+})
+
+test('grpc: an implementation wrapped twice with one store: the outer wrapper leads, the call is answered and replayed', async () => {
+  let runs = 0
+  const impl = { create: (c, cb) => cb(null, { id: ++runs }) }
+  const store = new IdempotencyStore()
+  const s = await serve(service, withIdempotency(service, withIdempotency(service, impl, { store }), { store }))
+  try {
+    const key = newKey()
+    const a = await call(s.client, 'create', {}, key)
+    const b = await call(s.client, 'create', {}, key)
+    assert.deepEqual([a.value, b.value], [{ id: 1 }, { id: 1 }])
+    assert.equal(b.trailers['idempotent-replayed'], 'true')
+    assert.equal(runs, 1)
+  } finally {
+    await s.close()
+  }
+})
