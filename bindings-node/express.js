@@ -577,6 +577,12 @@ class Capture {
       s.counters.notStored++
       return new Released(owner, 'an event stream is not stored')
     }
+    // Trailers (`res.addTrailers`, which Node keeps as `_trailer`) are sent after the
+    // body and are not in the record: the answer is not stored, as in oncely.asgi.
+    if (res._trailer) {
+      s.counters.notStored++
+      return new Released(owner, 'an answer with trailers is not stored')
+    }
     const chunks = this.chunks
     const body = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, this.size)
     const outcome = outcomeOf(s, owner, this.method, res.statusCode, headers, body)

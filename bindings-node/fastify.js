@@ -31,6 +31,8 @@ const { acting } = require('./lib/store.js')
 const STATE = Symbol('oncely.idempotency')
 const WATCHED = Symbol('oncely.watched')
 const EMPTY = Buffer.alloc(0)
+/** The state of a request replaying a record without a content type (see the replay). */
+const BARE_REPLAY = Object.freeze({ bare: true })
 
 function noop() {}
 
@@ -179,6 +181,24 @@ function watchHandler(handler) {
     }
     return result
   }
+}
+
+/**
+ * Fastify's own key for a reply's trailers (`reply.trailer`), found on first use and
+ * again for another copy of Fastify (each has a symbol of its own).
+ */
+let trailersKey
+
+/** Whether the handler gave the reply trailers (`reply.trailer(name, fn)`). */
+function hasTrailers(reply) {
+  if (trailersKey === undefined || !Object.hasOwn(reply, trailersKey)) {
+    trailersKey = Object.getOwnPropertySymbols(reply).find((k) => k.description === 'fastify.reply.trailers')
+    if (trailersKey === undefined) return false
+  }
+  const t = reply[trailersKey]
+  if (t === null || t === undefined) return false
+  for (const name in t) if (t[name] !== undefined) return true
+  return false
 }
 
 function sendProblem(reply, p) {
@@ -332,6 +352,9 @@ async function idempotency(fastify, options) {
           headers[name] = headers[name] === undefined ? v : [].concat(headers[name], v)
         }
         headers[http.REPLAYED_HEADER] = 'true'
+        // Fastify gives a Buffer payload a content type of its own when it has none;
+        // the record's answer had none (an empty body): onSend takes it off again.
+        if (headers['content-type'] === undefined) request[STATE] = BARE_REPLAY
         reply.code(a.status).headers(headers).send(a.body)
       },
       (e) => {
@@ -361,6 +384,10 @@ async function idempotency(fastify, options) {
 
   fastify.addHook('onSend', async (request, reply, payload) => {
     const st = request[STATE]
+    if (st === BARE_REPLAY) {
+      reply.removeHeader('content-type')
+      return payload
+    }
     if (!st || st.s !== s || !st.settle) return payload
     // A send while this answer waits for the store below: `reply.sent` is still false,
     // so Fastify sends again when an async handler that called `reply.send` resolves
@@ -387,7 +414,9 @@ async function idempotency(fastify, options) {
     else if (Buffer.isBuffer(payload)) body = payload
     else if (typeof payload === 'string') body = Buffer.from(payload, 'utf8')
     const eventStream = isEventStream(s, reply.getHeader('content-type'))
-    if (eventStream || body === undefined) {
+    // An answer with trailers (`reply.trailer`, computed after the body) is sent as it
+    // comes and not stored, as a stream: the record would replay it without them.
+    if (eventStream || body === undefined || hasTrailers(reply)) {
       // A stream or an event stream is sent as it comes and not stored; the key is
       // released once it ends. A Node stream keeps it until its producer has stopped
       // (Fastify destroys it when the client goes away; it closes once its producer has

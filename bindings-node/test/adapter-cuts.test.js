@@ -187,3 +187,78 @@ for (const [name, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 }
+
+/** A keyed POST read with node:http: `{ status, headers, body, trailers }`. */
+function postWithTrailers(url, key) {
+  const http = require('node:http')
+  return new Promise((resolve, reject) => {
+    const req = http.request(url, { method: 'POST', headers: { 'idempotency-key': key, te: 'trailers', 'content-length': 0 } }, (res) => {
+      const chunks = []
+      res.on('data', (c) => chunks.push(c))
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(chunks).toString(), trailers: res.trailers }))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+for (const [name, express] of Object.entries(EXPRESSES)) {
+  test(`${name}: an answer with trailers is sent with them and not stored (its replay would lack them)`, async () => {
+    const app = express()
+    app.use(expressIdempotency({ store: new IdempotencyStore() }))
+    let calls = 0
+    app.post('/report', (req, res) => {
+      calls++
+      res.status(201).setHeader('trailer', 'x-sum')
+      res.setHeader('content-type', 'text/plain')
+      res.write('body')
+      res.addTrailers({ 'x-sum': `s${calls}` })
+      res.end()
+    })
+    await serve(app, async (url) => {
+      const key = newKey()
+      const first = await postWithTrailers(`${url}/report`, key)
+      const again = await postWithTrailers(`${url}/report`, key)
+      assert.deepEqual([first.status, first.body, first.trailers], [201, 'body', { 'x-sum': 's1' }])
+      assert.deepEqual([again.status, again.body, again.trailers], [201, 'body', { 'x-sum': 's2' }])
+      assert.equal(again.headers['idempotent-replayed'], undefined)
+      assert.equal(calls, 2)
+    })
+  })
+}
+
+for (const [name, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${name}: an answer with trailers is sent with them and not stored; an empty answer replays without a content type`, async () => {
+    const app = Fastify()
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
+    const calls = { report: 0, empty: 0 }
+    app.post('/report', (req, reply) => {
+      const n = ++calls.report
+      reply.trailer('x-sum', async () => `s${n}`)
+      reply.code(201).send('body')
+    })
+    app.post('/empty', async (req, reply) => {
+      calls.empty++
+      reply.code(201).send()
+    })
+    const url = await listen(app)
+    try {
+      const key = newKey()
+      const first = await postWithTrailers(`${url}/report`, key)
+      const again = await postWithTrailers(`${url}/report`, key)
+      assert.deepEqual([first.status, first.body, first.trailers], [201, 'body', { 'x-sum': 's1' }])
+      assert.deepEqual([again.status, again.body, again.trailers], [201, 'body', { 'x-sum': 's2' }])
+      assert.equal(calls.report, 2)
+
+      const emptyKey = newKey()
+      const a = await postWithTrailers(`${url}/empty`, emptyKey)
+      const b = await postWithTrailers(`${url}/empty`, emptyKey)
+      assert.equal(b.headers['idempotent-replayed'], 'true')
+      assert.equal(a.headers['content-type'], undefined)
+      assert.equal(b.headers['content-type'], undefined)
+      assert.equal(calls.empty, 1)
+    } finally {
+      await app.close()
+    }
+  })
+}
