@@ -136,27 +136,24 @@ function declaredOver(headers, cap) {
 }
 
 /**
- * The stores each request (or gRPC call) has been taken through, by the request: one
- * that reaches an adapter of the same store again (the middleware mounted on the app and
- * on the route, a rewrite through `app.handle`, a gRPC implementation wrapped twice)
- * goes straight on to the handler, under the lead it is already in.
+ * The leads each request (or gRPC call) has been taken through, by the request: a store
+ * and a scoped key, flat. A request that reaches an adapter of the same store again with
+ * the same scoped key (the middleware mounted on the app and on the route, a gRPC
+ * implementation wrapped twice) goes straight on to the handler, under the lead it is
+ * already in: asking the store again from inside that lead would be refused as
+ * re-entrant. Another scoped key (a rewrite to another route) leads a key of its own.
  */
 const takenBy = new WeakMap()
 
-/** Notes that `req` goes through `store`: false when it went through it already. */
-function takeOnce(req, store) {
+/** Notes that `req` leads `scoped` in `store`: false when it did already. */
+function takeOnce(req, store, scoped) {
   const t = takenBy.get(req)
   if (t === undefined) {
-    takenBy.set(req, store)
+    takenBy.set(req, [store, scoped])
     return true
   }
-  if (t === store) return false
-  if (!Array.isArray(t)) {
-    takenBy.set(req, [t, store])
-    return true
-  }
-  if (t.includes(store)) return false
-  t.push(store)
+  for (let i = 0; i < t.length; i += 2) if (t[i] === store && t[i + 1] === scoped) return false
+  t.push(store, scoped)
   return true
 }
 
@@ -535,6 +532,13 @@ function watchSocket(socket) {
  */
 const cutResponses = new WeakSet()
 
+/**
+ * The responses the server cut while their connection was still up (`res.destroy(err)`,
+ * a `pipeline` into them whose source failed): a connection closed with such a cut is
+ * not the client's leaving (see `clientLeft`).
+ */
+const serverCuts = new WeakSet()
+
 let destroyHooked = false
 
 function hookDestroy() {
@@ -544,6 +548,11 @@ function hookDestroy() {
   const own = Object.hasOwn(P, 'destroy') ? P.destroy : undefined
   P.destroy = function destroy(error) {
     const socket = this.socket
+    // Cut while its connection was still up: the server's own cut (not a reaction to the
+    // client having left, as an app's 'close' listener that destroys the response is).
+    if (socket && !socket.destroyed && !socket.readableEnded && !socket.errored && !dispatching.has(socket)) {
+      serverCuts.add(this)
+    }
     if (!(socket && dispatching.has(socket))) {
       cutResponses.add(this)
       const waiting = onCut.get(this)
@@ -594,22 +603,18 @@ function clientGone(socket, res, seen) {
 /**
  * Whether the client itself left (it ended or reset the connection) or a timeout during
  * the request cut it (see `clientGone`): not a kept timeout's later, unknown cut. A
- * connection cut with an error is the client's leaving only when the error is the
- * system's (a reset, a broken pipe: it has a `syscall`) and the server did not cut the
- * response (`res.destroy(err)`, a `pipeline` into it whose source failed, which puts its
- * error on the socket too): the handler has stopped then, and the key is released.
+ * response the server cut while its connection was up (`res.destroy(err)`, a `pipeline`
+ * into it whose source failed: `serverCuts`) puts its error on the socket too: that is
+ * not the client leaving (the handler has stopped, and the key is released). Any other
+ * error on the socket is taken as the client's (a reset, a broken pipe, a TLS failure):
+ * the handler may still run, so the key stays held.
  */
 function clientLeft(socket, seen, res) {
   if (!socket) return false
-  if (res !== undefined && cutResponses.has(res)) return false
-  if (socket.readableEnded || systemError(socket.errored)) return true
+  if (res !== undefined && serverCuts.has(res)) return false
+  if (socket.readableEnded || socket.errored) return true
   const t = timeouts.get(socket)
   return t !== undefined && t.fired !== seen && t.cut
-}
-
-/** Whether `e` is an error of the system's (one a system call gave: a reset, a broken pipe). */
-function systemError(e) {
-  return e !== null && typeof e === 'object' && typeof e.syscall === 'string'
 }
 
 /** `on_replay` and the counter, for every replayed answer. */

@@ -110,13 +110,6 @@ function idempotency(options) {
       sendProblem(res, key)
       return
     }
-    if (!takeOnce(req, s.store)) {
-      // Here again with the same store (mounted twice, dispatched again): its first pass
-      // leads it, and captures the answer given now.
-      s.counters.passedThrough++
-      next()
-      return
-    }
     if (req._body || req.readableEnded) return covered(req, res, next, method, key, parsedBody(req))
     const headers = req.headers
     if (declaredOver(headers, s.requestCap)) {
@@ -162,6 +155,12 @@ function idempotency(options) {
       return sendProblem(res, r)
     }
     const scoped = own ? r : scopedIn(r)
+    if (!takeOnce(req, s.store, scoped)) {
+      // Here again with the same store and key (mounted twice): its first pass leads it,
+      // and captures the answer given now.
+      s.counters.passedThrough++
+      return next()
+    }
     const fp = own ? s.fingerprint(req, typeof body === 'string' ? Buffer.from(body, 'utf8') : body) : fingerprintIn(r)
     const capture = new Capture(s, req, res, next, method, cap)
     let outcome

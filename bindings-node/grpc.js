@@ -137,16 +137,51 @@ function trailer(grpc, extra) {
  * with the error, else the error's own. Anything thrown or passed that is not an object
  * is UNKNOWN with its text (grpc-js itself would fail on it).
  */
-function statusOf(err, trailerMd) {
+function statusOf(grpc, err, trailerMd) {
+  let status
   if (err === null || (typeof err !== 'object' && typeof err !== 'function')) {
-    return { code: UNKNOWN, details: String(err), metadata: trailerMd ?? null }
+    status = { code: UNKNOWN, details: String(err), metadata: trailerMd ?? null }
+  } else {
+    status = { code: UNKNOWN, details: 'message' in err ? err.message : 'Unknown Error', metadata: trailerMd ?? err.metadata ?? null }
+    if ('code' in err && typeof err.code === 'number' && Number.isInteger(err.code)) {
+      status.code = err.code
+      if ('details' in err && typeof err.details === 'string') status.details = err.details
+    }
   }
-  const status = { code: UNKNOWN, details: 'message' in err ? err.message : 'Unknown Error', metadata: trailerMd ?? err.metadata ?? null }
-  if ('code' in err && typeof err.code === 'number' && Number.isInteger(err.code)) {
-    status.code = err.code
-    if ('details' in err && typeof err.details === 'string') status.details = err.details
+  return sendable(grpc, status)
+}
+
+/**
+ * `status` as grpc-js can send it, so that what is stored is what is sent: details that
+ * are not well-formed Unicode (a lone surrogate, which grpc-js's percent-encoding throws
+ * on) get U+FFFD in its place, and trailers that are not a `grpc.Metadata` (on which
+ * grpc-js throws) make the answer UNKNOWN.
+ */
+function sendable(grpc, status) {
+  if (typeof status.details !== 'string') status.details = String(status.details)
+  status.details = status.details.toWellFormed()
+  if (status.metadata !== null && status.metadata !== undefined && !(status.metadata instanceof grpc.Metadata)) {
+    return { code: UNKNOWN, details: 'the trailing metadata given is not a grpc.Metadata', metadata: null }
   }
   return status
+}
+
+/**
+ * The answer to send, given when the record was made from its bytes `message`: the value
+ * itself, unless the handler has changed it since (it serializes to other bytes now),
+ * then the value read back from the record, as a replay sends it. The value itself
+ * otherwise: a codec that loses precision on the way back (proto-loader's
+ * `longs: Number`) must not change the first answer.
+ */
+function asBuffer(bytes) {
+  return Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+}
+
+function unchanged(def, value, message) {
+  try {
+    if (asBuffer(def.responseSerialize(value)).equals(asBuffer(message))) return value
+  } catch {}
+  return def.responseDeserialize(message)
 }
 
 function wrap(s, grpc, def, handler, implementation) {
@@ -164,17 +199,17 @@ function wrap(s, grpc, def, handler, implementation) {
       callback({ code: Number(m['grpc-status']), details: p.detail, metadata: md })
     }
     if (typeof key !== 'string') return refuse(key)
-    if (!takeOnce(call, s.store)) {
-      // Wrapped twice with one store: the outer wrapper leads this call.
-      s.counters.passedThrough++
-      return handler.call(implementation, call, callback)
-    }
     const message = def.requestSerialize(call.request)
     // The scoped key and the fingerprint in one call into the core; the fingerprint over
     // the framed message, as every adapter computes it (SPEC §8).
     const r = s.fingerprint ? scopeOf(s, call, 'POST', path, key) : requestOf(s, call, 'POST', path, key, path, 'application/grpc', frame(message))
     if (typeof r !== 'string') return refuse(r)
     const scoped = s.fingerprint ? r : scopedIn(r)
+    if (!takeOnce(call, s.store, scoped)) {
+      // Wrapped twice with one store: the outer wrapper leads this call.
+      s.counters.passedThrough++
+      return handler.call(implementation, call, callback)
+    }
     const fp = s.fingerprint ? s.fingerprint(call, message) : fingerprintIn(r)
 
     let cancelled = false
@@ -195,9 +230,10 @@ function wrap(s, grpc, def, handler, implementation) {
           let detail = ''
           let body = Buffer.alloc(0)
           let trailerSource = trailerMd
-          if (err) {
+          const bad = !err && trailerMd !== null && trailerMd !== undefined && !(trailerMd instanceof grpc.Metadata)
+          if (err || bad) {
             // The status grpc-js would send, sent as it is and stored as it is.
-            const status = statusOf(err, trailerMd)
+            const status = bad ? sendable(grpc, { code: OK, details: '', metadata: trailerMd }) : statusOf(grpc, err, trailerMd)
             code = status.code
             detail = status.details
             trailerSource = status.metadata
@@ -206,16 +242,13 @@ function wrap(s, grpc, def, handler, implementation) {
             let message
             try {
               message = def.responseSerialize(value)
-              // The client gets the bytes the record keeps, not the object, which the
-              // handler may still change before grpc-js serializes it.
-              value = def.responseDeserialize(message)
             } catch (e) {
               s.counters.notStored++
-              finish = () => callback(statusOf(e))
+              finish = () => callback({ code: 13, details: `Error serializing response: ${e?.message ?? e}` })
               return reject(new Released(owner, 'the response could not be serialized'))
             }
             body = frame(message)
-            finish = () => callback(null, value, trailerMd, flags)
+            finish = () => callback(null, unchanged(def, value, message), trailerMd, flags)
           }
           // The trailers flat, `name, value, ...` (the form `http.encodeRecord` takes).
           const trailers = ['grpc-status', String(code)]

@@ -31,6 +31,7 @@ async function serve(svc, impl) {
   const client = new (grpc.makeGenericClientConstructor(svc, 'Orders'))(`127.0.0.1:${port}`, grpc.credentials.createInsecure())
   return {
     client,
+    port,
     close: () => {
       client.close()
       return new Promise((r) => server.tryShutdown(r))
@@ -231,6 +232,57 @@ test('grpc: an implementation wrapped twice with one store: the outer wrapper le
     assert.equal(b.trailers['idempotent-replayed'], 'true')
     assert.equal(runs, 1)
   } finally {
+    await s.close()
+  }
+})
+
+test('grpc: what grpc-js cannot send is not stored as if it were sent: a lone surrogate in the details, plain-object trailers', async () => {
+  const answers = {
+    surrogate: (cb) => cb({ code: grpc.status.INVALID_ARGUMENT, details: 'bad sku 😀'.slice(0, 9) }),
+    plainTrailers: (cb) => cb({ code: grpc.status.NOT_FOUND, details: 'gone', metadata: { a: '1' } }),
+    plainTrailersOk: (cb) => cb(null, { id: 1 }, { a: '1' }),
+  }
+  for (const [name, answer] of Object.entries(answers)) {
+    let runs = 0
+    const impl = {
+      create: (c, cb) => {
+        runs++
+        answer(cb)
+      },
+    }
+    const s = await serve(service, withIdempotency(service, impl, { store: new IdempotencyStore() }))
+    try {
+      const key = newKey()
+      const a = await call(s.client, 'create', {}, key)
+      const b = await call(s.client, 'create', {}, key)
+      assert.equal(b.status.code, a.status.code, `${name}: one status`)
+      assert.equal(b.status.details, a.status.details, `${name}: one details`)
+      assert.notEqual(a.status.code, grpc.status.INTERNAL, `${name}: the answer was sent`)
+      if (name === 'surrogate') {
+        assert.equal(a.status.details, 'bad sku \uFFFD')
+        assert.equal(runs, 1)
+        assert.equal(b.trailers['idempotent-replayed'], 'true')
+      } else {
+        assert.equal(a.status.code, grpc.status.UNKNOWN)
+      }
+    } finally {
+      await s.close()
+    }
+  }
+})
+
+test('grpc: the first caller gets the value the handler gave, not one read back through a lossy codec', async () => {
+  // The server's codec reads numbers back rounded (as proto-loader's `longs: Number`
+  // reads a 64-bit integer); the client's reads them as they are.
+  const server = { create: { ...service.create, responseDeserialize: (b) => ({ id: Math.round(JSON.parse(b.toString()).id) }) } }
+  const impl = { create: (c, cb) => cb(null, { id: 1.5 }) }
+  const s = await serve(server, withIdempotency(server, impl, { store: new IdempotencyStore() }))
+  const client = new (grpc.makeGenericClientConstructor(service, 'Orders'))(`127.0.0.1:${s.port}`, grpc.credentials.createInsecure())
+  try {
+    const r = await call(client, 'create', {}, newKey())
+    assert.deepEqual(r.value, { id: 1.5 })
+  } finally {
+    client.close()
     await s.close()
   }
 })

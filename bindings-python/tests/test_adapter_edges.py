@@ -482,3 +482,68 @@ def test_wsgiref_refusing_the_headers_still_closes_the_app_body() -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+async def test_uvicorn_one_store_mounted_twice_is_led_by_the_outer_middleware(
+    server: tuple[Server, Dispatch],
+) -> None:
+    """The middleware wrapped around an app that already has it, with one store (on the
+    app and on a mounted sub-app): the outer one leads, the inner one passes the request
+    on. Before, the inner asked the store again from inside the lead and every keyed
+    request was refused 500 (re-entrant)."""
+    srv, dispatch = server
+    calls = 0
+
+    async def orders(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        await request.body()
+        return Response(f'{{"n":{calls}}}', status_code=201, media_type="application/json")
+
+    store = oncely.IdempotencyStore()
+    inner = AsgiMiddleware(
+        Starlette(routes=[Route("/orders", orders, methods=["POST"])]), store=store
+    )
+    dispatch.app = AsgiMiddleware(inner, store=store)
+    headers = {**POST, "idempotency-key": "order-twice-0001"}
+    async with httpx.AsyncClient(base_url=srv.url) as client:
+        first = await client.post("/orders", content=b"{}", headers=headers)
+        again = await client.post("/orders", content=b"{}", headers=headers)
+    assert (first.status_code, first.text) == (201, '{"n":1}')
+    assert (again.status_code, again.text) == (201, '{"n":1}')
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert calls == 1
+
+
+def test_wsgiref_one_store_mounted_twice_is_led_by_the_outer_middleware() -> None:
+    """As above, with WSGI."""
+    calls = 0
+
+    def app(environ: Any, start_response: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        environ["wsgi.input"].read()
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [f'{{"n":{calls}}}'.encode()]
+
+    store = oncely.IdempotencyStore()
+    mw = WsgiMiddleware(WsgiMiddleware(app, store=store), store=store)
+    srv = make_server("127.0.0.1", 0, mw, handler_class=Quiet)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        answers = []
+        for _ in range(2):
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{srv.server_port}/orders",
+                data=b"{}",
+                method="POST",
+                headers={"Idempotency-Key": "order-twice-0002", "Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=5) as r:
+                answers.append((r.status, r.read(), r.headers.get("idempotent-replayed")))
+        assert answers == [(201, b'{"n":1}', None), (201, b'{"n":1}', "true")]
+        assert calls == 1
+    finally:
+        srv.shutdown()
+        srv.server_close()

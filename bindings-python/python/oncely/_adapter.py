@@ -6,8 +6,21 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Optional, Protocol, Sequence, TypeVar, Union, overload
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Iterator,
+    Optional,
+    Protocol,
+    Sequence,
+    TypeVar,
+    Union,
+    overload,
+)
 
 from . import http
 from ._codes import Code
@@ -294,6 +307,32 @@ class Settings:
                 self.on_replay(request, scoped)
             except Exception:
                 log.exception("oncely: the on_replay hook raised")
+
+
+_leads: ContextVar[tuple[tuple[object, ScopedKey], ...]] = ContextVar(
+    "oncely_adapter_leads", default=()
+)
+"""The (store, scoped key) pairs this context's request is being led under."""
+
+
+def led_already(store: object, scoped: ScopedKey) -> bool:
+    """Whether the request of this context is led already in ``store`` under ``scoped``:
+    it reached a middleware of the same store again (wrapped twice, on an app and on a
+    sub-app mounted in it), which then passes it on to the app under that lead. Asking the
+    store again from inside the lead would be refused as re-entrant. Another scoped key
+    (another route) leads a key of its own."""
+    return any(s is store and k == scoped for s, k in _leads.get())
+
+
+@contextmanager
+def leading(store: object, scoped: ScopedKey) -> Iterator[None]:
+    """The request of this context goes through ``store`` under ``scoped`` (see
+    :func:`led_already`)."""
+    token = _leads.set(_leads.get() + ((store, scoped),))
+    try:
+        yield
+    finally:
+        _leads.reset(token)
 
 
 def replay_head(record: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

@@ -29,6 +29,8 @@ from ._adapter import (
     Settings,
     Streamed,
     Unstored,
+    leading,
+    led_already,
     problem_head,
     problem_of,
     replay_head,
@@ -166,6 +168,11 @@ class IdempotencyMiddleware:
         if isinstance(scoped, http.Problem):
             await self._refuse(send, scoped)
             return
+        if led_already(self.store, scoped):
+            # Here again with the same store and key (wrapped twice): the outer one leads.
+            s.counters.bump("passed_through")
+            await self.app(scope, _body_again(body, receive), send)
+            return
         if s.fingerprint is not None:
             fp = s.fingerprint(scope, body)
         else:
@@ -178,7 +185,8 @@ class IdempotencyMiddleware:
         run = _Lead(self.app, s, scope, body, receive, send)
         while True:
             try:
-                done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
+                with leading(self.store, scoped):
+                    done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:
                     await run.finish()
@@ -263,6 +271,20 @@ class IdempotencyMiddleware:
 
 # Messages an app may send before its response that are not part of it.
 _INFORMATIONAL = frozenset({"http.response.early_hint", "http.response.push"})
+
+
+def _body_again(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` (read already) once, then the server's messages."""
+    given = False
+
+    async def again() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
 
 
 def _event_stream(start: Message) -> bool:

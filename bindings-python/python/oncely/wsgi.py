@@ -31,6 +31,8 @@ from ._adapter import (
     Streamed,
     SyncStore,
     Unstored,
+    leading,
+    led_already,
     problem_head,
     problem_of,
     replay_head,
@@ -159,6 +161,10 @@ class IdempotencyMiddleware:
         scoped = s.scoped(environ, method, route or path, decision)
         if isinstance(scoped, http.Problem):
             return self._refuse(start_response, scoped)
+        if led_already(self.store, scoped):
+            # Here again with the same store and key (wrapped twice): the outer one leads.
+            s.counters.bump("passed_through")
+            return self.app(environ, start_response)
         if s.fingerprint is not None:
             fp = s.fingerprint(environ, body)
         else:
@@ -168,7 +174,8 @@ class IdempotencyMiddleware:
         run = _Lead(self.app, s, environ, start_response)
         while True:
             try:
-                done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
+                with leading(self.store, scoped):
+                    done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:
                     return run.finish()

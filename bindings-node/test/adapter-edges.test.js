@@ -1,8 +1,10 @@
 'use strict'
-// oncely/express and oncely/fastify on real servers: a response the server cuts with an
-// error releases its key (it is not taken for a client gone away, which would hold it),
-// an onReplay hook that fails (async too) leaves the replay and the process alone, and
-// Fastify's `reply.callNotFound()` answers for its lead.
+// oncely/express and oncely/fastify on real servers, at the edges a review found: a
+// response the server cuts with an error releases its key (it is not taken for a client
+// gone away, which would hold it), an onReplay hook that fails (async too) leaves the
+// replay and the process alone, Fastify's `reply.callNotFound()` answers for its lead, an
+// answer with trailers is not stored, and a client gone before its response was cut by
+// the app's own close listener keeps its key held.
 const test = require('node:test')
 const assert = require('node:assert/strict')
 const { pipeline, Readable } = require('node:stream')
@@ -259,6 +261,80 @@ for (const [name, Fastify] of Object.entries(FASTIFIES)) {
       assert.equal(calls.empty, 1)
     } finally {
       await app.close()
+    }
+  })
+}
+
+/**
+ * Sends a keyed POST on a raw socket and leaves after 100 ms (`rst`: a reset, else a FIN),
+ * then sends the same key again with fetch at 150 ms: its answer, as text.
+ */
+async function leaveThenRetry(url, path, key, mode) {
+  const net = require('node:net')
+  const { port } = new URL(url)
+  const body = '{"a":1}'
+  const s = net.connect(Number(port), '127.0.0.1', () =>
+    s.write(`POST ${path} HTTP/1.1\r\nHost: x\r\nIdempotency-Key: ${key}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`),
+  )
+  s.on('error', () => {})
+  await sleep(100)
+  if (mode === 'rst') s.resetAndDestroy()
+  else s.end()
+  await sleep(50)
+  const r = await fetch(url + path, {
+    method: 'POST',
+    headers: { 'idempotency-key': key, 'content-type': 'application/json' },
+    body,
+    signal: AbortSignal.timeout(3000),
+  })
+  return `${r.status} ${r.headers.get('idempotent-replayed')} ${await r.text()}`
+}
+
+for (const [name, express] of Object.entries(EXPRESSES)) {
+  test(`${name}: a client gone, then its response destroyed by the app's close listener: the key stays held`, async () => {
+    for (const mode of ['rst', 'fin']) {
+      const app = express()
+      app.use(expressIdempotency({ store: new IdempotencyStore() }))
+      let runs = 0
+      app.post('/x', async (req, res) => {
+        runs++
+        res.on('close', () => {
+          if (!res.writableEnded) res.destroy()
+        })
+        await sleep(400)
+        res.status(201).json({ n: runs })
+      })
+      await serve(app, async (url) => {
+        assert.equal(await leaveThenRetry(url, '/x', newKey(), mode), '201 true {"n":1}', mode)
+        assert.equal(runs, 1, `${mode}: the handler ran again while it still ran`)
+      })
+    }
+  })
+}
+
+for (const [name, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${name}: a client gone, then its response destroyed by a close listener: the key stays held`, async () => {
+    for (const mode of ['rst', 'fin']) {
+      const app = Fastify()
+      app.addHook('onRequest', async (req, reply) => {
+        reply.raw.on('close', () => {
+          if (!reply.raw.writableEnded) reply.raw.destroy()
+        })
+      })
+      await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
+      let runs = 0
+      app.post('/x', async (req, reply) => {
+        runs++
+        await sleep(400)
+        return reply.code(201).send({ n: runs })
+      })
+      const url = await listen(app)
+      try {
+        assert.equal(await leaveThenRetry(url, '/x', newKey(), mode), '201 true {"n":1}', mode)
+        assert.equal(runs, 1, `${mode}: the handler ran again while it still ran`)
+      } finally {
+        await app.close()
+      }
     }
   })
 }
