@@ -132,7 +132,7 @@ function trailer(grpc, extra) {
 
 /**
  * The status grpc-js sends for an error given to a unary callback (its
- * `serverErrorToStatus`): the code when it is an integer (else UNKNOWN), the details
+ * `serverErrorToStatus`): the code when it is an integer other than OK (else UNKNOWN), the details
  * when they are a string (else the message, else 'Unknown Error'), and the trailers given
  * with the error, else the error's own. Anything thrown or passed that is not an object
  * is UNKNOWN with its text (grpc-js itself would fail on it).
@@ -143,8 +143,11 @@ function statusOf(grpc, err, trailerMd) {
     status = { code: UNKNOWN, details: String(err), metadata: trailerMd ?? null }
   } else {
     status = { code: UNKNOWN, details: 'message' in err ? err.message : 'Unknown Error', metadata: trailerMd ?? err.metadata ?? null }
+    // An error that says OK is still an error: grpc-js would end the call OK with no
+    // message (which its client reads as UNIMPLEMENTED), and it would be stored as a
+    // success that a replay reads as an empty message. UNKNOWN instead, not stored.
     if ('code' in err && typeof err.code === 'number' && Number.isInteger(err.code)) {
-      status.code = err.code
+      if (err.code !== OK) status.code = err.code
       if ('details' in err && typeof err.details === 'string') status.details = err.details
     }
   }
@@ -164,24 +167,6 @@ function sendable(grpc, status) {
     return { code: UNKNOWN, details: 'the trailing metadata given is not a grpc.Metadata', metadata: null }
   }
   return status
-}
-
-/**
- * The answer to send, given when the record was made from its bytes `message`: the value
- * itself, unless the handler has changed it since (it serializes to other bytes now),
- * then the value read back from the record, as a replay sends it. The value itself
- * otherwise: a codec that loses precision on the way back (proto-loader's
- * `longs: Number`) must not change the first answer.
- */
-function asBuffer(bytes) {
-  return Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
-}
-
-function unchanged(def, value, message) {
-  try {
-    if (asBuffer(def.responseSerialize(value)).equals(asBuffer(message))) return value
-  } catch {}
-  return def.responseDeserialize(message)
 }
 
 function wrap(s, grpc, def, handler, implementation) {
@@ -248,7 +233,19 @@ function wrap(s, grpc, def, handler, implementation) {
               return reject(new Released(owner, 'the response could not be serialized'))
             }
             body = frame(message)
-            finish = () => callback(null, unchanged(def, value, message), trailerMd, flags)
+            // Sent as a replay sends it, read back from the bytes stored: the handler may
+            // change its value after answering, and a codec that loses something on the
+            // way back (proto-loader's `longs: Number`) must lose it for the first
+            // caller too, or a retry would get another answer.
+            let sent
+            try {
+              sent = def.responseDeserialize(message)
+            } catch (e) {
+              s.counters.notStored++
+              finish = () => callback({ code: 13, details: `the response cannot be read back: ${e?.message ?? e}` })
+              return reject(new Released(owner, 'the response could not be read back'))
+            }
+            finish = () => callback(null, sent, trailerMd, flags)
           }
           // The trailers flat, `name, value, ...` (the form `http.encodeRecord` takes).
           const trailers = ['grpc-status', String(code)]

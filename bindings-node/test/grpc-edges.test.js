@@ -271,18 +271,53 @@ test('grpc: what grpc-js cannot send is not stored as if it were sent: a lone su
   }
 })
 
-test('grpc: the first caller gets the value the handler gave, not one read back through a lossy codec', async () => {
+test('grpc: the first answer and its replay are one answer, even through a codec that loses something reading back', async () => {
   // The server's codec reads numbers back rounded (as proto-loader's `longs: Number`
-  // reads a 64-bit integer); the client's reads them as they are.
+  // reads a 64-bit integer); the client's reads them as they are. A replay can only
+  // send what it reads back from the stored bytes: the first caller gets that too.
   const server = { create: { ...service.create, responseDeserialize: (b) => ({ id: Math.round(JSON.parse(b.toString()).id) }) } }
-  const impl = { create: (c, cb) => cb(null, { id: 1.5 }) }
+  let runs = 0
+  const impl = {
+    create: (c, cb) => {
+      runs++
+      cb(null, { id: 1.5 })
+    },
+  }
   const s = await serve(server, withIdempotency(server, impl, { store: new IdempotencyStore() }))
   const client = new (grpc.makeGenericClientConstructor(service, 'Orders'))(`127.0.0.1:${s.port}`, grpc.credentials.createInsecure())
   try {
-    const r = await call(client, 'create', {}, newKey())
-    assert.deepEqual(r.value, { id: 1.5 })
+    const key = newKey()
+    const a = await call(client, 'create', {}, key)
+    const b = await call(client, 'create', {}, key)
+    assert.equal(b.trailers['idempotent-replayed'], 'true')
+    assert.deepEqual(a.value, b.value)
+    assert.equal(runs, 1)
   } finally {
     client.close()
+    await s.close()
+  }
+})
+
+test('grpc: an error whose code is OK is UNKNOWN and not stored, not an empty success on replay', async () => {
+  let runs = 0
+  const impl = {
+    create: (c, cb) => {
+      runs++
+      cb({ code: grpc.status.OK, details: 'half done' })
+    },
+  }
+  const s = await serve(service, withIdempotency(service, impl, { store: new IdempotencyStore() }))
+  try {
+    const key = newKey()
+    const a = await call(s.client, 'create', {}, key)
+    const b = await call(s.client, 'create', {}, key)
+    assert.equal(a.status.code, grpc.status.UNKNOWN)
+    assert.equal(a.status.details, 'half done')
+    // Not stored: the retry runs the handler again and gets the same error.
+    assert.equal(b.status.code, grpc.status.UNKNOWN)
+    assert.equal(b.value, undefined)
+    assert.equal(runs, 2)
+  } finally {
     await s.close()
   }
 })

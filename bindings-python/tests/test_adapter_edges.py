@@ -547,3 +547,86 @@ def test_wsgiref_one_store_mounted_twice_is_led_by_the_outer_middleware() -> Non
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+async def test_asgi_a_request_made_by_a_task_of_the_lead_goes_through_the_store() -> None:
+    """A task started by the handler inherits its context; a request that task makes
+    later with the same key is another request: it is replayed, not passed on to the
+    app as if it were the request being led (which ran the handler twice)."""
+    calls = 0
+    later: list[asyncio.Task[Any]] = []
+    mw: Any = None
+
+    async def again() -> httpx.Response:
+        await asyncio.sleep(0.05)  # the lead has answered by then
+        transport = httpx.ASGITransport(app=mw)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as c:
+            return await c.post("/orders", content=b"{}", headers=POST)
+
+    async def orders(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        await request.body()
+        if calls == 1:
+            later.append(asyncio.create_task(again()))
+        return Response(f'{{"n":{calls}}}', status_code=201, media_type="application/json")
+
+    store = oncely.IdempotencyStore()
+    inner = AsgiMiddleware(
+        Starlette(routes=[Route("/orders", orders, methods=["POST"])]), store=store
+    )
+    mw = AsgiMiddleware(inner, store=store)  # one store twice: the outer leads
+    transport = httpx.ASGITransport(app=mw)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        first = await client.post("/orders", content=b"{}", headers=POST)
+    second = await later[0]
+    assert (first.status_code, first.text) == (201, '{"n":1}')
+    assert (second.status_code, second.text) == (201, '{"n":1}')
+    assert second.headers.get("idempotent-replayed") == "true"
+    assert calls == 1
+
+
+def test_wsgi_a_nested_call_with_the_key_being_led_is_refused_not_run_again() -> None:
+    """The app calling the middleware again in-process with a new request and the key
+    it is leading: that request would wait for itself; it is refused (500, INTERNAL),
+    and the handler has run once. Before, it was passed on as the request being led."""
+    calls = 0
+    nested: list[str] = []
+    mw: Any = None
+
+    def app(environ: Any, start_response: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        environ["wsgi.input"].read()
+        if calls == 1:
+            inner_env = {
+                "REQUEST_METHOD": "POST",
+                "PATH_INFO": "/orders",
+                "SCRIPT_NAME": "",
+                "QUERY_STRING": "",
+                "CONTENT_TYPE": "application/json",
+                "CONTENT_LENGTH": "2",
+                "HTTP_IDEMPOTENCY_KEY": "order-nested-0001",
+                "wsgi.input": io.BytesIO(b"{}"),
+            }
+            b"".join(mw(inner_env, lambda status, headers, exc=None: nested.append(status)))
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [f'{{"n":{calls}}}'.encode()]
+
+    store = oncely.IdempotencyStore()
+    mw = WsgiMiddleware(WsgiMiddleware(app, store=store), store=store)
+    statuses: list[str] = []
+    env = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "HTTP_IDEMPOTENCY_KEY": "order-nested-0001",
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+    body = b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+    assert (statuses, body) == (["201 Created"], b'{"n":1}')
+    assert nested and nested[0].startswith("500")
+    assert calls == 1

@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import (
     Any,
     Awaitable,
     Callable,
     Iterator,
+    MutableMapping,
     Optional,
     Protocol,
     Sequence,
@@ -309,30 +309,40 @@ class Settings:
                 log.exception("oncely: the on_replay hook raised")
 
 
-_leads: ContextVar[tuple[tuple[object, ScopedKey], ...]] = ContextVar(
-    "oncely_adapter_leads", default=()
-)
-"""The (store, scoped key) pairs this context's request is being led under."""
+_LEADS = "oncely.leads"
+"""The key, in an ASGI scope or a WSGI environ, of the (store, scoped key) pairs the
+request is being led under right now. A mark on the request itself, not on the context:
+tasks, threads and in-process calls started by the app inherit a context, and a request
+they make is another request, which must go through the store."""
 
 
-def led_already(store: object, scoped: ScopedKey) -> bool:
-    """Whether the request of this context is led already in ``store`` under ``scoped``:
-    it reached a middleware of the same store again (wrapped twice, on an app and on a
-    sub-app mounted in it), which then passes it on to the app under that lead. Asking the
-    store again from inside the lead would be refused as re-entrant. Another scoped key
-    (another route) leads a key of its own."""
-    return any(s is store and k == scoped for s, k in _leads.get())
+def led_already(request: MutableMapping[str, Any], store: object, scoped: ScopedKey) -> bool:
+    """Whether ``request`` is being led already in ``store`` under ``scoped``: it reached a
+    middleware of the same store again (wrapped twice, on an app and on a sub-app mounted
+    in it), which then passes it on to the app under that lead. Asking the store again
+    from inside the lead would be refused as re-entrant. Another scoped key (another
+    route) leads a key of its own."""
+    return any(s is store and k == scoped for s, k in request.get(_LEADS, ()))
 
 
 @contextmanager
-def leading(store: object, scoped: ScopedKey) -> Iterator[None]:
-    """The request of this context goes through ``store`` under ``scoped`` (see
-    :func:`led_already`)."""
-    token = _leads.set(_leads.get() + ((store, scoped),))
+def leading(request: MutableMapping[str, Any], store: object, scoped: ScopedKey) -> Iterator[None]:
+    """Marks ``request`` as led in ``store`` under ``scoped`` while the block runs (see
+    :func:`led_already`). The mark is one list shared by the shallow copies sub-apps make
+    of the request, and it is taken off when the block ends, so that a request mapping
+    used again later is not taken for the one in progress."""
+    leads: Optional[list[tuple[object, ScopedKey]]] = request.get(_LEADS)
+    if leads is None:
+        leads = request[_LEADS] = []
+    mark = (store, scoped)
+    leads.append(mark)
     try:
         yield
     finally:
-        _leads.reset(token)
+        for i, m in enumerate(leads):
+            if m is mark:
+                del leads[i]
+                break
 
 
 def replay_head(record: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

@@ -168,7 +168,7 @@ class IdempotencyMiddleware:
         if isinstance(scoped, http.Problem):
             await self._refuse(send, scoped)
             return
-        if led_already(self.store, scoped):
+        if led_already(scope, self.store, scoped):
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
             await self.app(scope, _body_again(body, receive), send)
@@ -185,7 +185,7 @@ class IdempotencyMiddleware:
         run = _Lead(self.app, s, scope, body, receive, send)
         while True:
             try:
-                with leading(self.store, scoped):
+                with leading(scope, self.store, scoped):
                     done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:

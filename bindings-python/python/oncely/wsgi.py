@@ -161,7 +161,7 @@ class IdempotencyMiddleware:
         scoped = s.scoped(environ, method, route or path, decision)
         if isinstance(scoped, http.Problem):
             return self._refuse(start_response, scoped)
-        if led_already(self.store, scoped):
+        if led_already(environ, self.store, scoped):
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
             return self.app(environ, start_response)
@@ -174,7 +174,7 @@ class IdempotencyMiddleware:
         run = _Lead(self.app, s, environ, start_response)
         while True:
             try:
-                with leading(self.store, scoped):
+                with leading(environ, self.store, scoped):
                     done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:
