@@ -396,3 +396,76 @@ def test_sync_replay_keeps_the_handlers_trailing_metadata(outcome: str) -> None:
     assert first["x-order-id"] == replay["x-order-id"] == "7"
     assert first["status-detail-bin"] == replay["status-detail-bin"] == b"\x00\x01\xff"
     assert replay.get("idempotent-replayed") == "true" and "idempotent-replayed" not in first
+
+
+@pytest.mark.parametrize("outcome", ["ok", "abort"])
+def test_sync_installed_twice_with_one_store_the_outer_leads(outcome: str) -> None:
+    """Two interceptors on one store (a server's list and a shared helper's, say): the
+    outer one leads, the inner passes the call on. Before, the inner asked the store
+    again from inside the lead and every keyed call was refused INTERNAL."""
+    calls = 0
+
+    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if outcome == "abort":
+            context.abort(grpc.StatusCode.NOT_FOUND, "no such sku")
+        return {"call": calls}
+
+    handler = grpc.method_handlers_generic_handler(
+        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
+    )
+    store = oncely.IdempotencyStore()
+    twice = [IdempotencyInterceptor(store=store), IdempotencyInterceptor(store=store)]
+    server = grpc.server(ThreadPoolExecutor(max_workers=4), interceptors=twice)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    answers = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
+            for _ in range(2):
+                try:
+                    value, c = call.with_call(
+                        {"sku": "A1"}, metadata=((KEY, "order-twice-1"),), timeout=30
+                    )
+                    answers.append((value, _replayed(c.trailing_metadata())))
+                except grpc.RpcError as e:
+                    answers.append((e.code(), _replayed(e.trailing_metadata())))
+    finally:
+        server.stop(None)
+    first = {"call": 1} if outcome == "ok" else grpc.StatusCode.NOT_FOUND
+    assert answers == [(first, False), (first, True)]
+    assert calls == 1
+
+
+async def test_aio_installed_twice_with_one_store_the_outer_leads() -> None:
+    orders = Orders()
+
+    async def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
+        return {"call": orders.begin()}
+
+    handler = grpc.method_handlers_generic_handler(
+        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
+    )
+    store = oncely.IdempotencyStore()
+    server = aio.server(interceptors=[AioInterceptor(store=store), AioInterceptor(store=store)])
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
+            answers = []
+            for _ in range(2):
+                c = call({"sku": "A1"}, metadata=((KEY, "order-twice-2"),), timeout=30)
+                answers.append((await c, _replayed(await c.trailing_metadata())))
+    finally:
+        await server.stop(None)
+    assert answers == [({"call": 1}, False), ({"call": 1}, True)]
+    assert orders.calls == 1

@@ -345,6 +345,36 @@ def leading(request: MutableMapping[str, Any], store: object, scoped: ScopedKey)
                 break
 
 
+_CALL_LEADS: dict[int, list[tuple[object, ScopedKey]]] = {}
+"""The (store, scoped key) pairs each gRPC call is being led under right now, by the id
+of its context (grpc.aio's context takes no attributes and no weak references). An
+entry lives only while its lead runs, which keeps the context alive: its id is not
+reused meanwhile."""
+
+
+def call_led_already(context: object, store: object, scoped: ScopedKey) -> bool:
+    """:func:`led_already` for a gRPC call: the interceptor is installed twice with one
+    store, and the outer one leads this call."""
+    return any(s is store and k == scoped for s, k in _CALL_LEADS.get(id(context), ()))
+
+
+@contextmanager
+def leading_call(context: object, store: object, scoped: ScopedKey) -> Iterator[None]:
+    """:func:`leading` for a gRPC call (see :func:`call_led_already`)."""
+    leads = _CALL_LEADS.setdefault(id(context), [])
+    mark = (store, scoped)
+    leads.append(mark)
+    try:
+        yield
+    finally:
+        for i, m in enumerate(leads):
+            if m is mark:
+                del leads[i]
+                break
+        if not leads:
+            _CALL_LEADS.pop(id(context), None)
+
+
 def replay_head(record: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Status, headers (with ``content-length`` and ``idempotent-replayed: true``) and
     body of a stored record. Raises ``StoreUnavailableError`` if it is not a record."""

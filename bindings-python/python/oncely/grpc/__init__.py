@@ -22,7 +22,16 @@ from __future__ import annotations
 from typing import Any, Callable, NoReturn, Optional, Sequence, Union
 
 from .. import http
-from .._adapter import AppFailed, Counters, CounterSet, SyncStore, Unstored, problem_of
+from .._adapter import (
+    AppFailed,
+    Counters,
+    CounterSet,
+    SyncStore,
+    Unstored,
+    call_led_already,
+    leading_call,
+    problem_of,
+)
 from .._oncely import ScopedKey
 from ..errors import OncelyError
 from ._common import (
@@ -113,11 +122,16 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             return ser(behavior(deser(raw), context))
         if isinstance(scoped, http.Problem):
             self._refuse(context, scoped)
+        if call_led_already(context, self.store, scoped):
+            # Installed twice with one store: the outer interceptor leads this call.
+            s.counters.bump("passed_through")
+            return ser(behavior(deser(raw), context))
         fp = http.request_fingerprint("POST", method, "application/grpc", frame(raw))
         run = _Lead(s, behavior, deser, ser, raw, context)
         while True:
             try:
-                done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
+                with leading_call(context, self.store, scoped):
+                    done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:
                     return run.answer()
