@@ -630,3 +630,140 @@ def test_wsgi_a_nested_call_with_the_key_being_led_is_refused_not_run_again() ->
     assert (statuses, body) == (["201 Created"], b'{"n":1}')
     assert nested and nested[0].startswith("500")
     assert calls == 1
+
+
+def _bare_scope(key: bytes) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/orders",
+        "raw_path": b"/orders",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"idempotency-key", key), (b"content-type", b"application/json")],
+    }
+
+
+async def _asgi_request(app: Any, scope: dict[str, Any]) -> tuple[int, bytes]:
+    sent: list[dict[str, Any]] = []
+    msgs = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if msgs:
+            return msgs.pop()
+        await asyncio.Event().wait()
+        return {}
+
+    async def send(m: dict[str, Any]) -> None:
+        sent.append(m)
+
+    await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+async def test_asgi_mounted_twice_a_lead_whose_caller_timed_out_still_passes_the_inner() -> None:
+    """The caller of the outer middleware stops waiting (a timeout further out); the
+    action runs on and reaches the inner middleware of the same store: it is still the
+    request being led (the mark lasts as long as the app's run, not the caller's wait),
+    so the handler runs and a duplicate waiting gets its answer. Before, the mark went
+    with the caller and the inner refused it 500 re-entrant, which the duplicate got."""
+    runs = 0
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 201, "headers": headers})
+        await send({"type": "http.response.body", "body": b'{"order":1}'})
+
+    store = oncely.IdempotencyStore()
+    inner = AsgiMiddleware(handler, store=store)
+
+    async def slow_gate(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(0.3)  # e.g. an authentication doing I/O before the sub-app
+        await inner(scope, receive, send)
+
+    outer = AsgiMiddleware(slow_gate, store=store)
+
+    async def timeout(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await asyncio.wait_for(outer(scope, receive, send), 0.1)
+        except asyncio.TimeoutError:
+            await send({"type": "http.response.start", "status": 504, "headers": []})
+            await send({"type": "http.response.body", "body": b"timeout"})
+
+    key = b"order-cancelled-0001"
+    assert await _asgi_request(timeout, _bare_scope(key)) == (504, b"timeout")
+    assert await _asgi_request(outer, _bare_scope(key)) == (201, b'{"order":1}')
+    assert runs == 1
+
+
+async def test_asgi_a_task_request_with_a_copy_of_the_scope_is_not_taken_for_the_lead() -> None:
+    """A task started by the handler sends a request with the key being led, built from
+    a copy of the request's scope (which shares its mark), while the lead still runs: it
+    reaches the middleware leading the key, so it is another request and goes through
+    the store (refused re-entrant), not passed on to run the handler a second time."""
+    runs = 0
+    got: list[tuple[int, bytes]] = []
+    mw: Any = None
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        if runs == 1:
+            task = asyncio.create_task(_asgi_request(mw, {**scope}))
+            task.add_done_callback(lambda t: got.append(t.result()))
+            await asyncio.sleep(0.05)  # the lead is still on
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": f'{{"n":{runs}}}'.encode()})
+
+    mw = AsgiMiddleware(handler, store=oncely.IdempotencyStore())
+    assert await _asgi_request(mw, _bare_scope(b"order-task-0002")) == (201, b'{"n":1}')
+    await asyncio.sleep(0.1)
+    assert runs == 1
+    assert got and got[0][0] == 500
+
+
+@pytest.mark.parametrize("twice", [True, False], ids=["mounted-twice", "mounted-once"])
+def test_wsgi_a_nested_call_with_a_copy_of_the_environ_is_refused_not_run_again(
+    twice: bool,
+) -> None:
+    """As the nested call above, with the nested request built from a copy of the
+    environ (``dict(environ, ...)``, as webob's ``Request.copy()``): the copy shares the
+    mark, but it reaches the middleware that leads the key, so it is another request."""
+    calls = 0
+    nested: list[str] = []
+    mw: Any = None
+
+    def app(environ: Any, start_response: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        environ["wsgi.input"].read()
+        if calls == 1:
+            copy = dict(environ, **{"wsgi.input": io.BytesIO(b"{}")})
+            b"".join(mw(copy, lambda status, headers, exc=None: nested.append(status)))
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [f'{{"n":{calls}}}'.encode()]
+
+    store = oncely.IdempotencyStore()
+    mw = WsgiMiddleware(app, store=store)
+    if twice:
+        mw = WsgiMiddleware(mw, store=store)
+    env = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "HTTP_IDEMPOTENCY_KEY": "order-nested-0002",
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+    statuses: list[str] = []
+    body = b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+    assert (statuses, body) == (["201 Created"], b'{"n":1}')
+    assert nested and nested[0].startswith("500")
+    assert calls == 1

@@ -310,31 +310,39 @@ class Settings:
 
 
 _LEADS = "oncely.leads"
-"""The key, in an ASGI scope or a WSGI environ, of the (store, scoped key) pairs the
-request is being led under right now. A mark on the request itself, not on the context:
-tasks, threads and in-process calls started by the app inherit a context, and a request
-they make is another request, which must go through the store."""
+"""The key, in an ASGI scope or a WSGI environ, of the leads the request is in right now:
+(store, scoped key, the middleware leading it). A mark on the request itself, not on the
+context: tasks, threads and in-process calls started by the app inherit a context, and a
+request they make is another request, which must go through the store."""
 
 
-def led_already(request: MutableMapping[str, Any], store: object, scoped: ScopedKey) -> bool:
-    """Whether ``request`` is being led already in ``store`` under ``scoped``: it reached a
-    middleware of the same store again (wrapped twice, on an app and on a sub-app mounted
-    in it), which then passes it on to the app under that lead. Asking the store again
-    from inside the lead would be refused as re-entrant. Another scoped key (another
-    route) leads a key of its own."""
-    return any(s is store and k == scoped for s, k in request.get(_LEADS, ()))
+def led_already(
+    request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
+) -> bool:
+    """Whether ``request`` is being led already in ``store`` under ``scoped`` by another
+    middleware than ``me``: it reached a second middleware of the same store (wrapped
+    twice, on an app and on a sub-app mounted in it), which then passes it on to the app
+    under that lead. Asking the store again from inside the lead would be refused as
+    re-entrant. A request reaching the middleware that leads it again is another request
+    made from inside the lead (with a copy of its scope or environ, whose shallow copy
+    shares the mark): it goes through the store. Another scoped key (another route) leads
+    a key of its own."""
+    return any(s is store and k == scoped and m is not me for s, k, m in request.get(_LEADS, ()))
 
 
 @contextmanager
-def leading(request: MutableMapping[str, Any], store: object, scoped: ScopedKey) -> Iterator[None]:
-    """Marks ``request`` as led in ``store`` under ``scoped`` while the block runs (see
-    :func:`led_already`). The mark is one list shared by the shallow copies sub-apps make
-    of the request, and it is taken off when the block ends, so that a request mapping
-    used again later is not taken for the one in progress."""
-    leads: Optional[list[tuple[object, ScopedKey]]] = request.get(_LEADS)
+def leading(
+    request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
+) -> Iterator[None]:
+    """Marks ``request`` as led by ``me`` in ``store`` under ``scoped`` while the block
+    runs (see :func:`led_already`): around the app's run inside the action, which outlives
+    a caller that stops waiting for it. The mark is one list shared by the shallow copies
+    sub-apps make of the request, and it is taken off when the block ends, so that a
+    request mapping used again later is not taken for the one in progress."""
+    leads: Optional[list[tuple[object, ScopedKey, object]]] = request.get(_LEADS)
     if leads is None:
         leads = request[_LEADS] = []
-    mark = (store, scoped)
+    mark = (store, scoped, me)
     leads.append(mark)
     try:
         yield

@@ -168,7 +168,7 @@ class IdempotencyMiddleware:
         if isinstance(scoped, http.Problem):
             await self._refuse(send, scoped)
             return
-        if led_already(scope, self.store, scoped):
+        if led_already(scope, self.store, scoped, self):
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
             await self.app(scope, _body_again(body, receive), send)
@@ -182,11 +182,10 @@ class IdempotencyMiddleware:
             fp = http.request_fingerprint(
                 method, target, None if ctype is None else ctype.decode("latin-1"), body
             )
-        run = _Lead(self.app, s, scope, body, receive, send)
+        run = _Lead(self.app, s, scope, body, receive, send, (self.store, scoped, self))
         while True:
             try:
-                with leading(scope, self.store, scoped):
-                    done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
+                done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:
                     await run.finish()
@@ -299,11 +298,20 @@ class _Lead:
     and its response is captured (up to the body cap) for the store."""
 
     def __init__(
-        self, app: ASGIApp, s: Settings, scope: Scope, body: bytes, receive: Receive, send: Send
+        self,
+        app: ASGIApp,
+        s: Settings,
+        scope: Scope,
+        body: bytes,
+        receive: Receive,
+        send: Send,
+        mark: tuple[object, ScopedKey, object],
     ) -> None:
         self.app = app
         self.s = s
         self.scope = scope
+        # (store, scoped key, middleware): the request's mark while the app runs.
+        self.mark = mark
         self.body: Optional[bytes] = body
         self.real_receive = receive
         self.real_send = send
@@ -323,7 +331,8 @@ class _Lead:
         counters = self.s.counters
         counters.bump("led")
         try:
-            await self.app(self.scope, self.receive, self.send)
+            with leading(self.scope, *self.mark):
+                await self.app(self.scope, self.receive, self.send)
         except Exception as e:
             if self.streaming:
                 counters.bump("not_stored")

@@ -161,7 +161,7 @@ class IdempotencyMiddleware:
         scoped = s.scoped(environ, method, route or path, decision)
         if isinstance(scoped, http.Problem):
             return self._refuse(start_response, scoped)
-        if led_already(environ, self.store, scoped):
+        if led_already(environ, self.store, scoped, self):
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
             return self.app(environ, start_response)
@@ -171,11 +171,10 @@ class IdempotencyMiddleware:
             query = environ.get("QUERY_STRING", "")
             target = f"{path}?{query}" if query else path
             fp = http.request_fingerprint(method, target, environ.get("CONTENT_TYPE") or None, body)
-        run = _Lead(self.app, s, environ, start_response)
+        run = _Lead(self.app, s, environ, start_response, (self.store, scoped, self))
         while True:
             try:
-                with leading(environ, self.store, scoped):
-                    done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
+                done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:
                     return run.finish()
@@ -257,11 +256,18 @@ class _Lead:
     written to the client as it comes, before the action ends."""
 
     def __init__(
-        self, app: WSGIApp, s: Settings, environ: Environ, start_response: StartResponse
+        self,
+        app: WSGIApp,
+        s: Settings,
+        environ: Environ,
+        start_response: StartResponse,
+        mark: tuple[object, ScopedKey, object],
     ) -> None:
         self.app = app
         self.s = s
         self.environ = environ
+        # (store, scoped key, middleware): the request's mark while the app runs.
+        self.mark = mark
         self.real_start = start_response
         self.led = False
         self.status: Optional[str] = None
@@ -305,16 +311,17 @@ class _Lead:
         counters = self.s.counters
         counters.bump("led")
         try:
-            result = self.app(self.environ, self.start_response)
-            try:
-                for chunk in result:
-                    if chunk:
-                        self.take(chunk)
-            except BaseException:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-                raise
+            with leading(self.environ, *self.mark):
+                result = self.app(self.environ, self.start_response)
+                try:
+                    for chunk in result:
+                        if chunk:
+                            self.take(chunk)
+                except BaseException:
+                    close = getattr(result, "close", None)
+                    if close is not None:
+                        close()
+                    raise
             close = getattr(result, "close", None)
             if close is not None and self.write is None and self._storable():
                 # The body is whole and will be stored: close() (after-response work,

@@ -127,11 +127,10 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             s.counters.bump("passed_through")
             return ser(behavior(deser(raw), context))
         fp = http.request_fingerprint("POST", method, "application/grpc", frame(raw))
-        run = _Lead(s, behavior, deser, ser, raw, context)
+        run = _Lead(s, behavior, deser, ser, raw, context, (self.store, scoped))
         while True:
             try:
-                with leading_call(context, self.store, scoped):
-                    done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
+                done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:
                     return run.answer()
@@ -179,7 +178,9 @@ class _Lead(Lead):
     def action(self) -> bytes:
         self.start()
         try:
-            self.respond(self.behavior(self.deser(self.raw), self.context))
+            with leading_call(self.context, *self.mark):
+                answer = self.behavior(self.deser(self.raw), self.context)
+            self.respond(answer)
         except Exception as e:
             self.failed(e)
         return self.finish()

@@ -245,6 +245,7 @@ class Lead:
         ser: Callable[[Any], bytes],
         raw: bytes,
         context: Any,
+        mark: tuple[object, ScopedKey],
     ) -> None:
         self.s, self.behavior, self.deser, self.ser = s, behavior, deser, ser
         self.raw, self.context = raw, context
@@ -252,6 +253,9 @@ class Lead:
         self.body = b""
         self.error: Optional[BaseException] = None
         self.answered = False  # the handler has given its answer (stored or not)
+        # (store, scoped key): the call's mark while the handler runs (see
+        # ``leading_call``).
+        self.mark = mark
 
     def start(self) -> None:
         self.led = True

@@ -117,11 +117,10 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
             s.counters.bump("passed_through")
             return ser(await _call(behavior, deser(raw), context))
         fp = http.request_fingerprint("POST", method, "application/grpc", frame(raw))
-        run = _Lead(s, behavior, deser, ser, raw, context)
+        run = _Lead(s, behavior, deser, ser, raw, context, (self.store, scoped))
         while True:
             try:
-                with leading_call(context, self.store, scoped):
-                    done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
+                done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
             except Unstored as u:
                 if u.owner is run:
                     return run.answer()
@@ -194,7 +193,9 @@ class _Lead(Lead):
     async def action(self) -> bytes:
         self.start()
         try:
-            self.respond(await _call(self.behavior, self.deser(self.raw), self.context))
+            with leading_call(self.context, *self.mark):
+                answer = await _call(self.behavior, self.deser(self.raw), self.context)
+            self.respond(answer)
         except Exception as e:
             self.failed(e)
         return self.finish()
