@@ -325,6 +325,10 @@ class Capture {
    */
   run(owner) {
     const res = this.res
+    // Answered while it waited (a timeout of the app's own): its handler must not run,
+    // since its answer could not be sent and its client will retry. The key is released
+    // at once for the next duplicate.
+    if (res.headersSent || res.writableEnded) throw new Released(owner, 'the request was answered while it waited')
     this.s.counters.led++
     this.owner = owner
     if (wrappedBefore(res)) {

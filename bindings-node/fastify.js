@@ -253,6 +253,11 @@ async function idempotency(fastify, options) {
     // Not this registration's request: the plugin registered again in a context nearer
     // the route has taken it (its onRequest runs later and replaces the state).
     if (!st || st.s !== s) return payload
+    // A request without a body (no length, or 0, and no transfer coding) is left unread,
+    // as Fastify leaves it: reading it to its end closes it, which aborts
+    // `request.signal` before the handler runs (and clears Fastify 5's `handlerTimeout`).
+    const h = request.headers
+    if (h['transfer-encoding'] === undefined && (h['content-length'] === undefined || h['content-length'] === '0')) return payload
     const body = await readAll(payload, s.requestCap)
     if (body === null) {
       s.counters.refused++
@@ -297,6 +302,14 @@ async function idempotency(fastify, options) {
     let led = false
     const lead = (owner) =>
       new Promise((resolve, reject) => {
+        if (reply.sent) {
+          // Answered while it waited (a timeout of the app's own): Fastify would not go on
+          // to the handler, and nothing would settle the key. Released at once: the next
+          // duplicate leads.
+          led = true
+          reject(new Released(owner, 'the request was answered while it waited'))
+          return
+        }
         s.counters.led++
         st.owner = owner
         st.settle = (outcome) => {
@@ -340,6 +353,8 @@ async function idempotency(fastify, options) {
       (first) => {
         if (led) return
         request[STATE] = undefined
+        // Answered while it waited (see `lead`): nothing more to send.
+        if (reply.sent) return
         if (first.problem) return sendProblem(reply, first.problem)
         const a = first.replay
         replayed(s, request, scoped)
@@ -358,7 +373,7 @@ async function idempotency(fastify, options) {
         reply.code(a.status).headers(headers).send(a.body)
       },
       (e) => {
-        if (!led) done(e)
+        if (!led && !reply.sent) done(e)
       },
     )
   })

@@ -23,7 +23,11 @@ export interface GrpcIdempotencyOptions extends Omit<IdempotencyOptions<any>, 'r
  * (a value, or a final error status) with `idempotent-replayed: true` in its trailing
  * metadata. Missing or invalid key → INVALID_ARGUMENT, reused with another request →
  * FAILED_PRECONDITION, running with `wait: false` → ABORTED + `grpc-retry-pushback-ms`.
- * Streaming methods pass through.
+ * Streaming methods pass through. A unary method whose definition lacks
+ * `requestSerialize`, `responseSerialize` or `responseDeserialize` throws a `TypeError`
+ * here (its answer could be stored but never replayed). The first caller gets the answer
+ * as a replay does: its value read back from the stored bytes, its trailers as they were
+ * when given.
  */
 export declare function withIdempotency<Impl extends Record<string, any>>(
   service: Record<string, GrpcMethodDefinition>,

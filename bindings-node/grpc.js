@@ -101,7 +101,19 @@ function withIdempotency(service, implementation, options) {
     let handler = implementation[name]
     if (handler === undefined && typeof def?.originalName === 'string') handler = implementation[def.originalName]
     if (typeof handler !== 'function') continue
-    out[name] = def.requestStream || def.responseStream ? handler.bind(implementation) : wrap(s, grpc, def, handler, implementation)
+    if (def.requestStream || def.responseStream) {
+      out[name] = handler.bind(implementation)
+      continue
+    }
+    // The request is fingerprinted as serialized, the answer stored as serialized and a
+    // replay read back from it: a definition without a codec could answer once and never
+    // replay (a server-only definition needs no responseDeserialize for grpc-js).
+    for (const fn of ['requestSerialize', 'responseSerialize', 'responseDeserialize']) {
+      if (typeof def?.[fn] !== 'function') {
+        throw new TypeError(`oncely/grpc: ${name} has no ${fn}: the stored answer could not be replayed (give the full service definition)`)
+      }
+    }
+    out[name] = wrap(s, grpc, def, handler, implementation)
   }
   return out
 }
@@ -222,6 +234,7 @@ function wrap(s, grpc, def, handler, implementation) {
             code = status.code
             detail = status.details
             trailerSource = status.metadata
+            if (status.metadata instanceof grpc.Metadata) status.metadata = status.metadata.clone()
             finish = () => callback(status)
           } else {
             let message
@@ -237,15 +250,16 @@ function wrap(s, grpc, def, handler, implementation) {
             // change its value after answering, and a codec that loses something on the
             // way back (proto-loader's `longs: Number`) must lose it for the first
             // caller too, or a retry would get another answer.
-            let sent
+            // A codec that cannot read its own bytes back (one that checks what it reads,
+            // not what it writes): the first caller gets the handler's value, and the
+            // answer is stored all the same, since the handler has run.
+            let sent = value
             try {
               sent = def.responseDeserialize(message)
-            } catch (e) {
-              s.counters.notStored++
-              finish = () => callback({ code: 13, details: `the response cannot be read back: ${e?.message ?? e}` })
-              return reject(new Released(owner, 'the response could not be read back'))
-            }
-            finish = () => callback(null, sent, trailerMd, flags)
+            } catch {}
+            // Sent as they were when answered, as they are stored.
+            const md = trailerMd instanceof grpc.Metadata ? trailerMd.clone() : trailerMd
+            finish = () => callback(null, sent, md, flags)
           }
           // The trailers flat, `name, value, ...` (the form `http.encodeRecord` takes).
           const trailers = ['grpc-status', String(code)]
@@ -288,7 +302,8 @@ function wrap(s, grpc, def, handler, implementation) {
         try {
           value = def.responseDeserialize(unframe(r.body))
         } catch (e) {
-          return callback({ code: 14, details: `the stored response cannot be read: ${e.message}` })
+          // The codec refuses what it wrote: a fault of the server that a retry cannot mend.
+          return callback({ code: 13, details: `the stored response cannot be read: ${e?.message ?? e}` })
         }
         callback(null, value, md)
       },

@@ -338,3 +338,112 @@ for (const [name, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 }
+
+for (const [name, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${name}: a duplicate answered while it waited (the app's own timeout) does not hold the key when it comes to lead`, async () => {
+    const app = Fastify()
+    // The app's own per-request timeout: 503 after x-timeout ms.
+    app.addHook('onRequest', async (request, reply) => {
+      const t = setTimeout(() => {
+        if (!reply.sent) reply.code(503).send({ timeout: true })
+      }, Number(request.headers['x-timeout']))
+      reply.raw.once('close', () => clearTimeout(t))
+    })
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
+    let calls = 0
+    app.post('/r', async (request, reply) => {
+      const n = ++calls
+      await sleep(200)
+      // A stream is not stored: the key is released once it ends, and the duplicate
+      // that waited for it comes to lead.
+      return reply.type('text/plain').send(Readable.from([`streamed ${n}`]))
+    })
+    const url = await listen(app)
+    try {
+      const key = newKey()
+      const timeout = (ms) => ({ headers: { 'x-timeout': String(ms) } })
+      const first = fastifyPost(url, '/r', key, '{}', timeout(5000))
+      await sleep(30)
+      const waiter = await fastifyPost(url, '/r', key, '{}', timeout(50))
+      assert.equal(waiter.status, 503)
+      assert.equal((await first).text, 'streamed 1')
+      await sleep(50)
+      // Before, the waiter came to lead with its reply sent, Fastify never ran the
+      // handler, and every later request with the key waited for good.
+      const retry = await within(fastifyPost(url, '/r', key, '{}', timeout(5000)), 2000)
+      assert.notEqual(retry, 'hang', 'the key was left held')
+      assert.equal(retry.text, 'streamed 2')
+      assert.equal(calls, 2)
+    } finally {
+      await app.close()
+    }
+  })
+
+  test(`${name}: a request without a body is left unread: request.signal is live when the handler runs`, async (t) => {
+    const app = Fastify()
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
+    let aborted
+    // With a handler timeout, Fastify 5 makes the signal as the request comes in.
+    const opts = Number(app.version.split('.')[0]) >= 5 ? { handlerTimeout: 5000 } : {}
+    app.post('/r', opts, async (request) => {
+      if (!('signal' in request)) return { skipped: true }
+      await sleep(10)
+      aborted = request.signal.aborted
+      return { ok: true }
+    })
+    const url = await listen(app)
+    try {
+      const r = await fetch(`${url}/r`, { method: 'POST', headers: { 'idempotency-key': newKey() } })
+      assert.equal(r.status, 200)
+      const body = await r.json()
+      if (body.skipped) return t.skip(`${name} has no request.signal`)
+      assert.equal(aborted, false, 'reading the empty body closed the request and aborted its signal')
+    } finally {
+      await app.close()
+    }
+  })
+}
+
+for (const [name, express] of Object.entries(EXPRESSES)) {
+  test(`${name}: a duplicate answered while it waited (the app's own timeout) does not run the handler or hold the key`, async () => {
+    const app = express()
+    let waiterTimeout = 5000
+    // The app's own per-request timeout, mounted before the middleware: 503.
+    app.use((req, res, next) => {
+      const t = setTimeout(() => {
+        if (!res.headersSent) res.status(503).end('timeout')
+      }, waiterTimeout)
+      res.once('close', () => clearTimeout(t))
+      next()
+    })
+    app.use(expressIdempotency({ store: new IdempotencyStore() }))
+    let calls = 0
+    app.post('/r', async (req, res) => {
+      const n = ++calls
+      await sleep(200)
+      // An event stream is not stored: the key is released once it ends, and the
+      // duplicate that waited for it comes to lead.
+      res.setHeader('content-type', 'text/event-stream')
+      res.write(`data: ${n}\n\n`)
+      res.end()
+    })
+    await serve(app, async (url) => {
+      const key = newKey()
+      const first = post(`${url}/r`, key)
+      await sleep(30)
+      waiterTimeout = 50
+      const waiter = await post(`${url}/r`, key)
+      waiterTimeout = 5000
+      assert.deepEqual(waiter, { status: 503, body: 'timeout' })
+      assert.equal((await first).body, 'data: 1\n\n')
+      await sleep(100)
+      // The waiter, answered already, must not have run the handler when it came to
+      // lead (its answer could not be sent), nor left the key held.
+      assert.equal(calls, 1)
+      const retry = await post(`${url}/r`, key, { ms: 2000 })
+      assert.notEqual(retry, 'hang', 'the key was left held')
+      assert.equal(retry.body, 'data: 2\n\n')
+      assert.equal(calls, 2)
+    })
+  })
+}

@@ -321,3 +321,76 @@ test('grpc: an error whose code is OK is UNKNOWN and not stored, not an empty su
     await s.close()
   }
 })
+
+test('grpc: a codec that cannot read its answer back: the handler runs once, the first caller gets its value', async () => {
+  // Checks what it reads (as a schema-checked codec would), not what it writes.
+  const server = {
+    create: {
+      ...service.create,
+      responseDeserialize: () => {
+        throw new Error('unexpected shape')
+      },
+    },
+  }
+  let runs = 0
+  const impl = {
+    create: (c, cb) => {
+      runs++
+      setTimeout(() => cb(null, { id: 7 }), 30)
+    },
+  }
+  const s = await serve(server, withIdempotency(server, impl, { store: new IdempotencyStore() }))
+  const client = new (grpc.makeGenericClientConstructor(service, 'Orders'))(`127.0.0.1:${s.port}`, grpc.credentials.createInsecure())
+  try {
+    const key = newKey()
+    // Two at once (the second waits for the first), then a retry.
+    const [a, b] = await Promise.all([call(client, 'create', {}, key), sleep(5).then(() => call(client, 'create', {}, key))])
+    const c = await call(client, 'create', {}, key)
+    assert.deepEqual(a.value, { id: 7 })
+    assert.equal(runs, 1)
+    // A replay cannot be read back: INTERNAL, never a second run.
+    for (const r of [b, c]) assert.equal(r.status.code, grpc.status.INTERNAL)
+  } finally {
+    client.close()
+    await s.close()
+  }
+})
+
+test('grpc: a unary method without a codec is refused when wrapped, not answered once and never replayed', () => {
+  const { responseDeserialize, ...serverOnly } = service.create
+  assert.throws(
+    () => withIdempotency({ create: serverOnly }, { create: (c, cb) => cb(null, {}) }, { store: new IdempotencyStore() }),
+    (e) => e instanceof TypeError && /create has no responseDeserialize/.test(e.message),
+  )
+})
+
+test('grpc: trailers the handler changes after answering: the first caller gets them as stored', async () => {
+  const answers = {
+    ok: (cb, md) => cb(null, { id: 1 }, md),
+    notFound: (cb, md) => cb({ code: grpc.status.NOT_FOUND, details: 'no such order', metadata: md }),
+  }
+  for (const [name, answer] of Object.entries(answers)) {
+    let runs = 0
+    const impl = {
+      create: (c, cb) => {
+        runs++
+        const md = new grpc.Metadata()
+        md.set('x-version', 'v1')
+        answer(cb, md)
+        md.set('x-version', 'v2')
+      },
+    }
+    const s = await serve(service, withIdempotency(service, impl, { store: new IdempotencyStore() }))
+    try {
+      const key = newKey()
+      const a = await call(s.client, 'create', {}, key)
+      const b = await call(s.client, 'create', {}, key)
+      assert.equal(runs, 1, name)
+      assert.equal(b.trailers['idempotent-replayed'], 'true', name)
+      assert.equal(a.trailers['x-version'], 'v1', name)
+      assert.equal(b.trailers['x-version'], 'v1', name)
+    } finally {
+      await s.close()
+    }
+  }
+})
