@@ -68,8 +68,10 @@ function parsedBody(req) {
 function noop() {}
 
 function sendProblem(res, p) {
-  res.statusCode = p.status
-  for (const [n, v] of p.headers) res.setHeader(n, v)
+  if (!res.headersSent) {
+    res.statusCode = p.status
+    for (const [n, v] of p.headers) res.setHeader(n, v)
+  }
   res.end(p.body)
 }
 
@@ -191,8 +193,12 @@ function idempotency(options) {
     if (outcome.problem) return sendProblem(res, outcome.problem)
     const a = outcome.replay
     replayed(s, req, scoped)
-    res.statusCode = a.status
-    setAnswerHeaders(res, a.fields)
+    // Headers a middleware further out sent early (`flushHeaders()`) cannot be set
+    // again: the stored body goes after them.
+    if (!res.headersSent) {
+      res.statusCode = a.status
+      setAnswerHeaders(res, a.fields)
+    }
     res.end(a.body)
   }
 
@@ -325,10 +331,11 @@ class Capture {
    */
   run(owner) {
     const res = this.res
-    // Answered while it waited (a timeout of the app's own): its handler must not run,
-    // since its answer could not be sent and its client will retry. The key is released
-    // at once for the next duplicate.
-    if (res.headersSent || res.writableEnded) throw new Released(owner, 'the request was answered while it waited')
+    // Answered while it waited (a timeout of the app's own ended its response): its
+    // handler must not run, since its answer could not be sent and its client will
+    // retry. The key is released at once for the next duplicate. Headers sent early (a
+    // middleware's `flushHeaders()`) are no answer: the handler runs.
+    if (res.writableEnded) throw new Released(owner, 'the request was answered while it waited')
     this.s.counters.led++
     this.owner = owner
     if (wrappedBefore(res)) {

@@ -253,11 +253,14 @@ async function idempotency(fastify, options) {
     // Not this registration's request: the plugin registered again in a context nearer
     // the route has taken it (its onRequest runs later and replaces the state).
     if (!st || st.s !== s) return payload
-    // A request without a body (no length, or 0, and no transfer coding) is left unread,
-    // as Fastify leaves it: reading it to its end closes it, which aborts
-    // `request.signal` before the handler runs (and clears Fastify 5's `handlerTimeout`).
+    // An HTTP/1 request without a body (no length, or 0, and no transfer coding: RFC
+    // 9112 §6.3) is left unread, as Fastify leaves it: reading it to its end closes it,
+    // which aborts `request.signal` before the handler runs (and clears Fastify 5's
+    // `handlerTimeout`). An HTTP/2 request may carry a body with neither.
     const h = request.headers
-    if (h['transfer-encoding'] === undefined && (h['content-length'] === undefined || h['content-length'] === '0')) return payload
+    if (request.raw.httpVersionMajor === 1 && h['transfer-encoding'] === undefined && (h['content-length'] === undefined || h['content-length'] === '0')) {
+      return payload
+    }
     const body = await readAll(payload, s.requestCap)
     if (body === null) {
       s.counters.refused++

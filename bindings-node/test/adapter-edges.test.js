@@ -447,3 +447,65 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
     })
   })
 }
+
+for (const [name, express] of Object.entries(EXPRESSES)) {
+  test(`${name}: headers flushed early by a middleware are no answer: the handler runs and its answer ends`, async () => {
+    const app = express()
+    app.use((req, res, next) => {
+      res.flushHeaders() // a heartbeat middleware for slow endpoints
+      next()
+    })
+    app.use(expressIdempotency({ store: new IdempotencyStore() }))
+    let runs = 0
+    app.post('/r', (req, res) => {
+      runs++
+      res.end(JSON.stringify({ run: runs }))
+    })
+    await serve(app, async (url) => {
+      const key = newKey()
+      assert.deepEqual(await post(`${url}/r`, key, { ms: 2000 }), { status: 200, body: '{"run":1}' })
+      assert.deepEqual(await post(`${url}/r`, key, { ms: 2000 }), { status: 200, body: '{"run":1}' })
+      assert.equal(runs, 1)
+    })
+  })
+}
+
+for (const [name, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${name}: over HTTP/2 a body without a content-length is in the fingerprint`, async () => {
+    const http2 = require('node:http2')
+    const app = Fastify({ http2: true })
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
+    let runs = 0
+    app.post('/pay', async (req) => ({ charged: req.body.amount, run: ++runs }))
+    await app.listen({ port: 0, host: '127.0.0.1' })
+    const client = http2.connect(`http://127.0.0.1:${app.server.address().port}`)
+    // No content-length: HTTP/2 needs none, and has no transfer coding.
+    const pay = (key, body) =>
+      new Promise((resolve, reject) => {
+        const req = client.request({ ':method': 'POST', ':path': '/pay', 'content-type': 'application/json', 'idempotency-key': key })
+        let status
+        req.on('response', (h) => {
+          status = h[':status']
+        })
+        let data = ''
+        req.setEncoding('utf8')
+        req.on('data', (c) => {
+          data += c
+        })
+        req.on('end', () => resolve({ status, data }))
+        req.on('error', reject)
+        req.end(body)
+      })
+    try {
+      const key = newKey()
+      assert.equal((await pay(key, '{"amount":10}')).status, 200)
+      assert.equal((await pay(key, '{"amount":99999}')).status, 422)
+      const again = await pay(key, '{"amount":10}')
+      assert.deepEqual([again.status, JSON.parse(again.data)], [200, { charged: 10, run: 1 }])
+      assert.equal(runs, 1)
+    } finally {
+      client.close()
+      await app.close()
+    }
+  })
+}

@@ -727,16 +727,42 @@ async def test_asgi_a_task_request_with_a_copy_of_the_scope_is_not_taken_for_the
     assert got and got[0][0] == 500
 
 
-@pytest.mark.parametrize("twice", [True, False], ids=["mounted-twice", "mounted-once"])
+async def test_asgi_mounted_twice_a_copy_of_the_scope_sent_to_the_sub_app_is_refused() -> None:
+    """Mounted on the app and on a sub-app with one store, the handler sends a request
+    built from a copy of its scope to the sub-app it holds (the inner middleware, which
+    has passed the request on already): another request, refused, not run again."""
+    runs = 0
+    got: list[tuple[int, bytes]] = []
+    inner: Any = None
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        if runs == 1:
+            got.append(await _asgi_request(inner, {**scope}))
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": f'{{"n":{runs}}}'.encode()})
+
+    store = oncely.IdempotencyStore()
+    inner = AsgiMiddleware(handler, store=store)
+    outer = AsgiMiddleware(inner, store=store)
+    assert await _asgi_request(outer, _bare_scope(b"order-copy-0003")) == (201, b'{"n":1}')
+    assert runs == 1
+    assert got and got[0][0] == 500
+
+
+@pytest.mark.parametrize("mounts", ["once", "twice-to-outer", "twice-to-inner"])
 def test_wsgi_a_nested_call_with_a_copy_of_the_environ_is_refused_not_run_again(
-    twice: bool,
+    mounts: str,
 ) -> None:
     """As the nested call above, with the nested request built from a copy of the
     environ (``dict(environ, ...)``, as webob's ``Request.copy()``): the copy shares the
-    mark, but it reaches the middleware that leads the key, so it is another request."""
+    mark, but it reaches the middleware that leads the key, or the inner one that has
+    passed the request on already, so it is another request."""
     calls = 0
     nested: list[str] = []
-    mw: Any = None
+    target: Any = None
 
     def app(environ: Any, start_response: Any) -> Any:
         nonlocal calls
@@ -744,14 +770,14 @@ def test_wsgi_a_nested_call_with_a_copy_of_the_environ_is_refused_not_run_again(
         environ["wsgi.input"].read()
         if calls == 1:
             copy = dict(environ, **{"wsgi.input": io.BytesIO(b"{}")})
-            b"".join(mw(copy, lambda status, headers, exc=None: nested.append(status)))
+            b"".join(target(copy, lambda status, headers, exc=None: nested.append(status)))
         start_response("201 Created", [("Content-Type", "application/json")])
         return [f'{{"n":{calls}}}'.encode()]
 
     store = oncely.IdempotencyStore()
-    mw = WsgiMiddleware(app, store=store)
-    if twice:
-        mw = WsgiMiddleware(mw, store=store)
+    inner = WsgiMiddleware(app, store=store)
+    mw = inner if mounts == "once" else WsgiMiddleware(inner, store=store)
+    target = inner if mounts == "twice-to-inner" else mw
     env = {
         "REQUEST_METHOD": "POST",
         "PATH_INFO": "/orders",

@@ -310,24 +310,44 @@ class Settings:
 
 
 _LEADS = "oncely.leads"
-"""The key, in an ASGI scope or a WSGI environ, of the leads the request is in right now:
-(store, scoped key, the middleware leading it). A mark on the request itself, not on the
-context: tasks, threads and in-process calls started by the app inherit a context, and a
-request they make is another request, which must go through the store."""
+"""The key, in an ASGI scope or a WSGI environ, of the leads the request is in right now
+(:class:`_Mark`). A mark on the request itself, not on the context: tasks, threads and
+in-process calls started by the app inherit a context, and a request they make is
+another request, which must go through the store."""
 
 
-def led_already(
+class _Mark:
+    """One lead of a request: the store and scoped key, the middleware leading it, and
+    the other middleware of that store that have passed the request on under it."""
+
+    __slots__ = ("store", "scoped", "leader", "passed")
+
+    def __init__(self, store: object, scoped: ScopedKey, leader: object) -> None:
+        self.store = store
+        self.scoped = scoped
+        self.leader = leader
+        self.passed: list[object] = []
+
+
+def pass_led(
     request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
 ) -> bool:
-    """Whether ``request`` is being led already in ``store`` under ``scoped`` by another
-    middleware than ``me``: it reached a second middleware of the same store (wrapped
-    twice, on an app and on a sub-app mounted in it), which then passes it on to the app
-    under that lead. Asking the store again from inside the lead would be refused as
-    re-entrant. A request reaching the middleware that leads it again is another request
-    made from inside the lead (with a copy of its scope or environ, whose shallow copy
-    shares the mark): it goes through the store. Another scoped key (another route) leads
-    a key of its own."""
-    return any(s is store and k == scoped and m is not me for s, k, m in request.get(_LEADS, ()))
+    """Whether middleware ``me`` passes ``request`` on to its app under a lead it is in
+    already (and notes that it has): the same store leads the same scoped key for it in
+    another middleware (wrapped twice, on an app and on a sub-app mounted in it). Asking
+    the store again from inside that lead would be refused as re-entrant.
+
+    A request reaches each other middleware once: one that reaches the leader again, or
+    a middleware that has passed it on already, is another request made from inside the
+    lead with a copy of this one's scope or environ (whose shallow copy shares the mark),
+    and goes through the store. Another scoped key (another route) leads a key of its own."""
+    for mark in request.get(_LEADS, ()):
+        if mark.store is store and mark.scoped == scoped:
+            if mark.leader is me or any(p is me for p in mark.passed):
+                return False
+            mark.passed.append(me)
+            return True
+    return False
 
 
 @contextmanager
@@ -335,14 +355,14 @@ def leading(
     request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
 ) -> Iterator[None]:
     """Marks ``request`` as led by ``me`` in ``store`` under ``scoped`` while the block
-    runs (see :func:`led_already`): around the app's run inside the action, which outlives
-    a caller that stops waiting for it. The mark is one list shared by the shallow copies
+    runs (see :func:`pass_led`): around the app's run inside the action, which outlives a
+    caller that stops waiting for it. The mark is one list shared by the shallow copies
     sub-apps make of the request, and it is taken off when the block ends, so that a
     request mapping used again later is not taken for the one in progress."""
-    leads: Optional[list[tuple[object, ScopedKey, object]]] = request.get(_LEADS)
+    leads: Optional[list[_Mark]] = request.get(_LEADS)
     if leads is None:
         leads = request[_LEADS] = []
-    mark = (store, scoped, me)
+    mark = _Mark(store, scoped, me)
     leads.append(mark)
     try:
         yield
@@ -361,7 +381,7 @@ reused meanwhile."""
 
 
 def call_led_already(context: object, store: object, scoped: ScopedKey) -> bool:
-    """:func:`led_already` for a gRPC call: the interceptor is installed twice with one
+    """:func:`pass_led` for a gRPC call: the interceptor is installed twice with one
     store, and the outer one leads this call."""
     return any(s is store and k == scoped for s, k in _CALL_LEADS.get(id(context), ()))
 

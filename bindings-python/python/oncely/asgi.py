@@ -30,7 +30,7 @@ from ._adapter import (
     Streamed,
     Unstored,
     leading,
-    led_already,
+    pass_led,
     problem_head,
     problem_of,
     replay_head,
@@ -168,7 +168,7 @@ class IdempotencyMiddleware:
         if isinstance(scoped, http.Problem):
             await self._refuse(send, scoped)
             return
-        if led_already(scope, self.store, scoped, self):
+        if pass_led(scope, self.store, scoped, self):
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
             await self.app(scope, _body_again(body, receive), send)

@@ -32,7 +32,7 @@ from ._adapter import (
     SyncStore,
     Unstored,
     leading,
-    led_already,
+    pass_led,
     problem_head,
     problem_of,
     replay_head,
@@ -161,7 +161,7 @@ class IdempotencyMiddleware:
         scoped = s.scoped(environ, method, route or path, decision)
         if isinstance(scoped, http.Problem):
             return self._refuse(start_response, scoped)
-        if led_already(environ, self.store, scoped, self):
+        if pass_led(environ, self.store, scoped, self):
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
             return self.app(environ, start_response)
