@@ -253,12 +253,18 @@ async function idempotency(fastify, options) {
     // Not this registration's request: the plugin registered again in a context nearer
     // the route has taken it (its onRequest runs later and replaces the state).
     if (!st || st.s !== s) return payload
-    // An HTTP/1 request without a body (no length, or 0, and no transfer coding: RFC
-    // 9112 §6.3) is left unread, as Fastify leaves it: reading it to its end closes it,
-    // which aborts `request.signal` before the handler runs (and clears Fastify 5's
-    // `handlerTimeout`). An HTTP/2 request may carry a body with neither.
+    // A request Fastify does not read (no content type, no transfer coding, a length of
+    // 0 or none, over HTTP/1: RFC 9112 §6.3) is left unread too: reading it to its end
+    // closes it, which aborts `request.signal` before the handler runs (and clears
+    // Fastify 5's `handlerTimeout`). With a content type Fastify's parser reads it (an
+    // injected stream has a body with neither header); an HTTP/2 request may carry one.
     const h = request.headers
-    if (request.raw.httpVersionMajor === 1 && h['transfer-encoding'] === undefined && (h['content-length'] === undefined || h['content-length'] === '0')) {
+    if (
+      h['content-type'] === undefined &&
+      h['transfer-encoding'] === undefined &&
+      (h['content-length'] === undefined || h['content-length'] === '0') &&
+      request.raw.httpVersionMajor === 1
+    ) {
       return payload
     }
     const body = await readAll(payload, s.requestCap)
@@ -299,13 +305,31 @@ async function idempotency(fastify, options) {
     const scoped = own ? r : scopedIn(r)
     const fp = own ? s.fingerprint(request, st.body) : fingerprintIn(r)
 
-    // Asked for only by a request that waits for another.
+    // Asked for only by a request that waits for another. While it waits, an answer the
+    // app sends itself (its own timeout) is noted as it starts: it may spend a while in
+    // async onSend hooks before `reply.sent`, and nothing else may be sent meanwhile.
     let goneOnce
-    const gone = () => (goneOnce ??= goneOf(reply.raw, 'close', () => reply.raw.writableFinished))
+    let answeredAside = false
+    let plainSend
+    const gone = () => {
+      if (goneOnce === undefined) {
+        const send = (plainSend = reply.send)
+        reply.send = function sendAside(payload) {
+          answeredAside = true
+          return send.call(this, payload)
+        }
+        goneOnce = goneOf(reply.raw, 'close', () => reply.raw.writableFinished)
+      }
+      return goneOnce
+    }
+    /** The reply's `send` as it was before this request waited (see `gone`). */
+    const unwatchSend = () => {
+      if (plainSend !== undefined) reply.send = plainSend
+    }
     let led = false
     const lead = (owner) =>
       new Promise((resolve, reject) => {
-        if (reply.sent) {
+        if (reply.sent || answeredAside) {
           // Answered while it waited (a timeout of the app's own): Fastify would not go on
           // to the handler, and nothing would settle the key. Released at once: the next
           // duplicate leads.
@@ -313,6 +337,7 @@ async function idempotency(fastify, options) {
           reject(new Released(owner, 'the request was answered while it waited'))
           return
         }
+        unwatchSend()
         s.counters.led++
         st.owner = owner
         st.settle = (outcome) => {
@@ -357,7 +382,8 @@ async function idempotency(fastify, options) {
         if (led) return
         request[STATE] = undefined
         // Answered while it waited (see `lead`): nothing more to send.
-        if (reply.sent) return
+        if (reply.sent || answeredAside) return
+        unwatchSend()
         if (first.problem) return sendProblem(reply, first.problem)
         const a = first.replay
         replayed(s, request, scoped)
@@ -376,7 +402,7 @@ async function idempotency(fastify, options) {
         reply.code(a.status).headers(headers).send(a.body)
       },
       (e) => {
-        if (!led && !reply.sent) done(e)
+        if (!led && !reply.sent && !answeredAside) done(e)
       },
     )
   })

@@ -509,3 +509,63 @@ for (const [name, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 }
+
+for (const [name, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${name}: a duplicate the app answers while it waits gets that answer alone, even while it is in an async onSend hook`, async () => {
+    const app = Fastify()
+    // The app's own per-request timeout, and an onSend hook that takes a while: the
+    // timeout's answer is on its way, not yet sent, when the first request's fails.
+    app.addHook('onRequest', async (request, reply) => {
+      request.timer = setTimeout(() => {
+        if (!reply.sent) reply.code(503).send({ error: 'timeout' })
+      }, Number(request.headers['x-timeout'] ?? 5000))
+    })
+    app.addHook('onResponse', async (request) => clearTimeout(request.timer))
+    app.addHook('onSend', async (request, reply, payload) => {
+      await sleep(200)
+      return payload
+    })
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
+    let runs = 0
+    app.post('/r', async () => {
+      runs++
+      await sleep(70)
+      throw new Error('boom') // a 500: not stored, shared with the duplicate waiting
+    })
+    const url = await listen(app)
+    try {
+      const key = newKey()
+      const first = fastifyPost(url, '/r', key)
+      await sleep(10)
+      const dup = await within(fastifyPost(url, '/r', key, '{"a":1}', { headers: { 'x-timeout': '120' } }), 3000)
+      assert.notEqual(dup, 'hang')
+      // Before, the first request's 500 went out over the timeout's answer on its way:
+      // a 500 status with the timeout's body, marked replayed (Fastify 4: a crash).
+      assert.equal(dup.status, 503)
+      assert.equal(dup.text, '{"error":"timeout"}')
+      assert.equal(dup.headers.get('idempotent-replayed'), null)
+      assert.equal((await first).status, 500)
+      assert.equal(runs, 1)
+    } finally {
+      await app.close()
+    }
+  })
+
+  test(`${name}: an injected request whose body has no length is fingerprinted with its body`, async () => {
+    const app = Fastify()
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
+    let runs = 0
+    app.post('/pay', async (req) => ({ charged: req.body.amount, run: ++runs }))
+    await app.ready()
+    const pay = (key, body) =>
+      app.inject({ method: 'POST', url: '/pay', headers: { 'content-type': 'application/json', 'idempotency-key': key }, payload: Readable.from([body]) })
+    try {
+      const key = newKey()
+      assert.equal((await pay(key, '{"amount":10}')).statusCode, 200)
+      assert.equal((await pay(key, '{"amount":99999}')).statusCode, 422)
+      assert.equal(runs, 1)
+    } finally {
+      await app.close()
+    }
+  })
+}

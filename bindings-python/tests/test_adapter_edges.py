@@ -793,3 +793,98 @@ def test_wsgi_a_nested_call_with_a_copy_of_the_environ_is_refused_not_run_again(
     assert (statuses, body) == (["201 Created"], b'{"n":1}')
     assert nested and nested[0].startswith("500")
     assert calls == 1
+
+
+class _Transient(Exception):
+    pass
+
+
+async def test_asgi_mounted_twice_a_retrying_middleware_between_passes_the_request_on_again() -> (
+    None
+):
+    """outer -> a middleware that retries a transient failure -> inner -> handler, one
+    store: the inner middleware is reached twice by the request being led, one pass after
+    the other, and passes it on both times (as mounted once: the retry runs inside the
+    one lead). Only a pass while its own is still running is another request."""
+    runs = 0
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        if runs == 1:
+            raise _Transient("deadlock, rolled back")
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"ok":%d}' % runs})
+
+    def retrying(app: Any) -> Any:
+        async def mw(scope: Any, receive: Any, send: Any) -> None:
+            first = await receive()
+            for attempt in range(2):
+                given = [first]
+
+                async def again() -> dict[str, Any]:
+                    if given:
+                        return given.pop()
+                    await asyncio.Event().wait()
+                    return {}
+
+                try:
+                    await app(scope, again, send)
+                    return
+                except _Transient:
+                    if attempt == 1:
+                        raise
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    app = AsgiMiddleware(retrying(AsgiMiddleware(handler, store=store)), store=store)
+    assert await _asgi_request(app, _bare_scope(b"order-retry-0001")) == (201, b'{"ok":2}')
+    assert await _asgi_request(app, _bare_scope(b"order-retry-0001")) == (201, b'{"ok":2}')
+    assert runs == 2
+
+
+def test_wsgi_mounted_twice_a_retrying_middleware_between_passes_the_request_on_again() -> None:
+    runs = 0
+
+    def handler(environ: Any, start_response: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        environ["wsgi.input"].read()
+        if runs == 1:
+            raise _Transient("deadlock, rolled back")
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b'{"ok":%d}' % runs]
+
+    def retrying(app: Any) -> Any:
+        def mw(environ: Any, start_response: Any) -> Any:
+            body = environ["wsgi.input"].read()
+            for attempt in range(2):
+                environ["wsgi.input"] = io.BytesIO(body)
+                try:
+                    return list(app(environ, start_response))
+                except _Transient:
+                    if attempt == 1:
+                        raise
+            raise AssertionError("unreachable")
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    app = WsgiMiddleware(retrying(WsgiMiddleware(handler, store=store)), store=store)
+    for _ in range(2):
+        env = {
+            "REQUEST_METHOD": "POST",
+            "PATH_INFO": "/orders",
+            "SCRIPT_NAME": "",
+            "QUERY_STRING": "",
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": "2",
+            "HTTP_IDEMPOTENCY_KEY": "order-retry-0002",
+            "wsgi.input": io.BytesIO(b"{}"),
+        }
+        statuses: list[str] = []
+        body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
+        assert (statuses, body) == (["201 Created"], b'{"ok":2}')
+    assert runs == 2

@@ -318,36 +318,46 @@ another request, which must go through the store."""
 
 class _Mark:
     """One lead of a request: the store and scoped key, the middleware leading it, and
-    the other middleware of that store that have passed the request on under it."""
+    the other middleware of that store passing the request on under it right now."""
 
-    __slots__ = ("store", "scoped", "leader", "passed")
+    __slots__ = ("store", "scoped", "leader", "passing")
 
     def __init__(self, store: object, scoped: ScopedKey, leader: object) -> None:
         self.store = store
         self.scoped = scoped
         self.leader = leader
-        self.passed: list[object] = []
+        self.passing: list[object] = []
+
+    def passed(self, me: object) -> None:
+        """``me`` has passed the request on and its app has returned (or closed)."""
+        for i, m in enumerate(self.passing):
+            if m is me:
+                del self.passing[i]
+                return
 
 
 def pass_led(
     request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
-) -> bool:
-    """Whether middleware ``me`` passes ``request`` on to its app under a lead it is in
-    already (and notes that it has): the same store leads the same scoped key for it in
-    another middleware (wrapped twice, on an app and on a sub-app mounted in it). Asking
-    the store again from inside that lead would be refused as re-entrant.
+) -> Optional[_Mark]:
+    """The lead under which middleware ``me`` passes ``request`` on to its app (noted as
+    passing until :meth:`_Mark.passed`), or ``None`` when the request must go through the
+    store. The same store leads the same scoped key for it in another middleware (wrapped
+    twice, on an app and on a sub-app mounted in it): asking the store again from inside
+    that lead would be refused as re-entrant.
 
-    A request reaches each other middleware once: one that reaches the leader again, or
-    a middleware that has passed it on already, is another request made from inside the
-    lead with a copy of this one's scope or environ (whose shallow copy shares the mark),
-    and goes through the store. Another scoped key (another route) leads a key of its own."""
-    for mark in request.get(_LEADS, ()):
+    A request that reaches the middleware leading it, or one that is passing it on right
+    now, is another request made from inside the lead with a copy of this one's scope or
+    environ (whose shallow copy shares the mark), and goes through the store; the same
+    request passed on again once its app has returned (a retrying middleware between the
+    two) is passed on again. Another scoped key (another route) leads a key of its own."""
+    marks: list[_Mark] = request.get(_LEADS, [])
+    for mark in marks:
         if mark.store is store and mark.scoped == scoped:
-            if mark.leader is me or any(p is me for p in mark.passed):
-                return False
-            mark.passed.append(me)
-            return True
-    return False
+            if mark.leader is me or any(p is me for p in mark.passing):
+                return None
+            mark.passing.append(me)
+            return mark
+    return None
 
 
 @contextmanager

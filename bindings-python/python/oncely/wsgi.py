@@ -31,6 +31,7 @@ from ._adapter import (
     Streamed,
     SyncStore,
     Unstored,
+    _Mark,
     leading,
     pass_led,
     problem_head,
@@ -161,10 +162,15 @@ class IdempotencyMiddleware:
         scoped = s.scoped(environ, method, route or path, decision)
         if isinstance(scoped, http.Problem):
             return self._refuse(start_response, scoped)
-        if pass_led(environ, self.store, scoped, self):
+        mark = pass_led(environ, self.store, scoped, self)
+        if mark is not None:
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
-            return self.app(environ, start_response)
+            try:
+                return _PassedOn(self.app(environ, start_response), mark, self)
+            except BaseException:
+                mark.passed(self)
+                raise
         if s.fingerprint is not None:
             fp = s.fingerprint(environ, body)
         else:
@@ -248,6 +254,28 @@ class IdempotencyMiddleware:
         self._s.replayed(environ, scoped)
         start_response(_status_line(status), _text_headers(headers))
         return [body]
+
+
+class _PassedOn:
+    """The body of an app a request was passed on to under a lead (see ``pass_led``):
+    the request is being passed on until the server (here, the leading middleware)
+    closes it, as its app may still run while its body is iterated."""
+
+    def __init__(self, body: Iterable[bytes], mark: _Mark, me: object) -> None:
+        self.body = body
+        self.mark = mark
+        self.me = me
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.mark.passed(self.me)
 
 
 class _Lead:
