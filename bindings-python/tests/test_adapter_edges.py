@@ -888,3 +888,187 @@ def test_wsgi_mounted_twice_a_retrying_middleware_between_passes_the_request_on_
         body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
         assert (statuses, body) == (["201 Created"], b'{"ok":2}')
     assert runs == 2
+
+
+async def test_asgi_mounted_twice_a_task_copy_sent_after_the_inner_pass_returned_is_refused() -> (
+    None
+):
+    """outer -> a layer doing more work after the sub-app returns -> inner -> handler,
+    one store. A task of the handler sends a copy of the scope to the inner middleware
+    after the inner's pass has returned, while the outer still leads: a copy is another
+    request (the mark holds for the very scope being led only), so it goes through the
+    store and is refused re-entrant, not run again."""
+    runs = 0
+    got: list[tuple[int, bytes]] = []
+    inner: Any = None
+
+    async def later(copy: dict[str, Any]) -> None:
+        await asyncio.sleep(0.01)
+        got.append(await _asgi_request(inner, copy))
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        if runs == 1:
+            asyncio.get_running_loop().create_task(later(dict(scope)))
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"run":%d}' % runs})
+
+    def then_more(app: Any) -> Any:
+        async def mw(scope: Any, receive: Any, send: Any) -> None:
+            await app(scope, receive, send)
+            await asyncio.sleep(0.05)  # e.g. an audit flush after the sub-app returned
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    inner = AsgiMiddleware(handler, store=store)
+    app = AsgiMiddleware(then_more(inner), store=store)
+    assert await _asgi_request(app, _bare_scope(b"order-late-0001")) == (201, b'{"run":1}')
+    await asyncio.sleep(0.1)
+    assert runs == 1
+    assert got and got[0][0] == 500
+
+
+def test_wsgi_mounted_twice_a_thread_copy_after_the_inner_pass_is_replayed() -> None:
+    """As above with WSGI and a thread: the copy, another request, waits for the lead
+    and gets its answer replayed; the handler ran once."""
+    runs = 0
+    got: list[tuple[list[str], bytes]] = []
+    threads: list[threading.Thread] = []
+    inner: Any = None
+
+    def copy_later(copy: dict[str, Any]) -> None:
+        time.sleep(0.01)
+        statuses: list[str] = []
+        copy["wsgi.input"] = io.BytesIO(b"{}")
+        body = b"".join(inner(copy, lambda status, headers, exc=None: statuses.append(status)))
+        got.append((statuses, body))
+
+    def handler(environ: Any, start_response: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        environ["wsgi.input"].read()
+        if runs == 1:
+            t = threading.Thread(target=copy_later, args=(environ.copy(),))
+            threads.append(t)
+            t.start()
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b'{"run":%d}' % runs]
+
+    def then_more(app: Any) -> Any:
+        def mw(environ: Any, start_response: Any) -> Any:
+            result = app(environ, start_response)
+            try:
+                body = b"".join(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+            time.sleep(0.05)  # work after the sub-app's body was closed
+            return [body]
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    inner = WsgiMiddleware(handler, store=store)
+    app = WsgiMiddleware(then_more(inner), store=store)
+    env = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "HTTP_IDEMPOTENCY_KEY": "order-late-0002",
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+    statuses: list[str] = []
+    body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
+    assert (statuses, body) == (["201 Created"], b'{"run":1}')
+    for t in threads:
+        t.join(10)
+    assert got == [(["201 Created"], b'{"run":1}')]
+    assert runs == 1
+
+
+def test_wsgi_mounted_twice_a_retry_after_a_body_that_raised_passes_the_request_on() -> None:
+    """The retrying middleware between two mounts, with a body that fails while it is
+    iterated (a generator) and is not closed by the middleware: the same environ passed
+    again is still the request being led."""
+    runs = 0
+
+    def handler(environ: Any, start_response: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        environ["wsgi.input"].read()
+        start_response("201 Created", [("Content-Type", "application/json")])
+        n = runs
+
+        def body() -> Iterator[bytes]:
+            if n == 1:
+                raise _Transient("deadlock, rolled back")
+            yield b'{"ok":%d}' % n
+
+        return body()
+
+    def retrying(app: Any) -> Any:
+        def mw(environ: Any, start_response: Any) -> Any:
+            data = environ["wsgi.input"].read()
+            for attempt in range(2):
+                environ["wsgi.input"] = io.BytesIO(data)
+                try:
+                    return list(app(environ, start_response))
+                except _Transient:
+                    if attempt == 1:
+                        raise
+            raise AssertionError("unreachable")
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    app = WsgiMiddleware(retrying(WsgiMiddleware(handler, store=store)), store=store)
+    env = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "HTTP_IDEMPOTENCY_KEY": "order-retry-0003",
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+    statuses: list[str] = []
+    body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
+    assert body == b'{"ok":2}'
+    assert runs == 2
+
+
+async def test_asgi_one_store_on_an_app_and_a_starlette_mount_leads_once() -> None:
+    """Starlette's Mount changes the scope in place: the sub-app's middleware sees the
+    very scope being led and passes it on."""
+    from starlette.routing import Mount
+
+    calls = 0
+
+    async def orders(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        await request.body()
+        return Response(f'{{"n":{calls}}}', status_code=201, media_type="application/json")
+
+    store = oncely.IdempotencyStore()
+    sub = AsgiMiddleware(
+        Starlette(routes=[Route("/orders", orders, methods=["POST"])]), store=store
+    )
+    app = AsgiMiddleware(Starlette(routes=[Mount("/api", app=sub)]), store=store)
+    transport = httpx.ASGITransport(app=app)
+    headers = {**POST, "idempotency-key": "order-mount-0001"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        first = await client.post("/api/orders", content=b"{}", headers=headers)
+        again = await client.post("/api/orders", content=b"{}", headers=headers)
+    assert (first.status_code, first.text) == (201, '{"n":1}')
+    assert (again.status_code, again.text) == (201, '{"n":1}')
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert calls == 1

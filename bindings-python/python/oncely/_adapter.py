@@ -317,62 +317,44 @@ another request, which must go through the store."""
 
 
 class _Mark:
-    """One lead of a request: the store and scoped key, the middleware leading it, and
-    the other middleware of that store passing the request on under it right now."""
+    """One lead of a request: the store and scoped key, and the very scope or environ
+    being led (a shallow copy shares the list of marks, not the identity)."""
 
-    __slots__ = ("store", "scoped", "leader", "passing")
+    __slots__ = ("store", "scoped", "request")
 
-    def __init__(self, store: object, scoped: ScopedKey, leader: object) -> None:
+    def __init__(self, store: object, scoped: ScopedKey, request: object) -> None:
         self.store = store
         self.scoped = scoped
-        self.leader = leader
-        self.passing: list[object] = []
-
-    def passed(self, me: object) -> None:
-        """``me`` has passed the request on and its app has returned (or closed)."""
-        for i, m in enumerate(self.passing):
-            if m is me:
-                del self.passing[i]
-                return
+        self.request = request
 
 
-def pass_led(
-    request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
-) -> Optional[_Mark]:
-    """The lead under which middleware ``me`` passes ``request`` on to its app (noted as
-    passing until :meth:`_Mark.passed`), or ``None`` when the request must go through the
-    store. The same store leads the same scoped key for it in another middleware (wrapped
-    twice, on an app and on a sub-app mounted in it): asking the store again from inside
-    that lead would be refused as re-entrant.
+def pass_led(request: MutableMapping[str, Any], store: object, scoped: ScopedKey) -> bool:
+    """Whether ``request`` is passed on to the app under a lead it is in already: the same
+    store leads the same scoped key for this very scope or environ (the middleware
+    wrapped twice, on an app and on a sub-app mounted in it; a retrying middleware between
+    the two passing it again). Asking the store again from inside that lead would be
+    refused as re-entrant.
 
-    A request that reaches the middleware leading it, or one that is passing it on right
-    now, is another request made from inside the lead with a copy of this one's scope or
-    environ (whose shallow copy shares the mark), and goes through the store; the same
-    request passed on again once its app has returned (a retrying middleware between the
-    two) is passed on again. Another scoped key (another route) leads a key of its own."""
+    A copy of the scope or environ (``{**scope}``, ``dict(environ)``, made by a handler,
+    a task or a thread for a request of its own) is another request and goes through the
+    store; so does a sub-app that copies the scope instead of changing it in place (as
+    Starlette's ``Mount`` and werkzeug's ``DispatcherMiddleware`` do), which is then
+    refused as re-entrant rather than run twice. Another scoped key (another route) leads
+    a key of its own."""
     marks: list[_Mark] = request.get(_LEADS, [])
-    for mark in marks:
-        if mark.store is store and mark.scoped == scoped:
-            if mark.leader is me or any(p is me for p in mark.passing):
-                return None
-            mark.passing.append(me)
-            return mark
-    return None
+    return any(m.store is store and m.scoped == scoped and m.request is request for m in marks)
 
 
 @contextmanager
-def leading(
-    request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
-) -> Iterator[None]:
-    """Marks ``request`` as led by ``me`` in ``store`` under ``scoped`` while the block
-    runs (see :func:`pass_led`): around the app's run inside the action, which outlives a
-    caller that stops waiting for it. The mark is one list shared by the shallow copies
-    sub-apps make of the request, and it is taken off when the block ends, so that a
+def leading(request: MutableMapping[str, Any], store: object, scoped: ScopedKey) -> Iterator[None]:
+    """Marks ``request`` as led in ``store`` under ``scoped`` while the block runs (see
+    :func:`pass_led`): around the app's run inside the action, which outlives a caller
+    that stops waiting for it. The mark is taken off when the block ends, so that a
     request mapping used again later is not taken for the one in progress."""
     leads: Optional[list[_Mark]] = request.get(_LEADS)
     if leads is None:
         leads = request[_LEADS] = []
-    mark = _Mark(store, scoped, me)
+    mark = _Mark(store, scoped, request)
     leads.append(mark)
     try:
         yield

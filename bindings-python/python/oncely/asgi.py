@@ -168,14 +168,10 @@ class IdempotencyMiddleware:
         if isinstance(scoped, http.Problem):
             await self._refuse(send, scoped)
             return
-        mark = pass_led(scope, self.store, scoped, self)
-        if mark is not None:
+        if pass_led(scope, self.store, scoped):
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
-            try:
-                await self.app(scope, _body_again(body, receive), send)
-            finally:
-                mark.passed(self)
+            await self.app(scope, _body_again(body, receive), send)
             return
         if s.fingerprint is not None:
             fp = s.fingerprint(scope, body)
@@ -186,7 +182,7 @@ class IdempotencyMiddleware:
             fp = http.request_fingerprint(
                 method, target, None if ctype is None else ctype.decode("latin-1"), body
             )
-        run = _Lead(self.app, s, scope, body, receive, send, (self.store, scoped, self))
+        run = _Lead(self.app, s, scope, body, receive, send, (self.store, scoped))
         while True:
             try:
                 done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
@@ -309,12 +305,12 @@ class _Lead:
         body: bytes,
         receive: Receive,
         send: Send,
-        mark: tuple[object, ScopedKey, object],
+        mark: tuple[object, ScopedKey],
     ) -> None:
         self.app = app
         self.s = s
         self.scope = scope
-        # (store, scoped key, middleware): the request's mark while the app runs.
+        # (store, scoped key): the request's mark while the app runs.
         self.mark = mark
         self.body: Optional[bytes] = body
         self.real_receive = receive

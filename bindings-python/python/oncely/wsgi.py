@@ -31,7 +31,6 @@ from ._adapter import (
     Streamed,
     SyncStore,
     Unstored,
-    _Mark,
     leading,
     pass_led,
     problem_head,
@@ -162,22 +161,17 @@ class IdempotencyMiddleware:
         scoped = s.scoped(environ, method, route or path, decision)
         if isinstance(scoped, http.Problem):
             return self._refuse(start_response, scoped)
-        mark = pass_led(environ, self.store, scoped, self)
-        if mark is not None:
+        if pass_led(environ, self.store, scoped):
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
-            try:
-                return _PassedOn(self.app(environ, start_response), mark, self)
-            except BaseException:
-                mark.passed(self)
-                raise
+            return self.app(environ, start_response)
         if s.fingerprint is not None:
             fp = s.fingerprint(environ, body)
         else:
             query = environ.get("QUERY_STRING", "")
             target = f"{path}?{query}" if query else path
             fp = http.request_fingerprint(method, target, environ.get("CONTENT_TYPE") or None, body)
-        run = _Lead(self.app, s, environ, start_response, (self.store, scoped, self))
+        run = _Lead(self.app, s, environ, start_response, (self.store, scoped))
         while True:
             try:
                 done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
@@ -256,28 +250,6 @@ class IdempotencyMiddleware:
         return [body]
 
 
-class _PassedOn:
-    """The body of an app a request was passed on to under a lead (see ``pass_led``):
-    the request is being passed on until the server (here, the leading middleware)
-    closes it, as its app may still run while its body is iterated."""
-
-    def __init__(self, body: Iterable[bytes], mark: _Mark, me: object) -> None:
-        self.body = body
-        self.mark = mark
-        self.me = me
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.body)
-
-    def close(self) -> None:
-        try:
-            close = getattr(self.body, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self.mark.passed(self.me)
-
-
 class _Lead:
     """One request's run of the app under its key, on the request's thread: the
     response is captured (up to the body cap) for the store; past the cap it is
@@ -289,12 +261,12 @@ class _Lead:
         s: Settings,
         environ: Environ,
         start_response: StartResponse,
-        mark: tuple[object, ScopedKey, object],
+        mark: tuple[object, ScopedKey],
     ) -> None:
         self.app = app
         self.s = s
         self.environ = environ
-        # (store, scoped key, middleware): the request's mark while the app runs.
+        # (store, scoped key): the request's mark while the app runs.
         self.mark = mark
         self.real_start = start_response
         self.led = False
