@@ -1072,3 +1072,110 @@ async def test_asgi_one_store_on_an_app_and_a_starlette_mount_leads_once() -> No
     assert (again.status_code, again.text) == (201, '{"n":1}')
     assert again.headers.get("idempotent-replayed") == "true"
     assert calls == 1
+
+
+async def _plain_handler_app() -> tuple[Any, list[int]]:
+    runs = [0]
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        runs[0] += 1
+        await receive()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 201, "headers": headers})
+        await send({"type": "http.response.body", "body": b'{"n":%d}' % runs[0]})
+
+    return handler, runs
+
+
+async def test_asgi_mounted_twice_through_hypercorns_dispatcher_which_copies_the_scope() -> None:
+    """hypercorn's DispatcherMiddleware hands the sub-app a copy of the scope: the
+    request being led, on its way down, still passes the inner middleware (once)."""
+    dispatcher = pytest.importorskip("hypercorn.middleware").DispatcherMiddleware
+    handler, runs = await _plain_handler_app()
+    store = oncely.IdempotencyStore()
+    app = AsgiMiddleware(dispatcher({"/sub": AsgiMiddleware(handler, store=store)}), store=store)
+    headers = {**POST, "idempotency-key": "order-dispatch-0001"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://app"
+    ) as c:
+        first = await c.post("/sub/orders", content=b"{}", headers=headers)
+        again = await c.post("/sub/orders", content=b"{}", headers=headers)
+    assert (first.status_code, first.text) == (201, '{"n":1}')
+    assert (again.status_code, again.text) == (201, '{"n":1}')
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert runs == [1]
+
+
+async def test_asgi_a_middleware_that_deep_copies_the_scope_under_the_lead() -> None:
+    """hypercorn's ProxyFixMiddleware deep-copies the scope: the lead's mark, which holds
+    the store, is kept as it is instead of failing every keyed request."""
+    proxy_fix = pytest.importorskip("hypercorn.middleware").ProxyFixMiddleware
+    handler, runs = await _plain_handler_app()
+    app = AsgiMiddleware(
+        proxy_fix(handler, mode="legacy", trusted_hops=1), store=oncely.IdempotencyStore()
+    )
+    headers = {**POST, "idempotency-key": "order-proxyfix-0001"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://app"
+    ) as c:
+        first = await c.post("/orders", content=b"{}", headers=headers)
+        again = await c.post("/orders", content=b"{}", headers=headers)
+    assert (first.status_code, first.text) == (201, '{"n":1}')
+    assert (again.status_code, again.text) == (201, '{"n":1}')
+    assert runs == [1]
+
+
+async def test_asgi_the_led_scope_sent_back_to_the_leading_middleware_is_refused() -> None:
+    """The handler sends the very scope it is leading back through the middleware (an
+    in-process forward): another run of the request from inside its lead, refused
+    re-entrant, not run a second time."""
+    runs = 0
+    got: list[tuple[int, bytes]] = []
+    mw: Any = None
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        if runs == 1:
+            got.append(await _asgi_request(mw, scope))
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"n":%d}' % runs})
+
+    mw = AsgiMiddleware(handler, store=oncely.IdempotencyStore())
+    assert await _asgi_request(mw, _bare_scope(b"order-forward-0001")) == (201, b'{"n":1}')
+    assert runs == 1
+    assert got and got[0][0] == 500
+
+
+def test_wsgi_the_led_environ_sent_back_to_the_leading_middleware_is_refused() -> None:
+    runs = 0
+    nested: list[str] = []
+    mw: Any = None
+
+    def app(environ: Any, start_response: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        environ["wsgi.input"].read()
+        if runs == 1:
+            environ["wsgi.input"] = io.BytesIO(b"{}")
+            b"".join(mw(environ, lambda status, headers, exc=None: nested.append(status)))
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b'{"n":%d}' % runs]
+
+    mw = WsgiMiddleware(app, store=oncely.IdempotencyStore())
+    env = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "HTTP_IDEMPOTENCY_KEY": "order-forward-0002",
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+    statuses: list[str] = []
+    body = b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+    assert (statuses, body) == (["201 Created"], b'{"n":1}')
+    assert nested and nested[0].startswith("500")
+    assert runs == 1

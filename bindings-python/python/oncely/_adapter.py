@@ -317,44 +317,66 @@ another request, which must go through the store."""
 
 
 class _Mark:
-    """One lead of a request: the store and scoped key, and the very scope or environ
-    being led (a shallow copy shares the list of marks, not the identity)."""
+    """One lead of a request: the store and scoped key, the middleware leading it, the
+    very scope or environ being led, and the other middleware that have passed it on."""
 
-    __slots__ = ("store", "scoped", "request")
+    __slots__ = ("store", "scoped", "leader", "request", "passed")
 
-    def __init__(self, store: object, scoped: ScopedKey, request: object) -> None:
+    def __init__(self, store: object, scoped: ScopedKey, leader: object, request: object) -> None:
         self.store = store
         self.scoped = scoped
+        self.leader = leader
         self.request = request
+        self.passed: list[object] = []
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _Mark:
+        # A deep copy of the scope (hypercorn's ProxyFixMiddleware) keeps the mark itself:
+        # it holds a store, which cannot be copied, and it is the same lead.
+        return self
 
 
-def pass_led(request: MutableMapping[str, Any], store: object, scoped: ScopedKey) -> bool:
-    """Whether ``request`` is passed on to the app under a lead it is in already: the same
-    store leads the same scoped key for this very scope or environ (the middleware
-    wrapped twice, on an app and on a sub-app mounted in it; a retrying middleware between
-    the two passing it again). Asking the store again from inside that lead would be
-    refused as re-entrant.
+def pass_led(
+    request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
+) -> bool:
+    """Whether middleware ``me`` passes ``request`` on to its app under a lead it is in
+    already: another middleware of the same store leads the same scoped key for it (the
+    middleware wrapped twice, on an app and on a sub-app mounted in it). Asking the store
+    again from inside that lead would be refused as re-entrant.
 
-    A copy of the scope or environ (``{**scope}``, ``dict(environ)``, made by a handler,
-    a task or a thread for a request of its own) is another request and goes through the
-    store; so does a sub-app that copies the scope instead of changing it in place (as
-    Starlette's ``Mount`` and werkzeug's ``DispatcherMiddleware`` do), which is then
-    refused as re-entrant rather than run twice. Another scoped key (another route) leads
-    a key of its own."""
+    The request reaching the middleware that leads it again is another run of it from
+    inside the lead, and goes through the store (refused as re-entrant). Elsewhere the
+    very scope or environ being led passes each time (a retrying middleware between the
+    two mounts passes it again); a copy of it (a dispatcher that copies the scope on its
+    way to the sub-app, as hypercorn's does) passes a middleware that has not passed the
+    request yet. Any other copy, as one a handler, a task or a thread makes for a request
+    of its own, goes through the store. Another scoped key (another route) leads a key of
+    its own."""
     marks: list[_Mark] = request.get(_LEADS, [])
-    return any(m.store is store and m.scoped == scoped and m.request is request for m in marks)
+    for m in marks:
+        if m.store is store and m.scoped == scoped:
+            if m.leader is me:
+                return False
+            before = any(p is me for p in m.passed)
+            if m.request is not request and before:
+                return False
+            if not before:
+                m.passed.append(me)
+            return True
+    return False
 
 
 @contextmanager
-def leading(request: MutableMapping[str, Any], store: object, scoped: ScopedKey) -> Iterator[None]:
-    """Marks ``request`` as led in ``store`` under ``scoped`` while the block runs (see
+def leading(
+    request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
+) -> Iterator[None]:
+    """Marks ``request`` as led by ``me`` in ``store`` under ``scoped`` while the block runs (see
     :func:`pass_led`): around the app's run inside the action, which outlives a caller
     that stops waiting for it. The mark is taken off when the block ends, so that a
     request mapping used again later is not taken for the one in progress."""
     leads: Optional[list[_Mark]] = request.get(_LEADS)
     if leads is None:
         leads = request[_LEADS] = []
-    mark = _Mark(store, scoped, request)
+    mark = _Mark(store, scoped, me, request)
     leads.append(mark)
     try:
         yield

@@ -168,7 +168,7 @@ class IdempotencyMiddleware:
         if isinstance(scoped, http.Problem):
             await self._refuse(send, scoped)
             return
-        if pass_led(scope, self.store, scoped):
+        if pass_led(scope, self.store, scoped, self):
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
             await self.app(scope, _body_again(body, receive), send)
@@ -182,7 +182,7 @@ class IdempotencyMiddleware:
             fp = http.request_fingerprint(
                 method, target, None if ctype is None else ctype.decode("latin-1"), body
             )
-        run = _Lead(self.app, s, scope, body, receive, send, (self.store, scoped))
+        run = _Lead(self.app, s, scope, body, receive, send, (self.store, scoped, self))
         while True:
             try:
                 done = await self.store.execute(scoped, fp, run.action, wait=s.contract.wait)
@@ -305,12 +305,12 @@ class _Lead:
         body: bytes,
         receive: Receive,
         send: Send,
-        mark: tuple[object, ScopedKey],
+        mark: tuple[object, ScopedKey, object],
     ) -> None:
         self.app = app
         self.s = s
         self.scope = scope
-        # (store, scoped key): the request's mark while the app runs.
+        # (store, scoped key, middleware): the request's mark while the app runs.
         self.mark = mark
         self.body: Optional[bytes] = body
         self.real_receive = receive

@@ -161,7 +161,7 @@ class IdempotencyMiddleware:
         scoped = s.scoped(environ, method, route or path, decision)
         if isinstance(scoped, http.Problem):
             return self._refuse(start_response, scoped)
-        if pass_led(environ, self.store, scoped):
+        if pass_led(environ, self.store, scoped, self):
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
             return self.app(environ, start_response)
@@ -171,7 +171,7 @@ class IdempotencyMiddleware:
             query = environ.get("QUERY_STRING", "")
             target = f"{path}?{query}" if query else path
             fp = http.request_fingerprint(method, target, environ.get("CONTENT_TYPE") or None, body)
-        run = _Lead(self.app, s, environ, start_response, (self.store, scoped))
+        run = _Lead(self.app, s, environ, start_response, (self.store, scoped, self))
         while True:
             try:
                 done = self.store.execute_sync(scoped, fp, run.action, wait=s.contract.wait)
@@ -261,12 +261,12 @@ class _Lead:
         s: Settings,
         environ: Environ,
         start_response: StartResponse,
-        mark: tuple[object, ScopedKey],
+        mark: tuple[object, ScopedKey, object],
     ) -> None:
         self.app = app
         self.s = s
         self.environ = environ
-        # (store, scoped key): the request's mark while the app runs.
+        # (store, scoped key, middleware): the request's mark while the app runs.
         self.mark = mark
         self.real_start = start_response
         self.led = False
