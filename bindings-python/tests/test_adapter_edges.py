@@ -1179,3 +1179,120 @@ def test_wsgi_the_led_environ_sent_back_to_the_leading_middleware_is_refused() -
     assert (statuses, body) == (["201 Created"], b'{"n":1}')
     assert nested and nested[0].startswith("500")
     assert runs == 1
+
+
+async def test_asgi_mounted_twice_a_retry_through_a_layer_that_copies_the_scope() -> None:
+    """outer -> retrying middleware -> a layer copying the scope (a dispatcher) -> inner:
+    each attempt reaches the inner middleware as a new copy, after the previous pass has
+    returned: it is still the request being led, and passes."""
+    runs = 0
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        if runs == 1:
+            raise _Transient("deadlock, rolled back")
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"ok":%d}' % runs})
+
+    def retrying(app: Any) -> Any:
+        async def mw(scope: Any, receive: Any, send: Any) -> None:
+            first = await receive()
+            for attempt in range(2):
+                given = [first]
+
+                async def again() -> dict[str, Any]:
+                    if given:
+                        return given.pop()
+                    await asyncio.Event().wait()
+                    return {}
+
+                try:
+                    await app(scope, again, send)
+                    return
+                except _Transient:
+                    if attempt == 1:
+                        raise
+
+        return mw
+
+    def copying(app: Any) -> Any:
+        async def mw(scope: Any, receive: Any, send: Any) -> None:
+            await app(dict(scope), receive, send)
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    inner = AsgiMiddleware(handler, store=store)
+    app = AsgiMiddleware(retrying(copying(inner)), store=store)
+    assert await _asgi_request(app, _bare_scope(b"order-retry-0004")) == (201, b'{"ok":2}')
+    assert runs == 2
+
+
+async def test_asgi_mounted_twice_the_handler_sending_its_scope_back_through_the_sub_app() -> None:
+    """The handler sends its very scope back through the sub-app it runs in (the inner
+    middleware, passing it on right now): another run from inside the lead, refused."""
+    runs = 0
+    got: list[tuple[int, bytes]] = []
+    inner: Any = None
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        if runs == 1:
+            got.append(await _asgi_request(inner, scope))
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"n":%d}' % runs})
+
+    store = oncely.IdempotencyStore()
+    inner = AsgiMiddleware(handler, store=store)
+    outer = AsgiMiddleware(inner, store=store)
+    assert await _asgi_request(outer, _bare_scope(b"order-back-0001")) == (201, b'{"n":1}')
+    assert runs == 1
+    assert got and got[0][0] == 500
+
+
+def test_wsgi_mounted_twice_a_retry_through_a_layer_that_copies_the_environ() -> None:
+    runs = 0
+
+    def handler(environ: Any, start_response: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        environ["wsgi.input"].read()
+        if runs == 1:
+            raise _Transient("deadlock, rolled back")
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b'{"ok":%d}' % runs]
+
+    def retrying(app: Any) -> Any:
+        def mw(environ: Any, start_response: Any) -> Any:
+            data = environ["wsgi.input"].read()
+            for attempt in range(2):
+                copy = dict(environ, **{"wsgi.input": io.BytesIO(data)})
+                try:
+                    return list(app(copy, start_response))
+                except _Transient:
+                    if attempt == 1:
+                        raise
+            raise AssertionError("unreachable")
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    app = WsgiMiddleware(retrying(WsgiMiddleware(handler, store=store)), store=store)
+    env = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "HTTP_IDEMPOTENCY_KEY": "order-retry-0005",
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+    statuses: list[str] = []
+    body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
+    assert (statuses, body) == (["201 Created"], b'{"ok":2}')
+    assert runs == 2

@@ -317,17 +317,14 @@ another request, which must go through the store."""
 
 
 class _Mark:
-    """One lead of a request: the store and scoped key, the middleware leading it, the
-    very scope or environ being led, and the other middleware that have passed it on."""
+    """One lead of a request: the store and scoped key, and the middleware leading it."""
 
-    __slots__ = ("store", "scoped", "leader", "request", "passed")
+    __slots__ = ("store", "scoped", "leader")
 
-    def __init__(self, store: object, scoped: ScopedKey, leader: object, request: object) -> None:
+    def __init__(self, store: object, scoped: ScopedKey, leader: object) -> None:
         self.store = store
         self.scoped = scoped
         self.leader = leader
-        self.request = request
-        self.passed: list[object] = []
 
     def __deepcopy__(self, memo: dict[int, object]) -> _Mark:
         # A deep copy of the scope (hypercorn's ProxyFixMiddleware) keeps the mark itself:
@@ -335,34 +332,55 @@ class _Mark:
         return self
 
 
+_PASSING = "oncely.passing"
+"""The key, in a scope or environ, of the middleware passing that very mapping on to
+their app right now (:class:`_Passing`). Unlike the marks it is a value of the mapping,
+not a shared list: a copy made below them (by the handler, a task, a thread) keeps it; a
+copy made above them, or the mapping once their app has returned, does not."""
+
+
+class _Passing:
+    __slots__ = ("by",)
+
+    def __init__(self, by: tuple[object, ...]) -> None:
+        self.by = by
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _Passing:
+        return self  # middleware cannot be copied, and they are the same
+
+
 def pass_led(
     request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
-) -> bool:
+) -> Optional[Callable[[], None]]:
     """Whether middleware ``me`` passes ``request`` on to its app under a lead it is in
-    already: another middleware of the same store leads the same scoped key for it (the
-    middleware wrapped twice, on an app and on a sub-app mounted in it). Asking the store
+    already, as the function to call once its app has returned (``None``: the request
+    goes through the store). Another middleware of the same store leads the same scoped
+    key for it: the middleware wrapped twice, on an app and on a sub-app mounted in it
+    (through a dispatcher that copies the scope, as hypercorn's, too). Asking the store
     again from inside that lead would be refused as re-entrant.
 
-    The request reaching the middleware that leads it again is another run of it from
-    inside the lead, and goes through the store (refused as re-entrant). Elsewhere the
-    very scope or environ being led passes each time (a retrying middleware between the
-    two mounts passes it again); a copy of it (a dispatcher that copies the scope on its
-    way to the sub-app, as hypercorn's does) passes a middleware that has not passed the
-    request yet. Any other copy, as one a handler, a task or a thread makes for a request
-    of its own, goes through the store. Another scoped key (another route) leads a key of
-    its own."""
+    The request reaching the middleware that leads it again, or one passing it on right
+    now (the handler sends it, or a copy of it, back through the app; a task or thread
+    it started does), is another run of it from inside the lead and goes through the
+    store (refused as re-entrant, or waiting for the lead). Passed on again once the app
+    has returned (a retrying middleware between the two mounts), it passes again.
+    Another scoped key (another route) leads a key of its own."""
     marks: list[_Mark] = request.get(_LEADS, [])
-    for m in marks:
-        if m.store is store and m.scoped == scoped:
-            if m.leader is me:
-                return False
-            before = any(p is me for p in m.passed)
-            if m.request is not request and before:
-                return False
-            if not before:
-                m.passed.append(me)
-            return True
-    return False
+    mark = next((m for m in marks if m.store is store and m.scoped == scoped), None)
+    if mark is None or mark.leader is me:
+        return None
+    before: Optional[_Passing] = request.get(_PASSING)
+    if before is not None and any(p is me for p in before.by):
+        return None
+    request[_PASSING] = _Passing((() if before is None else before.by) + (me,))
+
+    def passed() -> None:
+        if before is None:
+            request.pop(_PASSING, None)
+        else:
+            request[_PASSING] = before
+
+    return passed
 
 
 @contextmanager
@@ -376,7 +394,7 @@ def leading(
     leads: Optional[list[_Mark]] = request.get(_LEADS)
     if leads is None:
         leads = request[_LEADS] = []
-    mark = _Mark(store, scoped, me, request)
+    mark = _Mark(store, scoped, me)
     leads.append(mark)
     try:
         yield

@@ -168,10 +168,14 @@ class IdempotencyMiddleware:
         if isinstance(scoped, http.Problem):
             await self._refuse(send, scoped)
             return
-        if pass_led(scope, self.store, scoped, self):
+        passed = pass_led(scope, self.store, scoped, self)
+        if passed is not None:
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
-            await self.app(scope, _body_again(body, receive), send)
+            try:
+                await self.app(scope, _body_again(body, receive), send)
+            finally:
+                passed()
             return
         if s.fingerprint is not None:
             fp = s.fingerprint(scope, body)

@@ -161,10 +161,15 @@ class IdempotencyMiddleware:
         scoped = s.scoped(environ, method, route or path, decision)
         if isinstance(scoped, http.Problem):
             return self._refuse(start_response, scoped)
-        if pass_led(environ, self.store, scoped, self):
+        passed = pass_led(environ, self.store, scoped, self)
+        if passed is not None:
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
-            return self.app(environ, start_response)
+            try:
+                return _PassedOn(self.app(environ, start_response), passed)
+            except BaseException:
+                passed()
+                raise
         if s.fingerprint is not None:
             fp = s.fingerprint(environ, body)
         else:
@@ -248,6 +253,35 @@ class IdempotencyMiddleware:
         self._s.replayed(environ, scoped)
         start_response(_status_line(status), _text_headers(headers))
         return [body]
+
+
+class _PassedOn:
+    """The body of an app a request was passed on to under a lead (``pass_led``): the
+    request is being passed on until the body is consumed, fails or is closed (the app
+    may run while its body is iterated)."""
+
+    def __init__(self, body: Iterable[bytes], passed: Callable[[], None]) -> None:
+        self.body = body
+        self.passed: Optional[Callable[[], None]] = passed
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self.body
+        finally:
+            self.done()
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.done()
+
+    def done(self) -> None:
+        passed, self.passed = self.passed, None
+        if passed is not None:
+            passed()
 
 
 class _Lead:
