@@ -1296,3 +1296,83 @@ def test_wsgi_mounted_twice_a_retry_through_a_layer_that_copies_the_environ() ->
     body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
     assert (statuses, body) == (["201 Created"], b'{"ok":2}')
     assert runs == 2
+
+
+async def test_asgi_a_deep_copy_of_the_scope_does_not_keep_the_lead_past_its_end() -> None:
+    """outer -> ProxyFix (deep-copies the scope) -> inner, one store. A task sends a copy
+    of the handler's scope through the inner middleware once the lead is over: the copy's
+    mark (kept by the deep copy) has ended, so it goes through the store and is replayed,
+    not passed on to run the handler again."""
+    proxy_fix = pytest.importorskip("hypercorn.middleware").ProxyFixMiddleware
+    runs = 0
+    later: list[tuple[int, bytes]] = []
+    inner: Any = None
+
+    async def after(scope: dict[str, Any]) -> None:
+        await asyncio.sleep(0.1)  # the request is over by then
+        later.append(await _asgi_request(inner, dict(scope)))
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        if runs == 1:
+            asyncio.get_running_loop().create_task(after(scope))
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"run":%d}' % runs})
+
+    store = oncely.IdempotencyStore()
+    inner = AsgiMiddleware(handler, store=store)
+    app = AsgiMiddleware(proxy_fix(inner, mode="legacy", trusted_hops=1), store=store)
+    assert await _asgi_request(app, _bare_scope(b"order-deep-0001")) == (201, b'{"run":1}')
+    await asyncio.sleep(0.3)
+    assert later == [(201, b'{"run":1}')]
+    assert runs == 1
+
+
+async def test_asgi_mounted_twice_a_hedged_copy_sent_while_the_inner_passes_is_not_run_again() -> (
+    None
+):
+    """A layer between the mounts sends a copy of the request through the sub-app when
+    the first attempt is slow (a hedged request), while the inner middleware is still
+    passing the first: the copy goes through the store (it waits, then is replayed)."""
+    runs = 0
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        await asyncio.sleep(0.1)
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"run":%d}' % runs})
+
+    def hedging(app: Any) -> Any:
+        async def mw(scope: Any, receive: Any, send: Any) -> None:
+            first = await receive()
+
+            async def attempt(copy: dict[str, Any], out: Any) -> None:
+                given = [first]
+
+                async def again() -> dict[str, Any]:
+                    if given:
+                        return given.pop()
+                    await asyncio.Event().wait()
+                    return {}
+
+                await app(copy, again, out)
+
+            hedged: list[dict[str, Any]] = []
+
+            async def keep(m: dict[str, Any]) -> None:
+                hedged.append(m)
+
+            main = asyncio.ensure_future(attempt(dict(scope), send))
+            await asyncio.sleep(0.02)
+            await asyncio.gather(main, attempt(dict(scope), keep))
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    app = AsgiMiddleware(hedging(AsgiMiddleware(handler, store=store)), store=store)
+    assert await _asgi_request(app, _bare_scope(b"order-hedge-0001")) == (201, b'{"run":1}')
+    assert runs == 1

@@ -317,14 +317,18 @@ another request, which must go through the store."""
 
 
 class _Mark:
-    """One lead of a request: the store and scoped key, and the middleware leading it."""
+    """One lead of a request: the store and scoped key, the middleware leading it, the
+    other middleware passing the request on under it right now (through any copy), and
+    whether it still runs (a deep copy of the scope keeps the mark past its lead)."""
 
-    __slots__ = ("store", "scoped", "leader")
+    __slots__ = ("store", "scoped", "leader", "passing", "active")
 
     def __init__(self, store: object, scoped: ScopedKey, leader: object) -> None:
         self.store = store
         self.scoped = scoped
         self.leader = leader
+        self.passing: list[object] = []
+        self.active = True
 
     def __deepcopy__(self, memo: dict[int, object]) -> _Mark:
         # A deep copy of the scope (hypercorn's ProxyFixMiddleware) keeps the mark itself:
@@ -359,22 +363,28 @@ def pass_led(
     (through a dispatcher that copies the scope, as hypercorn's, too). Asking the store
     again from inside that lead would be refused as re-entrant.
 
-    The request reaching the middleware that leads it again, or one passing it on right
-    now (the handler sends it, or a copy of it, back through the app; a task or thread
-    it started does), is another run of it from inside the lead and goes through the
-    store (refused as re-entrant, or waiting for the lead). Passed on again once the app
+    The request reaching the middleware that leads it again, or one passing it (or any
+    copy of it) on right now (the handler sends it back through the app; a task or
+    thread it started, or a layer between the mounts, sends a copy), is another run of
+    it from inside the lead and goes through the store (refused as re-entrant, or
+    waiting for the lead). Passed on again once the app
     has returned (a retrying middleware between the two mounts), it passes again.
     Another scoped key (another route) leads a key of its own."""
     marks: list[_Mark] = request.get(_LEADS, [])
-    mark = next((m for m in marks if m.store is store and m.scoped == scoped), None)
-    if mark is None or mark.leader is me:
+    mark = next((m for m in marks if m.active and m.store is store and m.scoped == scoped), None)
+    if mark is None or mark.leader is me or any(p is me for p in mark.passing):
         return None
     before: Optional[_Passing] = request.get(_PASSING)
     if before is not None and any(p is me for p in before.by):
         return None
     request[_PASSING] = _Passing((() if before is None else before.by) + (me,))
+    mark.passing.append(me)
 
     def passed() -> None:
+        for i, p in enumerate(mark.passing):
+            if p is me:
+                del mark.passing[i]
+                break
         if before is None:
             request.pop(_PASSING, None)
         else:
@@ -399,6 +409,7 @@ def leading(
     try:
         yield
     finally:
+        mark.active = False
         for i, m in enumerate(leads):
             if m is mark:
                 del leads[i]
