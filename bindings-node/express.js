@@ -68,6 +68,7 @@ function parsedBody(req) {
 function noop() {}
 
 function sendProblem(res, p) {
+  if (res.writableEnded) return
   if (!res.headersSent) {
     res.statusCode = p.status
     for (const [n, v] of p.headers) res.setHeader(n, v)
@@ -192,6 +193,9 @@ function idempotency(options) {
     if (outcome.led || capture.finish) return capture.finish?.()
     if (outcome.problem) return sendProblem(res, outcome.problem)
     const a = outcome.replay
+    // Answered already (the app's own timeout while this request waited; a middleware
+    // that ended the response and went on): nothing more may be written.
+    if (res.writableEnded) return
     replayed(s, req, scoped)
     // Headers a middleware further out sent early (`flushHeaders()`) cannot be set
     // again: the stored body goes after them.

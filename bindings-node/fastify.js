@@ -253,12 +253,14 @@ async function idempotency(fastify, options) {
     // Not this registration's request: the plugin registered again in a context nearer
     // the route has taken it (its onRequest runs later and replaces the state).
     if (!st || st.s !== s) return payload
-    // A request Fastify does not read (no content type, no transfer coding, a length of
-    // 0 or none, over HTTP/1: RFC 9112 §6.3) is left unread too: reading it to its end
+    // A request Fastify does not read (a GET, HEAD or TRACE; no content type, no
+    // transfer coding, a length of 0 or none, over HTTP/1: RFC 9112 §6.3) is left unread too: reading it to its end
     // closes it, which aborts `request.signal` before the handler runs (and clears
     // Fastify 5's `handlerTimeout`). With a content type Fastify's parser reads it (an
     // injected stream has a body with neither header); an HTTP/2 request may carry one.
     const h = request.headers
+    const m = request.method
+    if (m === 'GET' || m === 'HEAD' || m === 'TRACE') return payload
     if (
       h['content-type'] === undefined &&
       h['transfer-encoding'] === undefined &&

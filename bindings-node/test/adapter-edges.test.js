@@ -569,3 +569,47 @@ for (const [name, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 }
+
+for (const [name, express] of Object.entries(EXPRESSES)) {
+  test(`${name}: a replay due to a response a middleware ended already writes nothing, and the server lives on`, async () => {
+    const net = require('node:net')
+    const app = express()
+    app.get('/slow', async (req, res) => {
+      await sleep(300)
+      res.end('slow done')
+    })
+    // A middleware that ends the response and still goes on.
+    app.use((req, res, next) => {
+      if (req.headers['x-early']) res.status(202).end('early')
+      next()
+    })
+    app.use(expressIdempotency({ store: new IdempotencyStore() }))
+    let runs = 0
+    app.post('/r', (req, res) => res.status(201).json({ n: ++runs }))
+    await serve(app, async (url) => {
+      const key = newKey()
+      assert.deepEqual(await post(`${url}/r`, key), { status: 201, body: '{"n":1}' })
+      // Pipelined behind a slow request: the ended answer is still queued when the
+      // replay comes (before, writing it after the end was an uncaught error).
+      const port = new URL(url).port
+      const bytes = await new Promise((resolve, reject) => {
+        let got = ''
+        const s = net.connect(port, '127.0.0.1', () =>
+          s.write(`GET /slow HTTP/1.1\r\nhost: x\r\n\r\nPOST /r HTTP/1.1\r\nhost: x\r\nidempotency-key: ${key}\r\nx-early: 1\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}`),
+        )
+        s.on('data', (d) => {
+          got += d.toString('latin1')
+        })
+        s.on('error', reject)
+        setTimeout(() => {
+          s.destroy()
+          resolve(got)
+        }, 700)
+      })
+      assert.match(bytes, /slow done/)
+      assert.match(bytes, /HTTP\/1.1 202[\s\S]*early/)
+      assert.equal(runs, 1)
+      assert.deepEqual(await post(`${url}/r`, key), { status: 201, body: '{"n":1}' })
+    })
+  })
+}

@@ -1376,3 +1376,91 @@ async def test_asgi_mounted_twice_a_hedged_copy_sent_while_the_inner_passes_is_n
     app = AsgiMiddleware(hedging(AsgiMiddleware(handler, store=store)), store=store)
     assert await _asgi_request(app, _bare_scope(b"order-hedge-0001")) == (201, b'{"run":1}')
     assert runs == 1
+
+
+@pytest.mark.parametrize("what", ["its scope", "a copy made late"])
+async def test_asgi_mounted_twice_a_task_sending_the_request_after_the_inner_pass_ended(
+    what: str,
+) -> None:
+    """outer -> a layer working on after the sub-app returns -> inner -> handler. A task
+    of the handler sends the request (its very scope, or a copy made then) through the
+    inner middleware once the inner's pass has ended, while the outer still leads: it
+    runs in that pass's context, so it is refused, not run again."""
+    runs = 0
+    got: list[tuple[int, bytes]] = []
+    inner: Any = None
+
+    async def later(scope: dict[str, Any]) -> None:
+        await asyncio.sleep(0.02)
+        got.append(await _asgi_request(inner, scope if what == "its scope" else dict(scope)))
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        if runs == 1:
+            asyncio.get_running_loop().create_task(later(scope))
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"run":%d}' % runs})
+
+    def then_more(app: Any) -> Any:
+        async def mw(scope: Any, receive: Any, send: Any) -> None:
+            await app(scope, receive, send)
+            await asyncio.sleep(0.1)
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    inner = AsgiMiddleware(handler, store=store)
+    app = AsgiMiddleware(then_more(inner), store=store)
+    assert await _asgi_request(app, _bare_scope(b"order-late-0003")) == (201, b'{"run":1}')
+    await asyncio.sleep(0.1)
+    assert runs == 1
+    assert got and got[0][0] == 500
+
+
+async def test_asgi_mounted_twice_a_copy_forwarded_with_another_key_through_the_root_leads() -> (
+    None
+):
+    """The handler forwards a copy of its scope, with another key, to another route
+    through the root app: another request, with a lead of its own in both mounts (the
+    copy's stamp names the first lead only). Before, it was refused 500."""
+    from starlette.routing import Mount
+
+    runs = {"v1": 0, "v2": 0}
+    forwarded: list[tuple[int, bytes]] = []
+    root: Any = None
+
+    async def v1(request: Request) -> Response:
+        runs["v1"] += 1
+        await request.body()
+        s = request.scope
+        headers = [(n, v) for n, v in s["headers"] if n != b"idempotency-key"]
+        copy = {
+            **s,
+            "path": "/sub/v2",
+            "raw_path": b"/sub/v2",
+            "root_path": "",
+            "headers": [*headers, (b"idempotency-key", b"order-forwarded-0001")],
+        }
+        for k in ("path_params", "endpoint", "route"):
+            copy.pop(k, None)
+        forwarded.append(await asyncio.wait_for(_asgi_request(root, copy), 5))
+        return Response('{"v1":1}', status_code=201, media_type="application/json")
+
+    async def v2(request: Request) -> Response:
+        runs["v2"] += 1
+        await request.body()
+        return Response('{"v2":1}', status_code=201, media_type="application/json")
+
+    store = oncely.IdempotencyStore()
+    sub = Starlette(routes=[Route("/v1", v1, methods=["POST"]), Route("/v2", v2, methods=["POST"])])
+    sub.add_middleware(AsgiMiddleware, store=store, route=lambda s: None)
+    root = Starlette(routes=[Mount("/sub", sub)])
+    root.add_middleware(AsgiMiddleware, store=store, route=lambda s: None)
+    headers = {**POST, "idempotency-key": "order-forward-0003"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=root), base_url="http://a") as c:
+        r = await c.post("/sub/v1", content=b"{}", headers=headers)
+    assert (r.status_code, r.text) == (201, '{"v1":1}')
+    assert forwarded == [(201, b'{"v2":1}')]
+    assert runs == {"v1": 1, "v2": 1}

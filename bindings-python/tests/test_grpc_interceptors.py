@@ -469,3 +469,66 @@ async def test_aio_installed_twice_with_one_store_the_outer_leads() -> None:
         await server.stop(None)
     assert answers == [({"call": 1}, False), ({"call": 1}, True)]
     assert orders.calls == 1
+
+
+class _Ctx:
+    """A context handed on wrapped (as OpenTelemetry's instrumentation does)."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+class _WrapContext(grpc.ServerInterceptor):  # type: ignore[misc]
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        h = continuation(details)
+        if h is None or h.unary_unary is None:
+            return h
+        behavior = h.unary_unary
+        return grpc.unary_unary_rpc_method_handler(
+            lambda request, context: behavior(request, _Ctx(context)),
+            h.request_deserializer,
+            h.response_serializer,
+        )
+
+
+def test_sync_installed_twice_with_a_context_wrapping_interceptor_between() -> None:
+    """[oncely, an interceptor that wraps the context, oncely] on one store: the call is
+    led once (the lead is known by the call's context of execution, not by its
+    ServicerContext object, which the middle one replaces). Before, every keyed call was
+    refused INTERNAL."""
+    orders = Orders()
+
+    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
+        return {"call": orders.begin()}
+
+    handler = grpc.method_handlers_generic_handler(
+        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
+    )
+    store = oncely.IdempotencyStore()
+    chain = [
+        IdempotencyInterceptor(store=store),
+        _WrapContext(),
+        IdempotencyInterceptor(store=store),
+    ]
+    server = grpc.server(ThreadPoolExecutor(max_workers=4), interceptors=chain)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    answers = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
+            for _ in range(2):
+                value, c = call.with_call(
+                    {"sku": "A1"}, metadata=((KEY, "order-wrapped-1"),), timeout=30
+                )
+                answers.append((value, _replayed(c.trailing_metadata())))
+    finally:
+        server.stop(None)
+    assert answers == [({"call": 1}, False), ({"call": 1}, True)]
+    assert orders.calls == 1

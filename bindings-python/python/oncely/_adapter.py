@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import contextmanager
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import (
     Any,
@@ -336,61 +337,96 @@ class _Mark:
         return self
 
 
-_PASSING = "oncely.passing"
-"""The key, in a scope or environ, of the middleware passing that very mapping on to
-their app right now (:class:`_Passing`). Unlike the marks it is a value of the mapping,
-not a shared list: a copy made below them (by the handler, a task, a thread) keeps it; a
-copy made above them, or the mapping once their app has returned, does not."""
+_PASSED = "oncely.passed"
+"""The key, in the scope or environ a middleware hands down when it passes a request on
+under a lead (:class:`_Passed`): the (middleware, lead) pairs it went through. A value of
+that mapping only, which the handler and whatever it starts keep in their copies."""
 
 
-class _Passing:
-    __slots__ = ("by",)
+class _Passed:
+    __slots__ = ("pairs",)
 
-    def __init__(self, by: tuple[object, ...]) -> None:
-        self.by = by
+    def __init__(self, pairs: tuple[tuple[object, _Mark], ...]) -> None:
+        self.pairs = pairs
 
-    def __deepcopy__(self, memo: dict[int, object]) -> _Passing:
-        return self  # middleware cannot be copied, and they are the same
+    def __deepcopy__(self, memo: dict[int, object]) -> _Passed:
+        return self  # middleware and leads cannot be copied, and they are the same
+
+
+_PASSING_NOW: ContextVar[tuple[tuple[object, _Mark], ...]] = ContextVar(
+    "oncely_passing_now", default=()
+)
+"""The (middleware, lead) pairs the code running now was passed on under: the handler
+and the tasks it starts, even once the pass has ended."""
+
+
+def _has(pairs: tuple[tuple[object, _Mark], ...], me: object, mark: _Mark) -> bool:
+    return any(p is me and m is mark for p, m in pairs)
+
+
+class _Pass:
+    """One middleware passing a request on under a lead: ``with`` it around the app's
+    call, given the mapping it yields (the request, stamped)."""
+
+    __slots__ = ("me", "mark", "down", "token")
+
+    def __init__(self, me: object, mark: _Mark, down: dict[str, Any]) -> None:
+        self.me = me
+        self.mark = mark
+        self.down = down
+        self.token: Optional[Token[tuple[tuple[object, _Mark], ...]]] = None
+
+    def __enter__(self) -> dict[str, Any]:
+        self.mark.passing.append(self.me)
+        self.token = _PASSING_NOW.set(_PASSING_NOW.get() + ((self.me, self.mark),))
+        return self.down
+
+    def __exit__(self, *exc: object) -> None:
+        if self.token is not None:
+            _PASSING_NOW.reset(self.token)
+            self.token = None
+        self.ended()
+
+    def ended(self) -> None:
+        """The app has returned (a WSGI body: consumed, failed or closed)."""
+        for i, p in enumerate(self.mark.passing):
+            if p is self.me:
+                del self.mark.passing[i]
+                return
 
 
 def pass_led(
     request: MutableMapping[str, Any], store: object, scoped: ScopedKey, me: object
-) -> Optional[Callable[[], None]]:
-    """Whether middleware ``me`` passes ``request`` on to its app under a lead it is in
-    already, as the function to call once its app has returned (``None``: the request
-    goes through the store). Another middleware of the same store leads the same scoped
-    key for it: the middleware wrapped twice, on an app and on a sub-app mounted in it
-    (through a dispatcher that copies the scope, as hypercorn's, too). Asking the store
-    again from inside that lead would be refused as re-entrant.
+) -> Optional[_Pass]:
+    """How middleware ``me`` passes ``request`` on to its app under a lead it is in
+    already, or ``None``: the request goes through the store. Another middleware of the
+    same store leads the same scoped key for it: the middleware wrapped twice, on an app
+    and on a sub-app mounted in it (through a dispatcher that copies the scope, as
+    hypercorn's, too). Asking the store again from inside that lead would be refused as
+    re-entrant.
 
-    The request reaching the middleware that leads it again, or one passing it (or any
-    copy of it) on right now (the handler sends it back through the app; a task or
-    thread it started, or a layer between the mounts, sends a copy), is another run of
-    it from inside the lead and goes through the store (refused as re-entrant, or
-    waiting for the lead). Passed on again once the app
-    has returned (a retrying middleware between the two mounts), it passes again.
-    Another scoped key (another route) leads a key of its own."""
+    The app gets a shallow copy of the request stamped with this pass. A request that
+    reaches the middleware leading it again, or one passing it on right now (a layer
+    between the mounts sending a copy alongside), or that carries this pass's stamp or
+    runs in its context (the handler, or a task or thread it started, sending its
+    request or a copy back through the app, at any time), is another run of it from
+    inside the lead and goes through the store (refused as re-entrant, or waiting for
+    the lead). The request as it came, passed on again once the app has returned (a
+    retrying middleware between the two mounts), passes again. Another scoped key
+    leads a key of its own."""
     marks: list[_Mark] = request.get(_LEADS, [])
     mark = next((m for m in marks if m.active and m.store is store and m.scoped == scoped), None)
     if mark is None or mark.leader is me or any(p is me for p in mark.passing):
         return None
-    before: Optional[_Passing] = request.get(_PASSING)
-    if before is not None and any(p is me for p in before.by):
+    if _has(_PASSING_NOW.get(), me, mark):
         return None
-    request[_PASSING] = _Passing((() if before is None else before.by) + (me,))
-    mark.passing.append(me)
-
-    def passed() -> None:
-        for i, p in enumerate(mark.passing):
-            if p is me:
-                del mark.passing[i]
-                break
-        if before is None:
-            request.pop(_PASSING, None)
-        else:
-            request[_PASSING] = before
-
-    return passed
+    stamp: Optional[_Passed] = request.get(_PASSED)
+    pairs = () if stamp is None else stamp.pairs
+    if _has(pairs, me, mark):
+        return None
+    down = dict(request)
+    down[_PASSED] = _Passed(pairs + ((me, mark),))
+    return _Pass(me, mark, down)
 
 
 @contextmanager
@@ -416,34 +452,29 @@ def leading(
                 break
 
 
-_CALL_LEADS: dict[int, list[tuple[object, ScopedKey]]] = {}
-"""The (store, scoped key) pairs each gRPC call is being led under right now, by the id
-of its context (grpc.aio's context takes no attributes and no weak references). An
-entry lives only while its lead runs, which keeps the context alive: its id is not
-reused meanwhile."""
+_CALL_LEADS: ContextVar[tuple[tuple[object, ScopedKey], ...]] = ContextVar(
+    "oncely_grpc_leads", default=()
+)
+"""The (store, scoped key) pairs the gRPC call running in this context is led under. A
+context, not a mark on the call: an interceptor between two of ours may hand the handler
+a wrapped context (OpenTelemetry's instrumentation does), and a call the handler or its
+tasks make is a new RPC, served in a context of its own."""
 
 
-def call_led_already(context: object, store: object, scoped: ScopedKey) -> bool:
+def call_led_already(store: object, scoped: ScopedKey) -> bool:
     """:func:`pass_led` for a gRPC call: the interceptor is installed twice with one
-    store, and the outer one leads this call."""
-    return any(s is store and k == scoped for s, k in _CALL_LEADS.get(id(context), ()))
+    store, and the outer one leads the call running in this context."""
+    return any(s is store and k == scoped for s, k in _CALL_LEADS.get())
 
 
 @contextmanager
-def leading_call(context: object, store: object, scoped: ScopedKey) -> Iterator[None]:
+def leading_call(store: object, scoped: ScopedKey) -> Iterator[None]:
     """:func:`leading` for a gRPC call (see :func:`call_led_already`)."""
-    leads = _CALL_LEADS.setdefault(id(context), [])
-    mark = (store, scoped)
-    leads.append(mark)
+    token = _CALL_LEADS.set(_CALL_LEADS.get() + ((store, scoped),))
     try:
         yield
     finally:
-        for i, m in enumerate(leads):
-            if m is mark:
-                del leads[i]
-                break
-        if not leads:
-            _CALL_LEADS.pop(id(context), None)
+        _CALL_LEADS.reset(token)
 
 
 def replay_head(record: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

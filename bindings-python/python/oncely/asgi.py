@@ -168,14 +168,12 @@ class IdempotencyMiddleware:
         if isinstance(scoped, http.Problem):
             await self._refuse(send, scoped)
             return
-        passed = pass_led(scope, self.store, scoped, self)
-        if passed is not None:
+        passing = pass_led(scope, self.store, scoped, self)
+        if passing is not None:
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
-            try:
-                await self.app(scope, _body_again(body, receive), send)
-            finally:
-                passed()
+            with passing as down:
+                await self.app(down, _body_again(body, receive), send)
             return
         if s.fingerprint is not None:
             fp = s.fingerprint(scope, body)

@@ -161,15 +161,15 @@ class IdempotencyMiddleware:
         scoped = s.scoped(environ, method, route or path, decision)
         if isinstance(scoped, http.Problem):
             return self._refuse(start_response, scoped)
-        passed = pass_led(environ, self.store, scoped, self)
-        if passed is not None:
+        passing = pass_led(environ, self.store, scoped, self)
+        if passing is not None:
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
-            try:
-                return _PassedOn(self.app(environ, start_response), passed)
-            except BaseException:
-                passed()
-                raise
+            with passing as down:
+                result = self.app(down, start_response)
+            # Still passed on while the body runs: until it is consumed, fails or closes.
+            passing.mark.passing.append(self)
+            return _PassedOn(result, passing.ended)
         if s.fingerprint is not None:
             fp = s.fingerprint(environ, body)
         else:
