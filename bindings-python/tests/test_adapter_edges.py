@@ -1464,3 +1464,45 @@ async def test_asgi_mounted_twice_a_copy_forwarded_with_another_key_through_the_
     assert (r.status_code, r.text) == (201, '{"v1":1}')
     assert forwarded == [(201, b'{"v2":1}')]
     assert runs == {"v1": 1, "v2": 1}
+
+
+async def test_asgi_mounted_twice_what_the_sub_app_sets_on_the_scope_is_seen_above() -> None:
+    """A layer above the mounts reads what the routing below set on the scope once the
+    call returns (a metrics label from scope["route"]): the inner middleware hands its app
+    the scope itself, so the label is there."""
+    from starlette.routing import Mount
+
+    labels: list[Any] = []
+    calls = 0
+
+    async def order(request: Request) -> Response:
+        nonlocal calls
+        calls += 1
+        await request.body()
+        return Response('{"ok":1}', status_code=201, media_type="application/json")
+
+    def metrics(app: Any) -> Any:
+        async def mw(scope: Any, receive: Any, send: Any) -> None:
+            await app(scope, receive, send)
+            route = scope.get("route")
+            labels.append(getattr(route, "path", None))
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    sub = AsgiMiddleware(
+        Starlette(routes=[Route("/orders/{oid}", order, methods=["POST"])]),
+        store=store,
+        route=lambda s: None,
+    )
+    app = AsgiMiddleware(
+        metrics(Starlette(routes=[Mount("/v1", app=sub)])), store=store, route=lambda s: None
+    )
+    headers = {**POST, "idempotency-key": "order-label-0001"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as c:
+        first = await c.post("/v1/orders/7", content=b"{}", headers=headers)
+        again = await c.post("/v1/orders/7", content=b"{}", headers=headers)
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert labels[0] == "/orders/{oid}"
+    assert calls == 1

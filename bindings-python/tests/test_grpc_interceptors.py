@@ -532,3 +532,59 @@ def test_sync_installed_twice_with_a_context_wrapping_interceptor_between() -> N
         server.stop(None)
     assert answers == [({"call": 1}, False), ({"call": 1}, True)]
     assert orders.calls == 1
+
+
+class _Offload(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Runs the rest of the call on a thread of its own (as a deadline interceptor
+    does): no context of execution goes with it, the ServicerContext does."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=4)
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        h = continuation(details)
+        if h is None or h.unary_unary is None:
+            return h
+        behavior = h.unary_unary
+        return grpc.unary_unary_rpc_method_handler(
+            lambda request, context: self.pool.submit(behavior, request, context).result(20),
+            h.request_deserializer,
+            h.response_serializer,
+        )
+
+
+def test_sync_installed_twice_with_an_interceptor_between_that_moves_to_another_thread() -> None:
+    """[oncely, an interceptor running the call on another thread, oncely] on one store:
+    the call is led once (the lead is also known by its ServicerContext). Found by its
+    context of execution alone, the inner waited for the outer for good."""
+    orders = Orders()
+
+    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
+        return {"call": orders.begin()}
+
+    handler = grpc.method_handlers_generic_handler(
+        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
+    )
+    store = oncely.IdempotencyStore()
+    offload = _Offload()
+    chain = [IdempotencyInterceptor(store=store), offload, IdempotencyInterceptor(store=store)]
+    server = grpc.server(ThreadPoolExecutor(max_workers=4), interceptors=chain)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    answers = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
+            for _ in range(2):
+                value, c = call.with_call(
+                    {"sku": "A1"}, metadata=((KEY, "order-offload-1"),), timeout=10
+                )
+                answers.append((value, _replayed(c.trailing_metadata())))
+    finally:
+        server.stop(None)
+        offload.pool.shutdown(wait=False)
+    assert answers == [({"call": 1}, False), ({"call": 1}, True)]
+    assert orders.calls == 1

@@ -338,9 +338,10 @@ class _Mark:
 
 
 _PASSED = "oncely.passed"
-"""The key, in the scope or environ a middleware hands down when it passes a request on
-under a lead (:class:`_Passed`): the (middleware, lead) pairs it went through. A value of
-that mapping only, which the handler and whatever it starts keep in their copies."""
+"""The key, in a scope or environ, of the (middleware, lead) pairs passing that very
+mapping on to their app right now (:class:`_Passed`). A value of the mapping, not a
+shared list: a copy made meanwhile below them (by the handler, a task, a thread) keeps
+it; the mapping itself loses it once their app has returned."""
 
 
 class _Passed:
@@ -366,25 +367,33 @@ def _has(pairs: tuple[tuple[object, _Mark], ...], me: object, mark: _Mark) -> bo
 
 class _Pass:
     """One middleware passing a request on under a lead: ``with`` it around the app's
-    call, given the mapping it yields (the request, stamped)."""
+    call. The app gets the request itself (what it changes in it stays visible above),
+    stamped while the call runs."""
 
-    __slots__ = ("me", "mark", "down", "token")
+    __slots__ = ("me", "mark", "request", "before", "token")
 
-    def __init__(self, me: object, mark: _Mark, down: dict[str, Any]) -> None:
+    def __init__(self, me: object, mark: _Mark, request: MutableMapping[str, Any]) -> None:
         self.me = me
         self.mark = mark
-        self.down = down
+        self.request = request
+        self.before: Optional[_Passed] = None
         self.token: Optional[Token[tuple[tuple[object, _Mark], ...]]] = None
 
-    def __enter__(self) -> dict[str, Any]:
+    def __enter__(self) -> None:
+        self.before = self.request.get(_PASSED)
+        pairs = () if self.before is None else self.before.pairs
+        self.request[_PASSED] = _Passed(pairs + ((self.me, self.mark),))
         self.mark.passing.append(self.me)
         self.token = _PASSING_NOW.set(_PASSING_NOW.get() + ((self.me, self.mark),))
-        return self.down
 
     def __exit__(self, *exc: object) -> None:
         if self.token is not None:
             _PASSING_NOW.reset(self.token)
             self.token = None
+        if self.before is None:
+            self.request.pop(_PASSED, None)
+        else:
+            self.request[_PASSED] = self.before
         self.ended()
 
     def ended(self) -> None:
@@ -405,15 +414,14 @@ def pass_led(
     hypercorn's, too). Asking the store again from inside that lead would be refused as
     re-entrant.
 
-    The app gets a shallow copy of the request stamped with this pass. A request that
-    reaches the middleware leading it again, or one passing it on right now (a layer
-    between the mounts sending a copy alongside), or that carries this pass's stamp or
-    runs in its context (the handler, or a task or thread it started, sending its
-    request or a copy back through the app, at any time), is another run of it from
-    inside the lead and goes through the store (refused as re-entrant, or waiting for
-    the lead). The request as it came, passed on again once the app has returned (a
-    retrying middleware between the two mounts), passes again. Another scoped key
-    leads a key of its own."""
+    A request that reaches the middleware leading it again, or one passing it on right
+    now (a layer between the mounts sending a copy alongside), or that carries the stamp
+    of that pass (a copy made meanwhile) or runs in its context (the handler, or a task
+    it started, sending its request or a copy back through the app, at any time), is
+    another run of it from inside the lead and goes through the store (refused as
+    re-entrant, or waiting for the lead). The request passed on again once the app has
+    returned (a retrying middleware between the two mounts) passes again; so does a
+    thread's, which carries no context. Another scoped key leads a key of its own."""
     marks: list[_Mark] = request.get(_LEADS, [])
     mark = next((m for m in marks if m.active and m.store is store and m.scoped == scoped), None)
     if mark is None or mark.leader is me or any(p is me for p in mark.passing):
@@ -421,12 +429,9 @@ def pass_led(
     if _has(_PASSING_NOW.get(), me, mark):
         return None
     stamp: Optional[_Passed] = request.get(_PASSED)
-    pairs = () if stamp is None else stamp.pairs
-    if _has(pairs, me, mark):
+    if stamp is not None and _has(stamp.pairs, me, mark):
         return None
-    down = dict(request)
-    down[_PASSED] = _Passed(pairs + ((me, mark),))
-    return _Pass(me, mark, down)
+    return _Pass(me, mark, request)
 
 
 @contextmanager
@@ -455,26 +460,42 @@ def leading(
 _CALL_LEADS: ContextVar[tuple[tuple[object, ScopedKey], ...]] = ContextVar(
     "oncely_grpc_leads", default=()
 )
-"""The (store, scoped key) pairs the gRPC call running in this context is led under. A
-context, not a mark on the call: an interceptor between two of ours may hand the handler
-a wrapped context (OpenTelemetry's instrumentation does), and a call the handler or its
-tasks make is a new RPC, served in a context of its own."""
+"""The (store, scoped key) pairs the gRPC call running in this context is led under: an
+interceptor between two of ours may hand the handler a wrapped ServicerContext
+(OpenTelemetry's instrumentation does)."""
+
+_CALL_CONTEXTS: dict[int, list[tuple[object, ScopedKey]]] = {}
+"""The same by the id of the call's ServicerContext: an interceptor between two of ours
+may run the rest of the call on another thread (a deadline), without the context. An
+entry lives only while its lead runs, which keeps the ServicerContext alive."""
 
 
-def call_led_already(store: object, scoped: ScopedKey) -> bool:
+def call_led_already(context: object, store: object, scoped: ScopedKey) -> bool:
     """:func:`pass_led` for a gRPC call: the interceptor is installed twice with one
-    store, and the outer one leads the call running in this context."""
-    return any(s is store and k == scoped for s, k in _CALL_LEADS.get())
+    store, and the outer one leads this call (seen by its context of execution or by its
+    ServicerContext; a call the handler makes is a new RPC, with neither)."""
+    return any(s is store and k == scoped for s, k in _CALL_LEADS.get()) or any(
+        s is store and k == scoped for s, k in _CALL_CONTEXTS.get(id(context), ())
+    )
 
 
 @contextmanager
-def leading_call(store: object, scoped: ScopedKey) -> Iterator[None]:
+def leading_call(context: object, store: object, scoped: ScopedKey) -> Iterator[None]:
     """:func:`leading` for a gRPC call (see :func:`call_led_already`)."""
     token = _CALL_LEADS.set(_CALL_LEADS.get() + ((store, scoped),))
+    by_id = _CALL_CONTEXTS.setdefault(id(context), [])
+    mark = (store, scoped)
+    by_id.append(mark)
     try:
         yield
     finally:
         _CALL_LEADS.reset(token)
+        for i, m in enumerate(by_id):
+            if m is mark:
+                del by_id[i]
+                break
+        if not by_id:
+            _CALL_CONTEXTS.pop(id(context), None)
 
 
 def replay_head(record: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

@@ -172,8 +172,8 @@ class IdempotencyMiddleware:
         if passing is not None:
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
-            with passing as down:
-                await self.app(down, _body_again(body, receive), send)
+            with passing:
+                await self.app(scope, _body_again(body, receive), send)
             return
         if s.fingerprint is not None:
             fp = s.fingerprint(scope, body)

@@ -165,8 +165,8 @@ class IdempotencyMiddleware:
         if passing is not None:
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
-            with passing as down:
-                result = self.app(down, start_response)
+            with passing:
+                result = self.app(environ, start_response)
             # Still passed on while the body runs: until it is consumed, fails or closes.
             passing.mark.passing.append(self)
             return _PassedOn(result, passing.ended)

@@ -122,7 +122,7 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             return ser(behavior(deser(raw), context))
         if isinstance(scoped, http.Problem):
             self._refuse(context, scoped)
-        if call_led_already(self.store, scoped):
+        if call_led_already(context, self.store, scoped):
             # Installed twice with one store: the outer interceptor leads this call.
             s.counters.bump("passed_through")
             return ser(behavior(deser(raw), context))
@@ -178,7 +178,7 @@ class _Lead(Lead):
     def action(self) -> bytes:
         self.start()
         try:
-            with leading_call(*self.mark):
+            with leading_call(self.context, *self.mark):
                 answer = self.behavior(self.deser(self.raw), self.context)
             self.respond(answer)
         except Exception as e:

@@ -112,7 +112,7 @@ class IdempotencyInterceptor(_aio.ServerInterceptor):  # type: ignore[misc]
             return ser(await _call(behavior, deser(raw), context))
         if isinstance(scoped, http.Problem):
             await self._refuse(context, scoped)
-        if call_led_already(self.store, scoped):
+        if call_led_already(context, self.store, scoped):
             # Installed twice with one store: the outer interceptor leads this call.
             s.counters.bump("passed_through")
             return ser(await _call(behavior, deser(raw), context))
@@ -193,7 +193,7 @@ class _Lead(Lead):
     async def action(self) -> bytes:
         self.start()
         try:
-            with leading_call(*self.mark):
+            with leading_call(self.context, *self.mark):
                 answer = await _call(self.behavior, self.deser(self.raw), self.context)
             self.respond(answer)
         except Exception as e:
