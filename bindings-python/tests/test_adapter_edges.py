@@ -1506,3 +1506,76 @@ async def test_asgi_mounted_twice_what_the_sub_app_sets_on_the_scope_is_seen_abo
     assert again.headers.get("idempotent-replayed") == "true"
     assert labels[0] == "/orders/{oid}"
     assert calls == 1
+
+
+def test_wsgi_mounted_twice_a_copy_made_while_a_streamed_body_runs_waits_for_the_lead() -> None:
+    """The handler's work runs as its body is read (a generator); meanwhile a thread it
+    starts copies the environ and sends the copy through the inner middleware once the
+    body has closed, while the outer still leads: the copy carries the pass's stamp (kept
+    until the body is done), so it waits for the lead and is replayed."""
+    runs = 0
+    got: list[tuple[list[str], bytes]] = []
+    threads: list[threading.Thread] = []
+    inner: Any = None
+
+    def fan(environ: Any) -> None:
+        copy = environ.copy()  # made during the pass
+
+        def later() -> None:
+            time.sleep(0.02)
+            copy["wsgi.input"] = io.BytesIO(b"{}")
+            statuses: list[str] = []
+            body = b"".join(inner(copy, lambda status, headers, exc=None: statuses.append(status)))
+            got.append((statuses, body))
+
+        t = threading.Thread(target=later)
+        threads.append(t)
+        t.start()
+
+    def handler(environ: Any, start_response: Any) -> Any:
+        environ["wsgi.input"].read()
+
+        def body() -> Iterator[bytes]:
+            nonlocal runs
+            runs += 1
+            if runs == 1:
+                fan(environ)
+            yield b'{"run":%d}' % runs
+
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return body()
+
+    def then_more(app: Any) -> Any:
+        def mw(environ: Any, start_response: Any) -> Any:
+            result = app(environ, start_response)
+            try:
+                body = list(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+            time.sleep(0.05)
+            return body
+
+        return mw
+
+    store = oncely.IdempotencyStore()
+    inner = WsgiMiddleware(handler, store=store)
+    app = WsgiMiddleware(then_more(inner), store=store)
+    env = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "HTTP_IDEMPOTENCY_KEY": "order-stream-copy-0001",
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+    statuses: list[str] = []
+    body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
+    for t in threads:
+        t.join(10)
+    assert body == b'{"run":1}'
+    assert got == [(["201 Created"], b'{"run":1}')]
+    assert runs == 1

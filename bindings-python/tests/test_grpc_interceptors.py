@@ -588,3 +588,44 @@ def test_sync_installed_twice_with_an_interceptor_between_that_moves_to_another_
         offload.pool.shutdown(wait=False)
     assert answers == [({"call": 1}, False), ({"call": 1}, True)]
     assert orders.calls == 1
+
+
+def test_sync_installed_twice_with_a_wrapping_and_a_thread_moving_interceptor_between() -> None:
+    """Both at once between two of ours: the context of execution and the ServicerContext
+    object are lost, the invocation metadata (which a wrapper delegates) is not."""
+    orders = Orders()
+
+    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
+        return {"call": orders.begin()}
+
+    handler = grpc.method_handlers_generic_handler(
+        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
+    )
+    store = oncely.IdempotencyStore()
+    offload = _Offload()
+    chain = [
+        IdempotencyInterceptor(store=store),
+        _WrapContext(),
+        offload,
+        IdempotencyInterceptor(store=store),
+    ]
+    server = grpc.server(ThreadPoolExecutor(max_workers=4), interceptors=chain)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    answers = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
+            for _ in range(2):
+                value, c = call.with_call(
+                    {"sku": "A1"}, metadata=((KEY, "order-wrap-offload-1"),), timeout=10
+                )
+                answers.append((value, _replayed(c.trailing_metadata())))
+    finally:
+        server.stop(None)
+        offload.pool.shutdown(wait=False)
+    assert answers == [({"call": 1}, False), ({"call": 1}, True)]
+    assert orders.calls == 1

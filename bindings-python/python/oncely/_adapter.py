@@ -387,17 +387,22 @@ class _Pass:
         self.token = _PASSING_NOW.set(_PASSING_NOW.get() + ((self.me, self.mark),))
 
     def __exit__(self, *exc: object) -> None:
+        self.left()
+        self.ended()
+
+    def left(self) -> None:
+        """The app's call has returned: the code running on is no longer in the pass."""
         if self.token is not None:
             _PASSING_NOW.reset(self.token)
             self.token = None
+
+    def ended(self) -> None:
+        """The app has returned (a WSGI body: consumed, failed or closed): the request
+        is no longer being passed on."""
         if self.before is None:
             self.request.pop(_PASSED, None)
         else:
             self.request[_PASSED] = self.before
-        self.ended()
-
-    def ended(self) -> None:
-        """The app has returned (a WSGI body: consumed, failed or closed)."""
         for i, p in enumerate(self.mark.passing):
             if p is self.me:
                 del self.mark.passing[i]
@@ -464,38 +469,60 @@ _CALL_LEADS: ContextVar[tuple[tuple[object, ScopedKey], ...]] = ContextVar(
 interceptor between two of ours may hand the handler a wrapped ServicerContext
 (OpenTelemetry's instrumentation does)."""
 
-_CALL_CONTEXTS: dict[int, list[tuple[object, ScopedKey]]] = {}
-"""The same by the id of the call's ServicerContext: an interceptor between two of ours
-may run the rest of the call on another thread (a deadline), without the context. An
-entry lives only while its lead runs, which keeps the ServicerContext alive."""
+_CALL_CONTEXTS: dict[int, list[tuple[object, ScopedKey, object]]] = {}
+"""The same by the id of the call's ServicerContext and of its invocation metadata: an
+interceptor between two of ours may run the rest of the call on another thread (a
+deadline) without the context of execution, and wrap the ServicerContext too (a wrapper
+delegates ``invocation_metadata()``, the same object on grpcio's server). An entry holds
+both objects while its lead runs, so their ids are not reused meanwhile."""
+
+
+def _call_ids(context: Any) -> tuple[int, ...]:
+    try:
+        metadata = context.invocation_metadata()
+    except Exception:
+        return (id(context),)
+    return (id(context), id(metadata))
 
 
 def call_led_already(context: object, store: object, scoped: ScopedKey) -> bool:
     """:func:`pass_led` for a gRPC call: the interceptor is installed twice with one
-    store, and the outer one leads this call (seen by its context of execution or by its
-    ServicerContext; a call the handler makes is a new RPC, with neither)."""
-    return any(s is store and k == scoped for s, k in _CALL_LEADS.get()) or any(
-        s is store and k == scoped for s, k in _CALL_CONTEXTS.get(id(context), ())
+    store, and the outer one leads this call (seen by its context of execution, by its
+    ServicerContext or by its invocation metadata; a call the handler makes is a new
+    RPC, with none of them)."""
+    if any(s is store and k == scoped for s, k in _CALL_LEADS.get()):
+        return True
+    return any(
+        s is store and k == scoped
+        for i in _call_ids(context)
+        for s, k, _ in _CALL_CONTEXTS.get(i, ())
     )
 
 
 @contextmanager
-def leading_call(context: object, store: object, scoped: ScopedKey) -> Iterator[None]:
+def leading_call(context: Any, store: object, scoped: ScopedKey) -> Iterator[None]:
     """:func:`leading` for a gRPC call (see :func:`call_led_already`)."""
     token = _CALL_LEADS.set(_CALL_LEADS.get() + ((store, scoped),))
-    by_id = _CALL_CONTEXTS.setdefault(id(context), [])
-    mark = (store, scoped)
-    by_id.append(mark)
+    try:
+        metadata: object = context.invocation_metadata()
+    except Exception:
+        metadata = None
+    ids = (id(context),) if metadata is None else (id(context), id(metadata))
+    mark = (store, scoped, (context, metadata))
+    for i in ids:
+        _CALL_CONTEXTS.setdefault(i, []).append(mark)
     try:
         yield
     finally:
         _CALL_LEADS.reset(token)
-        for i, m in enumerate(by_id):
-            if m is mark:
-                del by_id[i]
-                break
-        if not by_id:
-            _CALL_CONTEXTS.pop(id(context), None)
+        for i in ids:
+            entries = _CALL_CONTEXTS.get(i, [])
+            for j, m in enumerate(entries):
+                if m is mark:
+                    del entries[j]
+                    break
+            if not entries:
+                _CALL_CONTEXTS.pop(i, None)
 
 
 def replay_head(record: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:

@@ -165,10 +165,14 @@ class IdempotencyMiddleware:
         if passing is not None:
             # Here again with the same store and key (wrapped twice): the outer one leads.
             s.counters.bump("passed_through")
-            with passing:
+            passing.__enter__()
+            try:
                 result = self.app(environ, start_response)
+            except BaseException:
+                passing.__exit__()
+                raise
+            passing.left()
             # Still passed on while the body runs: until it is consumed, fails or closes.
-            passing.mark.passing.append(self)
             return _PassedOn(result, passing.ended)
         if s.fingerprint is not None:
             fp = s.fingerprint(environ, body)
