@@ -1579,3 +1579,78 @@ def test_wsgi_mounted_twice_a_copy_made_while_a_streamed_body_runs_waits_for_the
     assert body == b'{"run":1}'
     assert got == [(["201 Created"], b'{"run":1}')]
     assert runs == 1
+
+
+def test_wsgi_passes_to_two_sibling_sub_apps_ending_out_of_order_keep_each_stamp() -> None:
+    """A layer under the outer middleware sends the request to two sub-apps, each with
+    the same store's middleware, and streams both bodies: the first pass ends before the
+    second. A copy made while the second body runs keeps that pass's stamp, and a thread
+    sending it through the second sub-app later waits for the lead and gets its answer.
+    Before, the first pass's end removed the second's stamp, and the copy ran it again."""
+    runs = {"A": 0, "B": 0}
+    got: list[tuple[list[str], bytes]] = []
+    threads: list[threading.Thread] = []
+    b_mw: Any = None
+
+    def sub(name: str) -> Any:
+        def handler(environ: Any, start_response: Any) -> Any:
+            environ["wsgi.input"].read()
+
+            def body() -> Iterator[bytes]:
+                runs[name] += 1
+                if name == "B" and runs["B"] == 1:
+                    copy = environ.copy()
+
+                    def later() -> None:
+                        time.sleep(0.05)
+                        copy["wsgi.input"] = io.BytesIO(b"{}")
+                        statuses: list[str] = []
+                        answer = b"".join(
+                            b_mw(copy, lambda status, headers, exc=None: statuses.append(status))
+                        )
+                        got.append((statuses, answer))
+
+                    t = threading.Thread(target=later)
+                    threads.append(t)
+                    t.start()
+                yield b'{"%s":%d}' % (name.encode(), runs[name])
+
+            start_response("201 Created", [("Content-Type", "application/json")])
+            return body()
+
+        return handler
+
+    store = oncely.IdempotencyStore()
+    a_mw = WsgiMiddleware(sub("A"), store=store)
+    b_mw = WsgiMiddleware(sub("B"), store=store)
+
+    def fan(environ: Any, start_response: Any) -> Any:
+        first = a_mw(environ, start_response)
+        environ["wsgi.input"] = io.BytesIO(b"{}")
+        environ["CONTENT_LENGTH"] = "2"
+        second = b_mw(environ, lambda *a: None)
+
+        def out() -> Iterator[bytes]:
+            yield from first
+            yield from second
+            time.sleep(0.2)  # the outer still leads when the thread's copy comes
+
+        return out()
+
+    app = WsgiMiddleware(fan, store=store)
+    env = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "HTTP_IDEMPOTENCY_KEY": "order-fan-0001",
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+    b"".join(app(env, lambda status, headers, exc=None: None))
+    for t in threads:
+        t.join(10)
+    # The copy is a duplicate of the request being led: it gets the lead's answer.
+    assert got == [(["201 Created"], b'{"A":1}{"B":1}')]
+    assert runs == {"A": 1, "B": 1}

@@ -370,18 +370,17 @@ class _Pass:
     call. The app gets the request itself (what it changes in it stays visible above),
     stamped while the call runs."""
 
-    __slots__ = ("me", "mark", "request", "before", "token")
+    __slots__ = ("me", "mark", "request", "token")
 
     def __init__(self, me: object, mark: _Mark, request: MutableMapping[str, Any]) -> None:
         self.me = me
         self.mark = mark
         self.request = request
-        self.before: Optional[_Passed] = None
         self.token: Optional[Token[tuple[tuple[object, _Mark], ...]]] = None
 
     def __enter__(self) -> None:
-        self.before = self.request.get(_PASSED)
-        pairs = () if self.before is None else self.before.pairs
+        stamp: Optional[_Passed] = self.request.get(_PASSED)
+        pairs = () if stamp is None else stamp.pairs
         self.request[_PASSED] = _Passed(pairs + ((self.me, self.mark),))
         self.mark.passing.append(self.me)
         self.token = _PASSING_NOW.set(_PASSING_NOW.get() + ((self.me, self.mark),))
@@ -398,11 +397,15 @@ class _Pass:
 
     def ended(self) -> None:
         """The app has returned (a WSGI body: consumed, failed or closed): the request
-        is no longer being passed on."""
-        if self.before is None:
-            self.request.pop(_PASSED, None)
-        else:
-            self.request[_PASSED] = self.before
+        is no longer being passed on. Only this pass's own pair leaves the stamp: passes
+        of one mapping to sibling apps (a layer fanning out) end in any order."""
+        stamp: Optional[_Passed] = self.request.get(_PASSED)
+        if stamp is not None:
+            pairs = tuple(pm for pm in stamp.pairs if not (pm[0] is self.me and pm[1] is self.mark))
+            if pairs:
+                self.request[_PASSED] = _Passed(pairs)
+            else:
+                self.request.pop(_PASSED, None)
         for i, p in enumerate(self.mark.passing):
             if p is self.me:
                 del self.mark.passing[i]
@@ -477,26 +480,23 @@ delegates ``invocation_metadata()``, the same object on grpcio's server). An ent
 both objects while its lead runs, so their ids are not reused meanwhile."""
 
 
-def _call_ids(context: Any) -> tuple[int, ...]:
-    try:
-        metadata = context.invocation_metadata()
-    except Exception:
-        return (id(context),)
-    return (id(context), id(metadata))
-
-
-def call_led_already(context: object, store: object, scoped: ScopedKey) -> bool:
+def call_led_already(context: Any, store: object, scoped: ScopedKey) -> bool:
     """:func:`pass_led` for a gRPC call: the interceptor is installed twice with one
     store, and the outer one leads this call (seen by its context of execution, by its
     ServicerContext or by its invocation metadata; a call the handler makes is a new
     RPC, with none of them)."""
     if any(s is store and k == scoped for s, k in _CALL_LEADS.get()):
         return True
-    return any(
-        s is store and k == scoped
-        for i in _call_ids(context)
-        for s, k, _ in _CALL_CONTEXTS.get(i, ())
-    )
+    try:
+        # Held until the look-ups are done: a metadata tuple made for this call alone
+        # (grpc.aio makes one per call) must not free its id for another call's lead.
+        metadata: object = context.invocation_metadata()
+    except Exception:
+        metadata = None
+    ids = (id(context),) if metadata is None else (id(context), id(metadata))
+    found = any(s is store and k == scoped for i in ids for s, k, _ in _CALL_CONTEXTS.get(i, ()))
+    del metadata
+    return found
 
 
 @contextmanager
