@@ -15,6 +15,7 @@ import json
 import math
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -277,12 +278,16 @@ def test_execute_sync_waiter_on_another_instance_stops_at_ctrl_c() -> None:
     leader.start()
     assert started.wait(10)
     # Ctrl-C while this (main) thread waits in Redis for the leader: the wait ends.
+    # Python's own Ctrl-C handler, whatever the suite inherited: a suite started as a
+    # background job has SIGINT ignored, and interrupt_main() then does nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(0.2, _thread.interrupt_main).start()
     try:
         with pytest.raises(KeyboardInterrupt):
             waiter_store.execute_sync(k, FP, lambda: "not run")
         assert not leader_done.is_set(), "the waiter ignored Ctrl-C until its leader ended"
     finally:
+        signal.signal(signal.SIGINT, previous)
         release.set()
         leader.join(30)
     assert waiter_store.execute_sync(k, FP, lambda: "not run").value == "done"

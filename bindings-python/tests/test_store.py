@@ -6,6 +6,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import gc
+import signal
 import threading
 from typing import Any
 
@@ -297,12 +298,16 @@ def test_execute_sync_waiter_stops_at_ctrl_c_while_the_leader_runs_on() -> None:
     leader.start()
     assert started.wait(10)
     # Ctrl-C while this (main) thread waits for the leader: the wait ends with it.
+    # Python's own Ctrl-C handler, whatever the suite inherited: a suite started as a
+    # background job has SIGINT ignored, and interrupt_main() then does nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(0.1, _thread.interrupt_main).start()
     try:
         with pytest.raises(KeyboardInterrupt):
             store.execute_sync(k, FP, lambda: "not run")
         assert not leader_done.is_set(), "the waiter ignored Ctrl-C until its leader ended"
     finally:
+        signal.signal(signal.SIGINT, previous)
         release.set()
         leader.join(30)
     assert store.execute_sync(k, FP, lambda: "not run").value == "done"
