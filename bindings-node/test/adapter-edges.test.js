@@ -378,15 +378,17 @@ for (const [name, Fastify] of Object.entries(FASTIFIES)) {
       await app.close()
     }
   })
+}
 
-  test(`${name}: a request without a body is left unread: request.signal is live when the handler runs`, async (t) => {
+// Fastify 5 only: Fastify 4 has no `request.signal` (nor `handlerTimeout`).
+{
+  const Fastify = FASTIFIES['fastify 5']
+  test('fastify 5: a request without a body is left unread: request.signal is live when the handler runs', async () => {
     const app = Fastify()
     await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
     let aborted
-    // With a handler timeout, Fastify 5 makes the signal as the request comes in.
-    const opts = Number(app.version.split('.')[0]) >= 5 ? { handlerTimeout: 5000 } : {}
-    app.post('/r', opts, async (request) => {
-      if (!('signal' in request)) return { skipped: true }
+    // With a handler timeout, Fastify makes the signal as the request comes in.
+    app.post('/r', { handlerTimeout: 5000 }, async (request) => {
       await sleep(10)
       aborted = request.signal.aborted
       return { ok: true }
@@ -395,8 +397,6 @@ for (const [name, Fastify] of Object.entries(FASTIFIES)) {
     try {
       const r = await fetch(`${url}/r`, { method: 'POST', headers: { 'idempotency-key': newKey() } })
       assert.equal(r.status, 200)
-      const body = await r.json()
-      if (body.skipped) return t.skip(`${name} has no request.signal`)
       assert.equal(aborted, false, 'reading the empty body closed the request and aborted its signal')
     } finally {
       await app.close()

@@ -66,6 +66,20 @@ async def call_asgi(
 KEYED = [(b"idempotency-key", b"order-0001"), (b"content-type", b"application/json")]
 
 
+def _wsgi_post(key: str) -> dict[str, Any]:
+    """The environ of a keyed POST /orders with the body ``{}``."""
+    return {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/orders",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "2",
+        "HTTP_IDEMPOTENCY_KEY": key,
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+
+
 def test_wsgi_leader_gets_its_response_before_close_ends() -> None:
     """A WSGI server sends the body, then calls close() (werkzeug's
     ``response.call_on_close``: after-response work): under the middleware too, the
@@ -599,16 +613,7 @@ def test_wsgi_a_nested_call_with_the_key_being_led_is_refused_not_run_again() ->
         calls += 1
         environ["wsgi.input"].read()
         if calls == 1:
-            inner_env = {
-                "REQUEST_METHOD": "POST",
-                "PATH_INFO": "/orders",
-                "SCRIPT_NAME": "",
-                "QUERY_STRING": "",
-                "CONTENT_TYPE": "application/json",
-                "CONTENT_LENGTH": "2",
-                "HTTP_IDEMPOTENCY_KEY": "order-nested-0001",
-                "wsgi.input": io.BytesIO(b"{}"),
-            }
+            inner_env = _wsgi_post("order-nested-0001")
             b"".join(mw(inner_env, lambda status, headers, exc=None: nested.append(status)))
         start_response("201 Created", [("Content-Type", "application/json")])
         return [f'{{"n":{calls}}}'.encode()]
@@ -616,16 +621,7 @@ def test_wsgi_a_nested_call_with_the_key_being_led_is_refused_not_run_again() ->
     store = oncely.IdempotencyStore()
     mw = WsgiMiddleware(WsgiMiddleware(app, store=store), store=store)
     statuses: list[str] = []
-    env = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/orders",
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": "2",
-        "HTTP_IDEMPOTENCY_KEY": "order-nested-0001",
-        "wsgi.input": io.BytesIO(b"{}"),
-    }
+    env = _wsgi_post("order-nested-0001")
     body = b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
     assert (statuses, body) == (["201 Created"], b'{"n":1}')
     assert nested and nested[0].startswith("500")
@@ -778,16 +774,7 @@ def test_wsgi_a_nested_call_with_a_copy_of_the_environ_is_refused_not_run_again(
     inner = WsgiMiddleware(app, store=store)
     mw = inner if mounts == "once" else WsgiMiddleware(inner, store=store)
     target = inner if mounts == "twice-to-inner" else mw
-    env = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/orders",
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": "2",
-        "HTTP_IDEMPOTENCY_KEY": "order-nested-0002",
-        "wsgi.input": io.BytesIO(b"{}"),
-    }
+    env = _wsgi_post("order-nested-0002")
     statuses: list[str] = []
     body = b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
     assert (statuses, body) == (["201 Created"], b'{"n":1}')
@@ -874,16 +861,7 @@ def test_wsgi_mounted_twice_a_retrying_middleware_between_passes_the_request_on_
     store = oncely.IdempotencyStore()
     app = WsgiMiddleware(retrying(WsgiMiddleware(handler, store=store)), store=store)
     for _ in range(2):
-        env = {
-            "REQUEST_METHOD": "POST",
-            "PATH_INFO": "/orders",
-            "SCRIPT_NAME": "",
-            "QUERY_STRING": "",
-            "CONTENT_TYPE": "application/json",
-            "CONTENT_LENGTH": "2",
-            "HTTP_IDEMPOTENCY_KEY": "order-retry-0002",
-            "wsgi.input": io.BytesIO(b"{}"),
-        }
+        env = _wsgi_post("order-retry-0002")
         statuses: list[str] = []
         body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
         assert (statuses, body) == (["201 Created"], b'{"ok":2}')
@@ -974,16 +952,7 @@ def test_wsgi_mounted_twice_a_thread_copy_after_the_inner_pass_is_replayed() -> 
     store = oncely.IdempotencyStore()
     inner = WsgiMiddleware(handler, store=store)
     app = WsgiMiddleware(then_more(inner), store=store)
-    env = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/orders",
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": "2",
-        "HTTP_IDEMPOTENCY_KEY": "order-late-0002",
-        "wsgi.input": io.BytesIO(b"{}"),
-    }
+    env = _wsgi_post("order-late-0002")
     statuses: list[str] = []
     body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
     assert (statuses, body) == (["201 Created"], b'{"run":1}')
@@ -1029,16 +998,7 @@ def test_wsgi_mounted_twice_a_retry_after_a_body_that_raised_passes_the_request_
 
     store = oncely.IdempotencyStore()
     app = WsgiMiddleware(retrying(WsgiMiddleware(handler, store=store)), store=store)
-    env = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/orders",
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": "2",
-        "HTTP_IDEMPOTENCY_KEY": "order-retry-0003",
-        "wsgi.input": io.BytesIO(b"{}"),
-    }
+    env = _wsgi_post("order-retry-0003")
     statuses: list[str] = []
     body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
     assert body == b'{"ok":2}'
@@ -1164,16 +1124,7 @@ def test_wsgi_the_led_environ_sent_back_to_the_leading_middleware_is_refused() -
         return [b'{"n":%d}' % runs]
 
     mw = WsgiMiddleware(app, store=oncely.IdempotencyStore())
-    env = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/orders",
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": "2",
-        "HTTP_IDEMPOTENCY_KEY": "order-forward-0002",
-        "wsgi.input": io.BytesIO(b"{}"),
-    }
+    env = _wsgi_post("order-forward-0002")
     statuses: list[str] = []
     body = b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
     assert (statuses, body) == (["201 Created"], b'{"n":1}')
@@ -1282,16 +1233,7 @@ def test_wsgi_mounted_twice_a_retry_through_a_layer_that_copies_the_environ() ->
 
     store = oncely.IdempotencyStore()
     app = WsgiMiddleware(retrying(WsgiMiddleware(handler, store=store)), store=store)
-    env = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/orders",
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": "2",
-        "HTTP_IDEMPOTENCY_KEY": "order-retry-0005",
-        "wsgi.input": io.BytesIO(b"{}"),
-    }
+    env = _wsgi_post("order-retry-0005")
     statuses: list[str] = []
     body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
     assert (statuses, body) == (["201 Created"], b'{"ok":2}')
@@ -1562,16 +1504,7 @@ def test_wsgi_mounted_twice_a_copy_made_while_a_streamed_body_runs_waits_for_the
     store = oncely.IdempotencyStore()
     inner = WsgiMiddleware(handler, store=store)
     app = WsgiMiddleware(then_more(inner), store=store)
-    env = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/orders",
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": "2",
-        "HTTP_IDEMPOTENCY_KEY": "order-stream-copy-0001",
-        "wsgi.input": io.BytesIO(b"{}"),
-    }
+    env = _wsgi_post("order-stream-copy-0001")
     statuses: list[str] = []
     body = b"".join(app(env, lambda status, headers, exc=None: statuses.append(status)))
     for t in threads:
@@ -1638,16 +1571,7 @@ def test_wsgi_passes_to_two_sibling_sub_apps_ending_out_of_order_keep_each_stamp
         return out()
 
     app = WsgiMiddleware(fan, store=store)
-    env = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/orders",
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": "2",
-        "HTTP_IDEMPOTENCY_KEY": "order-fan-0001",
-        "wsgi.input": io.BytesIO(b"{}"),
-    }
+    env = _wsgi_post("order-fan-0001")
     b"".join(app(env, lambda status, headers, exc=None: None))
     for t in threads:
         t.join(10)

@@ -471,6 +471,35 @@ async def test_aio_installed_twice_with_one_store_the_outer_leads() -> None:
     assert orders.calls == 1
 
 
+def _twice_through(chain: list[Any], key: str) -> tuple[list[Any], int]:
+    """Two calls with ``key`` to a sync server with the interceptors ``chain``: each
+    answer with whether it was marked replayed, and how many times the handler ran."""
+    orders = Orders()
+
+    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
+        return {"call": orders.begin()}
+
+    handler = grpc.method_handlers_generic_handler(
+        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
+    )
+    server = grpc.server(ThreadPoolExecutor(max_workers=4), interceptors=chain)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    answers = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(
+                METHOD, request_serializer=_dumps, response_deserializer=json.loads
+            )
+            for _ in range(2):
+                value, c = call.with_call({"sku": "A1"}, metadata=((KEY, key),), timeout=30)
+                answers.append((value, _replayed(c.trailing_metadata())))
+    finally:
+        server.stop(None)
+    return answers, orders.calls
+
+
 class _Ctx:
     """A context handed on wrapped (as OpenTelemetry's instrumentation does)."""
 
@@ -499,39 +528,17 @@ def test_sync_installed_twice_with_a_context_wrapping_interceptor_between() -> N
     led once (the lead is known by the call's context of execution, not by its
     ServicerContext object, which the middle one replaces). Before, every keyed call was
     refused INTERNAL."""
-    orders = Orders()
-
-    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
-        return {"call": orders.begin()}
-
-    handler = grpc.method_handlers_generic_handler(
-        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
-    )
     store = oncely.IdempotencyStore()
-    chain = [
-        IdempotencyInterceptor(store=store),
-        _WrapContext(),
-        IdempotencyInterceptor(store=store),
-    ]
-    server = grpc.server(ThreadPoolExecutor(max_workers=4), interceptors=chain)
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    answers = []
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary(
-                METHOD, request_serializer=_dumps, response_deserializer=json.loads
-            )
-            for _ in range(2):
-                value, c = call.with_call(
-                    {"sku": "A1"}, metadata=((KEY, "order-wrapped-1"),), timeout=30
-                )
-                answers.append((value, _replayed(c.trailing_metadata())))
-    finally:
-        server.stop(None)
+    answers, calls = _twice_through(
+        [
+            IdempotencyInterceptor(store=store),
+            _WrapContext(),
+            IdempotencyInterceptor(store=store),
+        ],
+        "order-wrapped-1",
+    )
     assert answers == [({"call": 1}, False), ({"call": 1}, True)]
-    assert orders.calls == 1
+    assert calls == 1
 
 
 class _Offload(grpc.ServerInterceptor):  # type: ignore[misc]
@@ -557,75 +564,35 @@ def test_sync_installed_twice_with_an_interceptor_between_that_moves_to_another_
     """[oncely, an interceptor running the call on another thread, oncely] on one store:
     the call is led once (the lead is also known by its ServicerContext). Found by its
     context of execution alone, the inner waited for the outer for good."""
-    orders = Orders()
-
-    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
-        return {"call": orders.begin()}
-
-    handler = grpc.method_handlers_generic_handler(
-        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
-    )
     store = oncely.IdempotencyStore()
     offload = _Offload()
-    chain = [IdempotencyInterceptor(store=store), offload, IdempotencyInterceptor(store=store)]
-    server = grpc.server(ThreadPoolExecutor(max_workers=4), interceptors=chain)
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    answers = []
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary(
-                METHOD, request_serializer=_dumps, response_deserializer=json.loads
-            )
-            for _ in range(2):
-                value, c = call.with_call(
-                    {"sku": "A1"}, metadata=((KEY, "order-offload-1"),), timeout=10
-                )
-                answers.append((value, _replayed(c.trailing_metadata())))
+        answers, calls = _twice_through(
+            [IdempotencyInterceptor(store=store), offload, IdempotencyInterceptor(store=store)],
+            "order-offload-1",
+        )
     finally:
-        server.stop(None)
         offload.pool.shutdown(wait=False)
     assert answers == [({"call": 1}, False), ({"call": 1}, True)]
-    assert orders.calls == 1
+    assert calls == 1
 
 
 def test_sync_installed_twice_with_a_wrapping_and_a_thread_moving_interceptor_between() -> None:
     """Both at once between two of ours: the context of execution and the ServicerContext
     object are lost, the invocation metadata (which a wrapper delegates) is not."""
-    orders = Orders()
-
-    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
-        return {"call": orders.begin()}
-
-    handler = grpc.method_handlers_generic_handler(
-        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
-    )
     store = oncely.IdempotencyStore()
     offload = _Offload()
-    chain = [
-        IdempotencyInterceptor(store=store),
-        _WrapContext(),
-        offload,
-        IdempotencyInterceptor(store=store),
-    ]
-    server = grpc.server(ThreadPoolExecutor(max_workers=4), interceptors=chain)
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    answers = []
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary(
-                METHOD, request_serializer=_dumps, response_deserializer=json.loads
-            )
-            for _ in range(2):
-                value, c = call.with_call(
-                    {"sku": "A1"}, metadata=((KEY, "order-wrap-offload-1"),), timeout=10
-                )
-                answers.append((value, _replayed(c.trailing_metadata())))
+        answers, calls = _twice_through(
+            [
+                IdempotencyInterceptor(store=store),
+                _WrapContext(),
+                offload,
+                IdempotencyInterceptor(store=store),
+            ],
+            "order-wrap-offload-1",
+        )
     finally:
-        server.stop(None)
         offload.pool.shutdown(wait=False)
     assert answers == [({"call": 1}, False), ({"call": 1}, True)]
-    assert orders.calls == 1
+    assert calls == 1
