@@ -7,7 +7,7 @@ const { ServerResponse, OutgoingMessage } = require('node:http')
 const { http, IdempotencyStore, OncelyError } = require('./index.js')
 const native = require('./native.js')
 const { RUN } = require('./lib/store.js')
-const { invalid, mustBe } = require('./lib/errors.js')
+const { mustBe } = require('./lib/errors.js')
 
 const KEY = http.KEY_HEADER
 
@@ -57,18 +57,15 @@ function settings(options) {
   }
   for (const name of ['bodyCap', 'requestCap']) {
     const v = options[name]
-    if (v === undefined) continue
-    if (typeof v !== 'number') throw mustBe('a whole number of bytes', name, v)
-    if (!Number.isSafeInteger(v) || v < 0) {
-      throw invalid(RangeError, name, `${name} must be a whole number of bytes (at least 0), e.g. 1048576, got ${v}`)
-    }
+    // Their range is checked by the core's config below (a RangeError).
+    if (v !== undefined && typeof v !== 'number') throw mustBe('a whole number of bytes', name, v)
   }
-  const requestCap = options.requestCap ?? http.DEFAULT_REQUEST_CAP
   const config = new http.HttpConfig({
     methods: options.methods,
     required: options.required,
     wait: options.wait,
     bodyCap: options.bodyCap,
+    requestCap: options.requestCap,
     storedHeaders: options.storedHeaders,
   })
   return {
@@ -90,7 +87,9 @@ function settings(options) {
     eventStreams: new Map(),
     // The core's status decision by status (100..=999).
     storableStatuses: new Uint8Array(1000),
-    requestCap,
+    // The core's content decision by method, then status (see `hasContent`).
+    contentRules: new Map(),
+    requestCap: config.requestCap,
     tenant: typeof tenant === 'function' ? tenant : () => tenant ?? http.DEFAULT_TENANT,
     route,
     fingerprint,
@@ -128,11 +127,9 @@ function keyValues(req) {
  * Whether a request declares (Content-Length) a body over the request cap: it is
  * answered 413 at once, without reading a body it could not fingerprint (SPEC §8).
  */
-function declaredOver(headers, cap) {
+function declaredOver(s, headers) {
   const v = headers['content-length']
-  if (v === undefined) return false
-  const n = Number(v)
-  return Number.isSafeInteger(n) && n > cap
+  return v !== undefined && s.config.declaresTooLarge(v)
 }
 
 /**
@@ -159,7 +156,7 @@ function takeOnce(req, store, scoped) {
 
 /** The 413 problem for a request over the cap. */
 function tooLarge(s) {
-  return http.problem({ kind: 'request_too_large', message: String(s.requestCap) })
+  return s.config.tooLarge()
 }
 
 /** The most header names whose decisions are remembered (the names a handler sets). */
@@ -251,18 +248,35 @@ function storableStatus(s, status) {
 
 const EMPTY = Buffer.alloc(0)
 
-/** Whether an answer goes without a body (Node sends none): to a HEAD, a 1xx, 204 or 304. */
-function bodyless(method, status) {
-  return method === 'HEAD' || status < 200 || status === 204 || status === 304
+/** The most methods whose content decisions are remembered. */
+const CONTENT_RULES_MAX = 64
+
+/**
+ * Whether an answer to `method` with `status` carries content (the core's
+ * `has_content`: none to a HEAD, nor with a 1xx, 204 or 304, which Node sends without a
+ * body), remembered by method and status.
+ */
+function hasContent(s, method, status) {
+  let rules = s.contentRules.get(method)
+  if (rules === undefined) {
+    if (s.contentRules.size >= CONTENT_RULES_MAX) return http.hasContent(method, status)
+    rules = new Uint8Array(1000)
+    s.contentRules.set(method, rules)
+  }
+  // 0: not asked yet; 1: no content; 2: content. Statuses outside 100..=999 are the core's.
+  if (!(status >= 100 && status <= 999 && Number.isInteger(status))) return http.hasContent(method, status)
+  let rule = rules[status]
+  if (rule === 0) rules[status] = rule = http.hasContent(method, status) ? 2 : 1
+  return rule === 2
 }
 
 /**
- * What a whole answer leaves in the store, its body as sent (see `bodyless`): its record
+ * What a whole answer leaves in the store, its body as sent (see `hasContent`): its record
  * (a stored status), or, not stored, an Unstored the duplicates waiting now replay (with
  * a copy of the body: the handler may reuse its buffer).
  */
 function outcomeOf(s, owner, method, status, headers, body) {
-  if (bodyless(method, status)) body = EMPTY
+  if (!hasContent(s, method, status)) body = EMPTY
   if (storableStatus(s, status)) return http.encodeRecord(status, storedFields(s, headers), body)
   return new Unstored(owner, { status, fields: sharedFields(s, headers), body: Buffer.from(body) })
 }
@@ -648,7 +662,7 @@ module.exports = {
   sharedFields,
   isEventStream,
   storableStatus,
-  bodyless,
+  hasContent,
   outcomeOf,
   answerOf,
   setAnswerHeaders,

@@ -115,7 +115,7 @@ function idempotency(options) {
     }
     if (req._body || req.readableEnded) return covered(req, res, next, method, key, parsedBody(req))
     const headers = req.headers
-    if (declaredOver(headers, s.requestCap)) {
+    if (declaredOver(s, headers)) {
       s.counters.refused++
       // The body is not read: the connection ends with this answer.
       res.setHeader('connection', 'close')

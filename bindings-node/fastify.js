@@ -10,7 +10,7 @@ const {
   tooLarge,
   isEventStream,
   outcomeOf,
-  bodyless,
+  hasContent,
   answerOf,
   requestOf,
   scopeOf,
@@ -236,7 +236,7 @@ async function idempotency(fastify, options) {
       s.counters.refused++
       return sendProblem(reply, key)
     }
-    if (declaredOver(request.headers, s.requestCap)) {
+    if (declaredOver(s, request.headers)) {
       s.counters.refused++
       // The body is not read: the connection ends with this answer.
       reply.header('connection', 'close')
@@ -412,7 +412,7 @@ async function idempotency(fastify, options) {
   /** Settles a whole answer of this plugin's request: its record, or why it is not stored. */
   function settleWhole(st, request, status, headers, body) {
     // The cap weighs the body as sent (none to a HEAD, a 1xx, 204 or 304).
-    if (!bodyless(request.method, status) && body.length > cap) {
+    if (hasContent(s, request.method, status) && body.length > cap) {
       st.settle(new Released(st.owner, 'the body is over the cap'))
     } else {
       st.settle(outcomeOf(s, st.owner, request.method, status, headers, body))

@@ -578,6 +578,11 @@ export declare const http: {
   ): [string, string] | [string] | HttpProblem
   /** 2xx, and 4xx except 408/409/425/429. A status that is not an integer in 0..=65535 throws a RangeError (INVALID_ARGUMENT). */
   storableStatus(status: number): boolean
+  /**
+   * Whether a response to `method` with `status` carries content (RFC 9110 §6.4.1): not
+   * one to a HEAD, nor a 1xx, 204 or 304. The record of such an answer keeps no body.
+   */
+  hasContent(method: string, status: number): boolean
   /** Whether a gRPC answer with this `grpc-status` value is stored. */
   storableGrpcStatus(value: string): boolean
   /** `application/json` or any `+json` type. */
@@ -607,9 +612,10 @@ export declare const http: {
    */
   decodeRecord(record: Buffer): Array<number | string>
   /**
-   * The problem answer for an error of oncely, by its `kind`; also `'request_too_large'`,
-   * `'body_unreadable'` and `'tenant_unusable'` (500: the tenant function gave a tenant
-   * that cannot scope a key), with the detail as `message`.
+   * The problem answer for an error of oncely, by its `kind`; also `'request_too_large'`
+   * (the request cap in bytes as `message`, else a TypeError), `'body_unreadable'` and
+   * `'tenant_unusable'` (500: the tenant function gave a tenant that cannot scope a key),
+   * with the detail as `message`.
    */
   problem(error: HttpProblemSource): HttpProblem
   readonly KEY_HEADER: 'idempotency-key'

@@ -90,6 +90,7 @@ module.exports = {
     requestFingerprint: native.httpRequestFingerprint,
     request: native.httpRequest,
     storableStatus: native.httpStorableStatus,
+    hasContent: native.httpHasContent,
     storableGrpcStatus: native.httpStorableGrpcStatus,
     isJson: native.httpIsJson,
     isGrpc: native.httpIsGrpc,

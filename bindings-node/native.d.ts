@@ -59,6 +59,15 @@ export declare class HttpConfig {
   get wait(): boolean
   /** The body cap, bytes. */
   get bodyCap(): number
+  /** The request cap, bytes. */
+  get requestCap(): number
+  /**
+   * Whether a request's `Content-Length` value declares a body over the request cap
+   * (it is answered `tooLarge()` before its body is read).
+   */
+  declaresTooLarge(contentLength: string): boolean
+  /** The problem for a request over the request cap (413). */
+  tooLarge(): HttpProblem
   /**
    * `readKey` as a plain function bound to these settings, for a server's hot path:
    * `(method, values)` gives `null` (pass the request through), the validated key
@@ -444,6 +453,11 @@ export interface HttpConfigOptions {
   /** The largest response body stored, bytes (default 1 MiB). */
   bodyCap?: number
   /**
+   * The largest request body of a covered request, bytes (default 1 MiB): it is read
+   * whole to fingerprint it; larger ones get 413.
+   */
+  requestCap?: number
+  /**
    * The response headers stored with the body (default content-type,
    * content-encoding, location, etag).
    */
@@ -492,6 +506,12 @@ export interface HttpField {
   /** The value bytes. */
   value: Buffer
 }
+
+/**
+ * Whether a response to `method` with `status` carries content: not one to a HEAD,
+ * nor a 1xx, 204 or 304. Its record keeps no body.
+ */
+export declare function httpHasContent(method: string, status: number): boolean
 
 /**
  * Whether a content type is an event stream (`text/event-stream`): such a response

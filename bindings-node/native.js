@@ -861,6 +861,7 @@ module.exports.httpDecodeResponse = nativeBinding.httpDecodeResponse
 module.exports.httpEncodeRecord = nativeBinding.httpEncodeRecord
 module.exports.httpEncodeRecordInto = nativeBinding.httpEncodeRecordInto
 module.exports.httpEncodeResponse = nativeBinding.httpEncodeResponse
+module.exports.httpHasContent = nativeBinding.httpHasContent
 module.exports.httpIsEventStream = nativeBinding.httpIsEventStream
 module.exports.httpIsGrpc = nativeBinding.httpIsGrpc
 module.exports.httpIsJson = nativeBinding.httpIsJson

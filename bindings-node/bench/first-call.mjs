@@ -7,7 +7,7 @@
 // the difference of two runs, V8 on one thread and seeded (see README.md, "This pass"):
 //   WARM=3000 valgrind --tool=callgrind node --predictable --hash-seed=42 --random-seed=42 bench/first-call.mjs oncely 500
 //   WARM=3000 valgrind --tool=callgrind node --predictable --hash-seed=42 --random-seed=42 bench/first-call.mjs oncely 2500
-//   node bench/first-call.mjs <none|oncely|peer> [N] [--replay] [--als]
+//   node bench/first-call.mjs <none|oncely|peer> [N] [--replay] [--als] [--async]
 // With ONCELY_DIR=/path/to/a/copy/of/bindings-node, `oncely` is that copy's.
 import http from 'node:http'
 import { PerformanceObserver } from 'node:perf_hooks'
@@ -25,7 +25,9 @@ const WARM = Number(process.env.WARM ?? 2000)
 const N = Number(process.argv[3] ?? 5000)
 const replay = process.argv.includes('--replay')
 const c = { calls: 0 }
-const h = (req, res) => { c.calls++; res.status(201).json({ id: c.calls, sku: req.body?.sku }) }
+const sync = (req, res) => { c.calls++; res.status(201).json({ id: c.calls, sku: req.body?.sku }) }
+// --async: the handler is an async function (as most are), so the lead runs on past `next()`.
+const h = process.argv.includes('--async') ? async (req, res) => sync(req, res) : sync
 const a = express()
 if (variant === 'none') a.post('/orders', express.json(), h)
 else if (variant === 'oncely') a.post('/orders', express.json(), oncely({ store: new IdempotencyStore({ ttlMs: 600_000 }) }), h)

@@ -26,7 +26,10 @@ pub struct HttpConfigOptions {
     /// Whether a duplicate waits for a running first request (default `true`).
     pub wait: Option<bool>,
     /// The largest response body stored, bytes (default 1 MiB).
-    pub body_cap: Option<u32>,
+    pub body_cap: Option<f64>,
+    /// The largest request body of a covered request, bytes (default 1 MiB): it is read
+    /// whole to fingerprint it; larger ones get 413.
+    pub request_cap: Option<f64>,
     /// The response headers stored with the body (default content-type,
     /// content-encoding, location, etag).
     pub stored_headers: Option<Vec<String>>,
@@ -162,7 +165,10 @@ impl HttpConfig {
                 c = c.wait(w);
             }
             if let Some(b) = o.body_cap {
-                c = c.body_cap(b as usize);
+                c = c.body_cap(byte_count(raw, "bodyCap", b)?);
+            }
+            if let Some(b) = o.request_cap {
+                c = c.request_cap(byte_count(raw, "requestCap", b)?);
             }
             if let Some(h) = o.stored_headers {
                 c = c.stored_headers(h).or_throw(raw)?;
@@ -250,6 +256,40 @@ impl HttpConfig {
     pub fn body_cap(&self) -> f64 {
         self.inner.cap() as f64
     }
+
+    /// The request cap, bytes.
+    #[napi(getter)]
+    pub fn request_cap(&self) -> f64 {
+        self.inner.request_limit() as f64
+    }
+
+    /// Whether a request's `Content-Length` value declares a body over the request cap
+    /// (it is answered `tooLarge()` before its body is read).
+    #[napi(ts_args_type = "contentLength: string")]
+    pub fn declares_too_large(&self, env: &Env, content_length: Unknown<'_>) -> Result<bool> {
+        lossy_str(env.raw(), content_length.raw(), "contentLength", |v| {
+            self.inner.declares_too_large(v.as_bytes())
+        })
+    }
+
+    /// The problem for a request over the request cap (413).
+    #[napi]
+    pub fn too_large(&self) -> HttpProblem {
+        problem_js(&self.inner.too_large())
+    }
+}
+
+/// A size in bytes given as a number: a whole number from 0 to 2^53 - 1, else a
+/// RangeError naming `field` (napi's own u32 conversion would wrap larger sizes).
+fn byte_count(env: sys::napi_env, field: &str, n: f64) -> Result<usize> {
+    if !(n.is_finite() && n.fract() == 0.0 && (0.0..=9_007_199_254_740_991.0).contains(&n)) {
+        return Err(range_error(
+            env,
+            field,
+            &format!("{field} must be a whole number of bytes (at least 0), e.g. 1048576, got {n}"),
+        ));
+    }
+    Ok(n as usize)
 }
 
 /// The scoped key of a request: `tenant`, `method` + `route` (the route template where
@@ -284,6 +324,16 @@ pub fn http_request_fingerprint(
         Either::B(b) => b.as_ref(),
     };
     contract::request_fingerprint(&method, &target, content_type.as_deref(), bytes)
+}
+
+/// Whether a response to `method` with `status` carries content: not one to a HEAD,
+/// nor a 1xx, 204 or 304. Its record keeps no body.
+#[napi(ts_args_type = "method: string, status: number")]
+pub fn http_has_content(env: &Env, method: Unknown<'_>, status: Unknown<'_>) -> Result<bool> {
+    let status = convert::integer(env.raw(), status.raw(), "status", 0.0, 65_535.0)? as u16;
+    lossy_str(env.raw(), method.raw(), "method", |m| {
+        contract::has_content(m, status)
+    })
 }
 
 /// Whether a response with this status is stored (2xx, 4xx but 408/409/425/429).
@@ -455,9 +505,15 @@ pub fn http_problem(env: Env, error: Unknown<'_>) -> Result<HttpProblem> {
             type_name: error.type_name.unwrap_or_default(),
         },
         "request_too_large" => {
-            let cap = msg
-                .parse::<usize>()
-                .unwrap_or(contract::DEFAULT_REQUEST_CAP);
+            let Ok(cap) = msg.parse::<usize>() else {
+                return Err(type_error(
+                    raw,
+                    "error",
+                    &format!(
+                        "a request_too_large problem takes the request cap in bytes as its message, got {msg:?}"
+                    ),
+                ));
+            };
             return Ok(problem_js(&Problem::request_too_large(cap)));
         }
         "body_unreadable" => return Ok(problem_js(&Problem::request_body_unreadable(msg))),

@@ -7,7 +7,8 @@ const assert = require('node:assert/strict')
 const fs = require('node:fs')
 const path = require('node:path')
 
-const { http, Code } = require('oncely')
+const { once } = require('node:events')
+const { http, Code, IdempotencyStore } = require('oncely')
 
 const cases = JSON.parse(
   fs.readFileSync(path.join(__dirname, '..', '..', 'tests', 'vectors', 'http_server.json'), 'utf8'),
@@ -62,6 +63,12 @@ const run = {
     }
   },
   status: (c) => assert.equal(http.storableStatus(c.status), c.storable),
+  content: (c) => assert.equal(http.hasContent(c.method, c.status), c.has_content),
+  declared_length: (c) => {
+    const config = new http.HttpConfig({ requestCap: c.request_cap })
+    assert.equal(config.declaresTooLarge(c.value), c.too_large)
+    assert.equal(config.requestCap, c.request_cap)
+  },
   header: (c) => {
     assert.equal(config(c).storesHeader(c.name), c.stored)
     assert.equal(config(c).sharesHeader(c.name), c.shared)
@@ -259,5 +266,54 @@ test('encodeRecord: every record is a Buffer of its own, whatever its size', () 
     assert.equal(flat[0], 201)
     assert.ok(record.subarray(flat[1], flat[2]).equals(body))
     assert.deepEqual(http.encodeResponse({ status: 201, headers: [{ name: 'content-type', value: Buffer.from('application/json') }], body }), record)
+  }
+})
+
+test('the caps are the core config: sizes past 32 bits kept, bad ones a RangeError, the 413 its problem', () => {
+  // napi's own u32 conversion kept only the low 32 bits: a cap of 4 GiB + 16 was 16 bytes.
+  const big = 2 ** 32 + 16
+  const config = new http.HttpConfig({ bodyCap: big, requestCap: big })
+  assert.equal(config.bodyCap, big)
+  assert.equal(config.requestCap, big)
+  assert.equal(config.bodyFits(1000), true)
+  for (const bad of [-1, 1.5, Number.NaN, 2 ** 53]) {
+    for (const field of ['bodyCap', 'requestCap']) {
+      assert.throws(() => new http.HttpConfig({ [field]: bad }), { name: 'RangeError', code: 'INVALID_ARGUMENT', field })
+    }
+  }
+  const small = new http.HttpConfig({ requestCap: 10 })
+  assert.equal(small.declaresTooLarge('11'), true)
+  assert.equal(small.declaresTooLarge(' 10 '), false)
+  assert.equal(small.tooLarge().status, 413)
+  assert.match(small.tooLarge().detail, /at most 10 bytes/)
+  assert.throws(() => small.declaresTooLarge(11), { name: 'TypeError', code: 'INVALID_ARGUMENT' })
+  // The problem by kind takes the cap as its message; anything else is refused, not a default.
+  assert.equal(http.problem({ kind: 'request_too_large', message: '10' }).detail, small.tooLarge().detail)
+  assert.throws(() => http.problem({ kind: 'request_too_large', message: 'big' }), { name: 'TypeError' })
+  assert.equal(http.hasContent('HEAD', 200), false)
+  assert.throws(() => http.hasContent('POST', 1.5), { name: 'RangeError', code: 'INVALID_ARGUMENT' })
+})
+
+test('an adapter whose body cap is past 32 bits stores what fits under it', async () => {
+  const express = require('express')
+  const { idempotency } = require('oncely/express')
+  const app = express()
+  let runs = 0
+  app.post('/orders', express.json(), idempotency({ store: new IdempotencyStore(), bodyCap: 2 ** 32 + 16 }), (req, res) => {
+    runs++
+    res.status(201).json({ pad: 'x'.repeat(100) })
+  })
+  const server = app.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  try {
+    const url = `http://127.0.0.1:${server.address().port}/orders`
+    const post = () => fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': 'order-cap-0001' }, body: '{}' })
+    await (await post()).text()
+    const again = await post()
+    await again.text()
+    assert.equal(again.headers.get('idempotent-replayed'), 'true')
+    assert.equal(runs, 1)
+  } finally {
+    server.close()
   }
 })

@@ -30,13 +30,15 @@ pub struct PyServerConfig {
 #[pymethods]
 impl PyServerConfig {
     #[new]
-    #[pyo3(signature = (*, methods=None, required=None, wait=None, body_cap=None, stored_headers=None, grpc_methods=None))]
+    #[pyo3(signature = (*, methods=None, required=None, wait=None, body_cap=None, request_cap=None, stored_headers=None, grpc_methods=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         methods: Option<&Bound<'_, PyAny>>,
         required: Option<&Bound<'_, PyAny>>,
         wait: Option<&Bound<'_, PyAny>>,
         body_cap: Option<&Bound<'_, PyAny>>,
+        request_cap: Option<&Bound<'_, PyAny>>,
         stored_headers: Option<&Bound<'_, PyAny>>,
         grpc_methods: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
@@ -45,6 +47,9 @@ impl PyServerConfig {
             .wait(flag(present(wait), "wait", true)?);
         if let Some(cap) = present(body_cap) {
             c = c.body_cap(int_in(py, "body_cap", cap, 0, usize::MAX as i128)? as usize);
+        }
+        if let Some(cap) = present(request_cap) {
+            c = c.request_cap(int_in(py, "request_cap", cap, 0, usize::MAX as i128)? as usize);
         }
         if let Some(m) = present(methods) {
             c = c.methods(text_list(py, "methods", m)?).py(py)?;
@@ -110,6 +115,25 @@ impl PyServerConfig {
         self.inner.cap()
     }
 
+    /// The largest request body of a covered request, in bytes.
+    #[getter]
+    fn request_cap(&self) -> usize {
+        self.inner.request_limit()
+    }
+
+    /// Whether a request's `Content-Length` value declares a body over the request cap
+    /// (it is refused with `too_large()` before its body is read).
+    fn declares_too_large(&self, content_length: &[u8]) -> bool {
+        self.inner.declares_too_large(content_length)
+    }
+
+    /// The problem for a request over the request cap (413).
+    fn too_large(&self) -> PyProblem {
+        PyProblem {
+            inner: self.inner.too_large(),
+        }
+    }
+
     /// What to do with a request: `None` (pass it through), the key (`str`: dedup by
     /// it) or the `Problem` to answer with. `values` are the `Idempotency-Key` header
     /// values of the request.
@@ -169,6 +193,13 @@ pub fn request_fingerprint(
     body: &[u8],
 ) -> String {
     py.detach(|| http::request_fingerprint(method, target, content_type, body))
+}
+
+/// Whether a response to `method` with `status` carries content (RFC 9110 §6.4.1): not
+/// one to a HEAD, nor a 1xx, 204 or 304. Its record keeps no body.
+#[pyfunction]
+pub fn has_content(method: &str, status: u16) -> bool {
+    http::has_content(method, status)
 }
 
 /// Whether a response with this status is stored.
@@ -399,6 +430,7 @@ pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(http_scope, m)?)?;
     m.add_function(wrap_pyfunction!(request_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(storable_status, m)?)?;
+    m.add_function(wrap_pyfunction!(has_content, m)?)?;
     m.add_function(wrap_pyfunction!(storable_grpc_status, m)?)?;
     m.add_function(wrap_pyfunction!(is_json, m)?)?;
     m.add_function(wrap_pyfunction!(is_grpc, m)?)?;

@@ -1578,3 +1578,84 @@ def test_wsgi_passes_to_two_sibling_sub_apps_ending_out_of_order_keep_each_stamp
     # The copy is a duplicate of the request being led: it gets the lead's answer.
     assert got == [(["201 Created"], b'{"A":1}{"B":1}')]
     assert runs == {"A": 1, "B": 1}
+
+
+@pytest.mark.parametrize(("method", "status"), [("HEAD", 200), ("HEAD", 404), ("POST", 204)])
+async def test_asgi_an_answer_without_content_is_stored_and_replayed_without_a_body(
+    method: str, status: int
+) -> None:
+    """An app that writes a body to a HEAD, or with a 204 (the server sends none):
+    the record keeps what was sent, no body, and its replay has neither a body nor a
+    Content-Length (a HEAD's would have to be its GET's, and a 1xx or 204 has none).
+    Before, the body was stored and replayed with its length."""
+    runs = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"etag", b'"1"')]}
+        )
+        await send({"type": "http.response.body", "body": b"hello"})
+
+    mw = AsgiMiddleware(app, store=oncely.IdempotencyStore(), methods=[method])
+    replays: list[dict[str, Any]] = []
+    for _ in range(2):
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(m: dict[str, Any], into: list[dict[str, Any]] = sent) -> None:
+            into.append(m)
+
+        await mw({**_bare_scope(b"order-head-0001"), "method": method}, receive, send)
+        replays = sent
+    assert runs == 1
+    start = next(m for m in replays if m["type"] == "http.response.start")
+    headers = dict(start["headers"])
+    assert headers[b"idempotent-replayed"] == b"true"
+    assert b"content-length" not in headers
+    assert b"".join(m.get("body", b"") for m in replays if m["type"] == "http.response.body") == b""
+
+
+def test_wsgi_an_answer_without_content_is_stored_without_its_body() -> None:
+    """The WSGI adapter keeps the same record: a HEAD's answer has no body and its
+    replay no Content-Length."""
+    runs = 0
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        nonlocal runs
+        runs += 1
+        start_response("200 OK", [("ETag", '"1"')])
+        return [b"hello"]
+
+    mw = WsgiMiddleware(app, store=oncely.IdempotencyStore(), methods=["HEAD"])
+    answers = []
+    for _ in range(2):
+        heads: list[Any] = []
+        env = {**_wsgi_post("order-head-0001"), "REQUEST_METHOD": "HEAD"}
+        body = b"".join(mw(env, lambda status, headers, exc=None: heads.append(headers)))
+        answers.append((dict((n.lower(), v) for n, v in heads[0]), body))
+    assert runs == 1
+    headers, body = answers[1]
+    assert headers["idempotent-replayed"] == "true"
+    assert "content-length" not in headers
+    assert body == b""
+
+
+def test_a_declared_length_is_judged_by_the_core() -> None:
+    """The request cap and its Content-Length rule are the core's (one rule in every
+    language): digits only, optional whitespace around them, and a number past any size
+    is over the cap."""
+    config = oncely.http.ServerConfig(request_cap=10)
+    assert config.request_cap == 10
+    assert config.declares_too_large(b" 11\t") is True
+    assert config.declares_too_large(b"10") is False
+    assert config.declares_too_large(b"99999999999999999999999999") is True
+    assert config.declares_too_large(b"0x20") is False
+    assert config.too_large().status == 413
+    assert "10 bytes" in config.too_large().detail
+    with pytest.raises(oncely.errors.InvalidArgumentError) as info:
+        oncely.http.ServerConfig(request_cap=-1)
+    assert info.value.field == "request_cap"

@@ -77,6 +77,12 @@ def test_http_server_unit(case: dict[str, Any]) -> None:
         assert got == case["fingerprint"]
     elif op == "status":
         assert http.storable_status(case["status"]) is case["storable"]
+    elif op == "content":
+        assert http.has_content(case["method"], case["status"]) is case["has_content"]
+    elif op == "declared_length":
+        config = http.ServerConfig(request_cap=case["request_cap"])
+        assert config.declares_too_large(case["value"].encode()) is case["too_large"]
+        assert config.request_cap == case["request_cap"]
     elif op == "header":
         assert _config(case).stores_header(case["name"]) is case["stored"]
         assert _config(case).shares_header(case["name"]) is case["shared"]
@@ -131,6 +137,8 @@ def test_every_unit_op_is_run() -> None:
         "scope",
         "fingerprint",
         "status",
+        "content",
+        "declared_length",
         "header",
         "record",
         "record_decode",

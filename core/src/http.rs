@@ -98,13 +98,14 @@ const NEVER_STORED: &[&str] = &[
 ];
 
 /// The adapter settings of the contract: covered methods, whether a key is required,
-/// whether concurrent duplicates wait, the body cap and the stored headers.
+/// whether concurrent duplicates wait, the body and request caps and the stored headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
     methods: Vec<String>,
     required: bool,
     wait: bool,
     body_cap: usize,
+    request_cap: usize,
     stored_headers: Vec<String>,
     grpc_methods: Option<Vec<String>>,
 }
@@ -117,13 +118,14 @@ impl Default for ServerConfig {
 
 impl ServerConfig {
     /// The defaults: POST and PATCH covered, key required, wait for a running
-    /// duplicate, 1 MiB body cap, [`DEFAULT_STORED_HEADERS`].
+    /// duplicate, 1 MiB body and request caps, [`DEFAULT_STORED_HEADERS`].
     pub fn new() -> Self {
         ServerConfig {
             methods: DEFAULT_METHODS.iter().map(|m| (*m).to_owned()).collect(),
             required: true,
             wait: true,
             body_cap: DEFAULT_BODY_CAP,
+            request_cap: DEFAULT_REQUEST_CAP,
             stored_headers: DEFAULT_STORED_HEADERS
                 .iter()
                 .map(|h| (*h).to_owned())
@@ -163,6 +165,14 @@ impl ServerConfig {
     /// stored, and the key is released.
     pub fn body_cap(mut self, bytes: usize) -> Self {
         self.body_cap = bytes;
+        self
+    }
+
+    /// The largest request body a covered request may have, in bytes (it is read whole
+    /// to fingerprint it); larger ones get [`Problem::request_too_large`] and the
+    /// handler does not run.
+    pub fn request_cap(mut self, bytes: usize) -> Self {
+        self.request_cap = bytes;
         self
     }
 
@@ -241,6 +251,42 @@ impl ServerConfig {
     /// Whether a body of `len` bytes may be stored.
     pub fn body_fits(&self, len: usize) -> bool {
         len <= self.body_cap
+    }
+
+    /// The request cap in bytes (see [`ServerConfig::request_cap`]).
+    pub fn request_limit(&self) -> usize {
+        self.request_cap
+    }
+
+    /// Whether a request's `Content-Length` value declares a body over the request cap:
+    /// the request is then refused ([`ServerConfig::too_large`]) before its body is
+    /// read. A value that is not a decimal number (RFC 9110's optional whitespace around
+    /// it allowed) declares nothing here: the server's own parser refuses it, or the
+    /// body is read and counted against the cap. Digits beyond any length a server could
+    /// hold are over the cap.
+    pub fn declares_too_large(&self, content_length: &[u8]) -> bool {
+        let ows = |b: &u8| *b == b' ' || *b == b'\t';
+        let start = content_length
+            .iter()
+            .position(|b| !ows(b))
+            .unwrap_or(content_length.len());
+        let end = content_length
+            .iter()
+            .rposition(|b| !ows(b))
+            .map_or(start, |i| i + 1);
+        let digits = &content_length[start..end];
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return false;
+        }
+        let declared = digits.iter().try_fold(0usize, |n, d| {
+            n.checked_mul(10)?.checked_add(usize::from(d - b'0'))
+        });
+        declared.is_none_or(|n| n > self.request_cap)
+    }
+
+    /// The problem for a request over the request cap (413).
+    pub fn too_large(&self) -> Problem {
+        Problem::request_too_large(self.request_cap)
     }
 
     /// Whether the response header `name` (any case) is stored with the body.
@@ -536,6 +582,14 @@ pub fn storable_grpc_status(value: &[u8]) -> bool {
 pub fn storable_status(status: u16) -> bool {
     matches!(status, 200..=299)
         || (matches!(status, 400..=499) && !matches!(status, 408 | 409 | 425 | 429))
+}
+
+/// Whether a response to `method` with `status` carries content (RFC 9110 §6.4.1): not
+/// one to a HEAD request, nor a 1xx, 204 or 304 (HTTP servers send no body with them).
+/// The record of such an answer keeps no body, whatever the handler wrote, so that what
+/// is stored is what was sent.
+pub fn has_content(method: &str, status: u16) -> bool {
+    method != "HEAD" && !matches!(status, 100..=199 | 204 | 304)
 }
 
 /// A stored response: what a replay sends back byte for byte.

@@ -1066,6 +1066,21 @@ fn http_server() {
                 let got = http::storable_status(u64_of(case, "status") as u16);
                 r.check(i, case, "storable", &json!(got), field(case, "storable"));
             }
+            "content" => {
+                let got = http::has_content(str_of(case, "method"), u64_of(case, "status") as u16);
+                r.check(
+                    i,
+                    case,
+                    "has_content",
+                    &json!(got),
+                    field(case, "has_content"),
+                );
+            }
+            "declared_length" => {
+                let config = ServerConfig::new().request_cap(u64_of(case, "request_cap") as usize);
+                let got = config.declares_too_large(str_of(case, "value").as_bytes());
+                r.check(i, case, "too_large", &json!(got), field(case, "too_large"));
+            }
             "header" => {
                 let mut config = ServerConfig::new();
                 if let Some(h) = strings_of(field(case, "stored_headers")) {

@@ -1313,6 +1313,17 @@ def http_storable(status):
     return 200 <= status <= 299 or (400 <= status <= 499 and status not in (408, 409, 425, 429))
 
 
+def http_has_content(method, status):
+    """RFC 9110 §6.4.1: no content in a response to HEAD, nor in a 1xx, 204 or 304."""
+    return method != "HEAD" and not (100 <= status <= 199 or status in (204, 304))
+
+
+def http_declares_too_large(cap, value):
+    """A Content-Length of decimal digits (spaces and tabs around them) over `cap`."""
+    digits = value.strip(" \t")
+    return bool(digits) and all(ch in "0123456789" for ch in digits) and int(digits) > cap
+
+
 def http_stores_header(stored, name):
     n = name.lower()
     return n not in NEVER_STORED and n in [h.lower() for h in (stored or DEFAULT_STORED)]
@@ -1547,6 +1558,21 @@ def http_server_cases():
                         ("text/plain", False), ("application/json", False),
                         ("text/event-streams", False)]:
         c.append({"op": "is_event_stream", "content_type": ct, "event_stream": streams})
+
+    # What a response carries (RFC 9110 §6.4.1): its record keeps no body when it has none.
+    for method, status in [("POST", 200), ("POST", 201), ("HEAD", 200), ("HEAD", 404),
+                           ("POST", 100), ("POST", 199), ("POST", 204), ("POST", 205),
+                           ("PATCH", 304), ("GET", 302), ("head", 200)]:
+        c.append({"op": "content", "method": method, "status": status,
+                  "has_content": http_has_content(method, status)})
+    # A declared Content-Length over the request cap: refused before the body is read.
+    for cap, value in [(1024, "1024"), (1024, "1025"), (1024, "0"), (0, "0"), (0, "1"),
+                       (1024, " 2048\t"), (1024, "0002048"), (1024, "99999999999999999999999"),
+                       (1024, ""), (1024, "  "), (1024, "0x800"), (1024, "2e9"), (1024, "-5"),
+                       (1024, "+2048"), (1024, "2048, 2048"), (1024, "1 0 2 5"),
+                       (1 << 20, str(1 << 20)), (1 << 20, str((1 << 20) + 1))]:
+        c.append({"op": "declared_length", "request_cap": cap, "value": value,
+                  "too_large": http_declares_too_large(cap, value)})
 
     # --- request sequences, run against a real server by every adapter ---
     # The test server (see README.md): POST|PATCH|PUT|GET /orders, /orders/{id} and

@@ -15,8 +15,8 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame};
 use oncely::http::{
-    self as contract, KeyDecision, Problem, ServerConfig, StoredResponse, DEFAULT_REQUEST_CAP,
-    DEFAULT_TENANT, GRPC_KEY_METADATA, KEY_HEADER, REPLAYED_HEADER, REPLAYED_VALUE,
+    self as contract, KeyDecision, Problem, ServerConfig, StoredResponse, DEFAULT_TENANT,
+    GRPC_KEY_METADATA, KEY_HEADER, REPLAYED_HEADER, REPLAYED_VALUE,
 };
 use oncely::{panic_message, Begin, Error, ExecuteOptions, Joined, ScopedKey};
 use tower_layer::Layer;
@@ -49,7 +49,6 @@ pub struct IdempotencyLayer<S> {
 struct Settings<S> {
     store: S,
     contract: ServerConfig,
-    request_cap: usize,
     tenant: Option<TenantFn>,
     route: Option<RouteFn>,
     fingerprint: Option<FingerprintFn>,
@@ -62,7 +61,6 @@ impl<S: Clone> Clone for Settings<S> {
         Settings {
             store: self.store.clone(),
             contract: self.contract.clone(),
-            request_cap: self.request_cap,
             tenant: self.tenant.clone(),
             route: self.route.clone(),
             fingerprint: self.fingerprint.clone(),
@@ -84,7 +82,6 @@ impl<S> fmt::Debug for IdempotencyLayer<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("contract", &self.settings.contract)
-            .field("request_cap", &self.settings.request_cap)
             .finish_non_exhaustive()
     }
 }
@@ -96,7 +93,6 @@ impl<S: Store> IdempotencyLayer<S> {
             settings: Settings {
                 store,
                 contract: ServerConfig::new(),
-                request_cap: DEFAULT_REQUEST_CAP,
                 tenant: None,
                 route: None,
                 fingerprint: None,
@@ -174,7 +170,7 @@ impl<S: Store> IdempotencyLayer<S> {
     /// The largest request body of a covered request (default 1 MiB): it is read whole
     /// to fingerprint it; larger ones get 413.
     pub fn request_cap(mut self, bytes: usize) -> Self {
-        self.settings.request_cap = bytes;
+        self.settings.contract = self.settings.contract.clone().request_cap(bytes);
         self
     }
 
@@ -376,11 +372,9 @@ where
         }
         Err(problem) => return Ok(refuse(&s, grpc, &problem)),
     };
-    let body = match Box::pin(collect(body, s.request_cap)).await {
+    let body = match Box::pin(collect(body, s.contract.request_limit())).await {
         Collected::Whole { data, .. } => data,
-        Collected::Over { .. } => {
-            return Ok(refuse(&s, grpc, &Problem::request_too_large(s.request_cap)))
-        }
+        Collected::Over { .. } => return Ok(refuse(&s, grpc, &s.contract.too_large())),
         Collected::Failed { error, .. } => {
             return Ok(refuse(&s, grpc, &Problem::request_body_unreadable(error)))
         }
@@ -471,6 +465,7 @@ where
 {
     bump(&s.counters.led);
     let cap = s.contract.cap();
+    let method = parts.method.clone();
     let request = Request::from_parts(parts, Body::full(body));
     let run = async move {
         let resp = inner.call(request).await?;
@@ -536,7 +531,12 @@ where
                     })
                     .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
                     .collect(),
-                body: data.to_vec(),
+                // What was sent: no body to a HEAD, nor with a 1xx, 204 or 304.
+                body: if contract::has_content(method.as_str(), head.status.as_u16()) {
+                    data.to_vec()
+                } else {
+                    Vec::new()
+                },
                 trailers: trailers
                     .iter()
                     .flatten()

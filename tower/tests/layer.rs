@@ -682,3 +682,45 @@ async fn a_waiter_gets_the_whole_unstored_answer() {
     assert_eq!(waiter.header("set-cookie"), None);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// A handler that writes a body to a HEAD, or with a 204 (a server sends none): the
+/// record keeps what was sent, no body, so its replay has none either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_without_content_is_stored_without_its_body() {
+    use http_body_util::{BodyExt, Full};
+    use tower::{Layer, ServiceExt};
+    for (method, status) in [(http::Method::HEAD, 200u16), (http::Method::POST, 204)] {
+        let calls = Arc::new(AtomicU64::new(0));
+        let counted = calls.clone();
+        let handler = tower::service_fn(move |_req: http::Request<_>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok::<_, Infallible>(
+                    http::Response::builder()
+                        .status(status)
+                        .header("etag", "\"1\"")
+                        .body(Full::new(Bytes::from_static(b"hello")))
+                        .unwrap(),
+                )
+            }
+        });
+        let svc = memory().methods([method.clone()]).layer(handler);
+        let mut bodies = Vec::new();
+        for _ in 0..2 {
+            let req = http::Request::builder()
+                .method(method.clone())
+                .uri("/orders")
+                .header("idempotency-key", "order-head-0001")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = svc.clone().oneshot(req).await.unwrap();
+            let replayed = resp.headers().contains_key("idempotent-replayed");
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            bodies.push((replayed, body));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "{method} {status}");
+        // The first answer goes out as the handler gave it (the server drops its body).
+        assert_eq!(bodies[0], (false, Bytes::from_static(b"hello")));
+        assert_eq!(bodies[1], (true, Bytes::new()), "{method} {status}");
+    }
+}

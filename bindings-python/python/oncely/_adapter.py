@@ -26,7 +26,7 @@ from typing import (
 from . import http
 from ._codes import Code
 from ._oncely import Executed, ScopedKey
-from .errors import ArgumentTypeError, InvalidArgumentError, LeaderPanickedError, OncelyError
+from .errors import ArgumentTypeError, LeaderPanickedError, OncelyError
 
 log = logging.getLogger("oncely")
 
@@ -230,16 +230,9 @@ class Settings:
             required=required,
             wait=wait,
             body_cap=body_cap,
+            request_cap=request_cap,
             stored_headers=stored_headers,
         )
-        if isinstance(request_cap, bool) or not isinstance(request_cap, int):
-            raise _wrong_type("request_cap", "an int", request_cap)
-        if request_cap < 0:
-            raise InvalidArgumentError(
-                f"invalid request_cap: must be at least 0 (bytes), e.g. 1048576, got {request_cap}",
-                field="request_cap",
-            )
-        self.request_cap = request_cap
         self.tenant = tenant
         self.fingerprint = fingerprint
         self.route = route
@@ -274,11 +267,19 @@ class Settings:
         return http.encode_response(status, kept, body)
 
     def settle(
-        self, run: Any, status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes
+        self,
+        run: Any,
+        method: str,
+        status: int,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
     ) -> bytes:
-        """The record of ``run``'s whole response, counted: returned when its status is
-        stored, else raised as :class:`Unstored` (it still reaches the waiters). Marks
-        ``run.answered``."""
+        """The record of ``run``'s whole response to a ``method`` request, counted:
+        returned when its status is stored, else raised as :class:`Unstored` (it still
+        reaches the waiters). Its body is the one sent: none to a HEAD, nor with a 1xx,
+        204 or 304 (``http.has_content``). Marks ``run.answered``."""
+        if not http.has_content(method, status):
+            body = b""
         storable = http.storable_status(status)
         record = self.record(status, headers, body, stored=storable)
         run.answered = True
@@ -525,12 +526,15 @@ def leading_call(context: Any, store: object, scoped: ScopedKey) -> Iterator[Non
                 _CALL_CONTEXTS.pop(i, None)
 
 
-def replay_head(record: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+def replay_head(record: bytes, method: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Status, headers (with ``content-length`` and ``idempotent-replayed: true``) and
-    body of a stored record. Raises ``StoreUnavailableError`` if it is not a record."""
+    body of a stored record, replayed to a ``method`` request. Raises
+    ``StoreUnavailableError`` if it is not a record."""
     status, headers, body, _trailers = http.decode_response(record)
     out = [(n.encode("latin-1"), v) for n, v in headers]
-    if status != 204:  # RFC 9110 §8.6: never in a 204
+    # No body, so no length: a HEAD's would be its GET's (RFC 9110 §8.6), never in a
+    # 1xx or 204, and a 304's describes the representation, not this empty body.
+    if http.has_content(method, status):
         out.append((b"content-length", str(len(body)).encode()))
     out.append((http.REPLAYED_HEADER.encode(), http.REPLAYED_VALUE.encode()))
     return status, out, body

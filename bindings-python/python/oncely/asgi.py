@@ -224,13 +224,13 @@ class IdempotencyMiddleware:
         self, scope: Scope, headers: Sequence[tuple[bytes, bytes]], receive: Receive, send: Send
     ) -> Optional[bytes]:
         """The whole request body, or ``None`` when a problem was sent instead."""
-        cap = self._s.request_cap
+        contract = self._s.contract
         for name, value in headers:
-            if name.lower() == b"content-length" and value.strip().isdigit():
-                if int(value) > cap:
-                    # Refused before its body is read (SPEC §8): no 100 Continue.
-                    await self._refuse(send, http.Problem.request_too_large(cap))
-                    return None
+            if name.lower() == b"content-length" and contract.declares_too_large(bytes(value)):
+                # Refused before its body is read (SPEC §8): no 100 Continue.
+                await self._refuse(send, contract.too_large())
+                return None
+        cap = contract.request_cap
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -247,7 +247,7 @@ class IdempotencyMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > cap:
-                await self._refuse(send, http.Problem.request_too_large(cap))
+                await self._refuse(send, contract.too_large())
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -261,7 +261,7 @@ class IdempotencyMiddleware:
 
     async def _replay(self, send: Send, scope: Scope, scoped: ScopedKey, record: Any) -> None:
         try:
-            status, headers, body = replay_head(record)
+            status, headers, body = replay_head(record, scope["method"])
         except OncelyError as e:
             await self._refuse(send, http.Problem.from_error(e))
             return
@@ -360,7 +360,8 @@ class _Lead:
             counters.bump("not_stored")
             raise AppFailed(self, RuntimeError("the app returned without a whole response"))
         headers = self.start.get("headers") or ()
-        return self.s.settle(self, int(self.start["status"]), headers, b"".join(self.chunks))
+        status = int(self.start["status"])
+        return self.s.settle(self, self.scope["method"], status, headers, b"".join(self.chunks))
 
     async def receive(self) -> Message:
         if self.body is not None:

@@ -213,17 +213,19 @@ class IdempotencyMiddleware:
             return self._replay(start_response, environ, scoped, done.value)
 
     def _read_body(self, environ: Environ) -> Union[bytes, http.Problem]:
-        cap = self._s.request_cap
+        contract = self._s.contract
+        cap = contract.request_cap
         stream = environ.get("wsgi.input")
+        declared = environ.get("CONTENT_LENGTH") or ""
+        if contract.declares_too_large(declared.encode("latin-1", "replace")):
+            return contract.too_large()
         try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
+            length = int(declared or 0)
         except ValueError:
             return http.Problem.request_body_unreadable("the Content-Length is not a number")
         if length < 0:
             # read(-1) would read whatever the client sends, past any cap.
             return http.Problem.request_body_unreadable("the Content-Length is negative")
-        if length > cap:
-            return http.Problem.request_too_large(cap)
         try:
             if stream is None:
                 return b""
@@ -236,7 +238,7 @@ class IdempotencyMiddleware:
         except Exception as e:
             return http.Problem.request_body_unreadable(str(e) or type(e).__name__)
         if len(data) > cap:
-            return http.Problem.request_too_large(cap)
+            return contract.too_large()
         if length and len(data) < length:
             return http.Problem.request_body_unreadable("the body ended early")
         return bytes(data)
@@ -251,7 +253,7 @@ class IdempotencyMiddleware:
         self, start_response: StartResponse, environ: Environ, scoped: ScopedKey, record: Any
     ) -> list[bytes]:
         try:
-            status, headers, body = replay_head(record)
+            status, headers, body = replay_head(record, environ["REQUEST_METHOD"])
         except OncelyError as e:
             return self._refuse(start_response, http.Problem.from_error(e))
         self._s.replayed(environ, scoped)
@@ -389,7 +391,8 @@ class _Lead:
         try:
             code = self._code()
             raw = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in self.headers]
-            return self.s.settle(self, code, raw, b"".join(self.chunks))
+            method = self.environ["REQUEST_METHOD"]
+            return self.s.settle(self, method, code, raw, b"".join(self.chunks))
         except BaseException:
             self.close_deferred()
             raise
