@@ -613,3 +613,19 @@ for (const [name, express] of Object.entries(EXPRESSES)) {
     })
   })
 }
+
+for (const [major, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${major}: an injected request is judged by its declared length too`, async () => {
+    // The length given as a number, as tests often do: light-my-request makes it a string.
+    const app = Fastify()
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore(), requestCap: 100 })
+    let calls = 0
+    app.post('/r', async () => ({ n: ++calls }))
+    const over = await app.inject({ method: 'POST', url: '/r', headers: { 'idempotency-key': 'order-inj-0001', 'content-type': 'text/plain', 'content-length': 500 }, payload: 'x'.repeat(500) })
+    assert.equal(over.statusCode, 413, over.body)
+    const under = await app.inject({ method: 'POST', url: '/r', headers: { 'idempotency-key': 'order-inj-0002', 'content-type': 'text/plain', 'content-length': 5 }, payload: 'xxxxx' })
+    assert.equal(under.statusCode, 200, under.body)
+    assert.equal(calls, 1)
+    await app.close()
+  })
+}
