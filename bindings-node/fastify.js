@@ -401,7 +401,13 @@ async function idempotency(fastify, options) {
         // Fastify gives a Buffer payload a content type of its own when it has none;
         // the record's answer had none (an empty body): onSend takes it off again.
         if (headers['content-type'] === undefined) request[STATE] = BARE_REPLAY
-        reply.code(a.status).headers(headers).send(a.body)
+        // An answer without content goes without a payload: Fastify then declares no
+        // length (an empty Buffer would be `content-length: 0`, which to a HEAD says its
+        // GET's body is empty).
+        reply
+          .code(a.status)
+          .headers(headers)
+          .send(a.body.length === 0 && !hasContent(s, request.method, a.status) ? undefined : a.body)
       },
       (e) => {
         if (!led && !reply.sent && !answeredAside) done(e)

@@ -286,7 +286,10 @@ fn byte_count(env: sys::napi_env, field: &str, n: f64) -> Result<usize> {
         return Err(range_error(
             env,
             field,
-            &format!("{field} must be a whole number of bytes (at least 0), e.g. 1048576, got {n}"),
+            &format!(
+                "must be a whole number of bytes (at least 0), e.g. 1048576, got {}",
+                convert::fmt_num(n)
+            ),
         ));
     }
     Ok(n as usize)

@@ -629,3 +629,55 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
     await app.close()
   })
 }
+
+for (const [major, express] of Object.entries(EXPRESSES)) {
+  test(`${major}: a Content-Length set as a number by a middleware is read as the length`, async () => {
+    // A middleware (or a serverless shim) that rewrites the header as a number: it is
+    // judged like the string (it was a TypeError from the core: 500 for every request).
+    const app = express()
+    let runs = 0
+    app.use((req, _res, next) => {
+      if (req.headers['content-length'] !== undefined) req.headers['content-length'] = Number(req.headers['content-length'])
+      next()
+    })
+    app.post('/orders', expressIdempotency({ store: new IdempotencyStore(), requestCap: 100 }), (req, res) => {
+      runs++
+      res.status(201).json({ runs })
+    })
+    await serve(app, async (url) => {
+      const ok = await post(`${url}/orders`, 'order-num-0001', { body: '{}' })
+      assert.equal(ok.status, 201, ok.body)
+      const over = await post(`${url}/orders`, 'order-num-0002', { body: JSON.stringify({ pad: 'x'.repeat(500) }) })
+      assert.equal(over.status, 413, over.body)
+      assert.equal(runs, 1)
+    })
+  })
+}
+
+for (const [major, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${major}: a replayed HEAD answer declares no length of its own`, async () => {
+    // Its record has no body (a HEAD's answer has none): the replay must not say
+    // `content-length: 0`, which would tell the client its GET's body is empty.
+    const app = Fastify()
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore(), methods: ['HEAD'] })
+    let runs = 0
+    app.head('/r', async (_request, reply) => {
+      runs++
+      reply.header('etag', '"1"').send('hello')
+    })
+    const url = await listen(app)
+    try {
+      const heads = []
+      for (let i = 0; i < 2; i++) {
+        const r = await fetch(`${url}/r`, { method: 'HEAD', headers: { 'idempotency-key': 'order-head-0001' } })
+        heads.push(r.headers)
+      }
+      assert.equal(runs, 1)
+      assert.equal(heads[1].get('idempotent-replayed'), 'true')
+      assert.equal(heads[1].get('etag'), '"1"')
+      assert.equal(heads[1].get('content-length'), null)
+    } finally {
+      await app.close()
+    }
+  })
+}

@@ -195,6 +195,13 @@ pub fn request_fingerprint(
     py.detach(|| http::request_fingerprint(method, target, content_type, body))
 }
 
+/// The length a `Content-Length` value declares: decimal digits with optional spaces
+/// and tabs around them (`2**64 - 1` for a number past it); `None` for anything else.
+#[pyfunction]
+pub fn declared_length(content_length: &[u8]) -> Option<u64> {
+    http::declared_length(content_length)
+}
+
 /// Whether a response to `method` with `status` carries content (RFC 9110 §6.4.1): not
 /// one to a HEAD, nor a 1xx, 204 or 304. Its record keeps no body.
 #[pyfunction]
@@ -431,6 +438,7 @@ pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(request_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(storable_status, m)?)?;
     m.add_function(wrap_pyfunction!(has_content, m)?)?;
+    m.add_function(wrap_pyfunction!(declared_length, m)?)?;
     m.add_function(wrap_pyfunction!(storable_grpc_status, m)?)?;
     m.add_function(wrap_pyfunction!(is_json, m)?)?;
     m.add_function(wrap_pyfunction!(is_grpc, m)?)?;

@@ -1659,3 +1659,71 @@ def test_a_declared_length_is_judged_by_the_core() -> None:
     with pytest.raises(oncely.errors.InvalidArgumentError) as info:
         oncely.http.ServerConfig(request_cap=-1)
     assert info.value.field == "request_cap"
+
+
+class _CountingInput(io.BytesIO):
+    """A wsgi.input that counts the bytes read from it."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.taken = 0
+
+    def read(self, size: Any = -1) -> bytes:
+        chunk = super().read(size)
+        self.taken += len(chunk)
+        return chunk
+
+
+@pytest.mark.parametrize("declared", ["+5000000", "5_000_000", "\xa05000000", "5e6", "-5"])
+def test_wsgi_a_content_length_that_is_no_length_is_refused_unread(declared: str) -> None:
+    """wsgiref passes any Content-Length on. One that declares no length (a sign, an
+    underscore, a no-break space: Python's int() takes them all) is refused 400 with
+    nothing read. Before, it slipped past the request cap and the middleware read the
+    whole declared length (or waited for it)."""
+    runs = 0
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        nonlocal runs
+        runs += 1
+        start_response("201 Created", [])
+        return [b"{}"]
+
+    mw = WsgiMiddleware(app, store=oncely.IdempotencyStore(), request_cap=10)
+    stream = _CountingInput(b"x" * 6_000_000)
+    env = {**_wsgi_post("order-len-0001"), "CONTENT_LENGTH": declared, "wsgi.input": stream}
+    statuses: list[str] = []
+    body = b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+    assert statuses and statuses[0].startswith("400"), (statuses, body)
+    assert b"body-unreadable" in body
+    assert (stream.taken, runs) == (0, 0)
+
+
+def test_header_values_of_other_types_are_read_as_their_text() -> None:
+    """Outside the specs, a server or a test may give a Content-Length as ``str`` (ASGI)
+    or ``int`` (WSGI): it is read as its text, not a TypeError out of the middleware."""
+    runs = 0
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        nonlocal runs
+        runs += 1
+        start_response("201 Created", [])
+        return [b"{}"]
+
+    mw = WsgiMiddleware(app, store=oncely.IdempotencyStore(), request_cap=10)
+    for key, declared, want in [("order-int-0001", 2, "201"), ("order-int-0002", 50, "413")]:
+        env = {**_wsgi_post(key), "CONTENT_LENGTH": declared}
+        statuses: list[str] = []
+        b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+        assert statuses[0].startswith(want)
+
+    async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    amw = AsgiMiddleware(asgi_app, store=oncely.IdempotencyStore(), request_cap=10)
+    for key, declared, want in [(b"order-str-0001", "2", 201), (b"order-str-0002", "50", 413)]:
+        scope = _bare_scope(key)
+        scope["headers"] = [*scope["headers"], (b"content-length", declared)]
+        status, _ = asyncio.run(_asgi_request(amw, scope))
+        assert status == want
+    assert runs == 1

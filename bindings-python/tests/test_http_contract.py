@@ -83,6 +83,9 @@ def test_http_server_unit(case: dict[str, Any]) -> None:
         config = http.ServerConfig(request_cap=case["request_cap"])
         assert config.declares_too_large(case["value"].encode()) is case["too_large"]
         assert config.request_cap == case["request_cap"]
+        length = http.declared_length(case["value"].encode())
+        want = case["length"]
+        assert length == (None if want == "none" else 2**64 - 1 if want == "max" else int(want))
     elif op == "header":
         assert _config(case).stores_header(case["name"]) is case["stored"]
         assert _config(case).shares_header(case["name"]) is case["shared"]

@@ -260,28 +260,11 @@ impl ServerConfig {
 
     /// Whether a request's `Content-Length` value declares a body over the request cap:
     /// the request is then refused ([`ServerConfig::too_large`]) before its body is
-    /// read. A value that is not a decimal number (RFC 9110's optional whitespace around
-    /// it allowed) declares nothing here: the server's own parser refuses it, or the
-    /// body is read and counted against the cap. Digits beyond any length a server could
-    /// hold are over the cap.
+    /// read. A value that declares no length ([`declared_length`] is `None`) declares
+    /// nothing here: the server's own parser refuses it, or the adapter does. Digits
+    /// beyond any length a server could hold are over the cap.
     pub fn declares_too_large(&self, content_length: &[u8]) -> bool {
-        let ows = |b: &u8| *b == b' ' || *b == b'\t';
-        let start = content_length
-            .iter()
-            .position(|b| !ows(b))
-            .unwrap_or(content_length.len());
-        let end = content_length
-            .iter()
-            .rposition(|b| !ows(b))
-            .map_or(start, |i| i + 1);
-        let digits = &content_length[start..end];
-        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return false;
-        }
-        let declared = digits.iter().try_fold(0usize, |n, d| {
-            n.checked_mul(10)?.checked_add(usize::from(d - b'0'))
-        });
-        declared.is_none_or(|n| n > self.request_cap)
+        declared_length(content_length).is_some_and(|n| n > self.request_cap as u64)
     }
 
     /// The problem for a request over the request cap (413).
@@ -582,6 +565,28 @@ pub fn storable_grpc_status(value: &[u8]) -> bool {
 pub fn storable_status(status: u16) -> bool {
     matches!(status, 200..=299)
         || (matches!(status, 400..=499) && !matches!(status, 408 | 409 | 425 | 429))
+}
+
+/// The length a `Content-Length` value declares (RFC 9110 §8.6): decimal digits, with
+/// optional whitespace (spaces and tabs) around them; `u64::MAX` for a number past it.
+/// `None` for anything else (a sign, a list, another base, an empty value): no length
+/// at all, which a server that has not refused the request must not read by.
+pub fn declared_length(content_length: &[u8]) -> Option<u64> {
+    let ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = content_length.iter().position(|b| !ows(b))?;
+    let end = content_length.iter().rposition(|b| !ows(b))? + 1;
+    let digits = &content_length[start..end];
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(
+        digits
+            .iter()
+            .try_fold(0u64, |n, d| {
+                n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            })
+            .unwrap_or(u64::MAX),
+    )
 }
 
 /// Whether a response to `method` with `status` carries content (RFC 9110 §6.4.1): not

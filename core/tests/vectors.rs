@@ -1080,6 +1080,12 @@ fn http_server() {
                 let config = ServerConfig::new().request_cap(u64_of(case, "request_cap") as usize);
                 let got = config.declares_too_large(str_of(case, "value").as_bytes());
                 r.check(i, case, "too_large", &json!(got), field(case, "too_large"));
+                let length = match http::declared_length(str_of(case, "value").as_bytes()) {
+                    None => "none".to_owned(),
+                    Some(u64::MAX) => "max".to_owned(),
+                    Some(n) => n.to_string(),
+                };
+                r.check(i, case, "length", &json!(length), field(case, "length"));
             }
             "header" => {
                 let mut config = ServerConfig::new();

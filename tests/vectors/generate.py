@@ -1318,10 +1318,19 @@ def http_has_content(method, status):
     return method != "HEAD" and not (100 <= status <= 199 or status in (204, 304))
 
 
+def http_declared_length(value):
+    """The length a Content-Length declares, as text: decimal digits with spaces and tabs
+    around them ("max" from 2^64 - 1 on), else "none"."""
+    digits = value.strip(" \t")
+    if not digits or not all(ch in "0123456789" for ch in digits):
+        return "none"
+    return str(int(digits)) if int(digits) < 2**64 - 1 else "max"
+
+
 def http_declares_too_large(cap, value):
     """A Content-Length of decimal digits (spaces and tabs around them) over `cap`."""
-    digits = value.strip(" \t")
-    return bool(digits) and all(ch in "0123456789" for ch in digits) and int(digits) > cap
+    length = http_declared_length(value)
+    return length != "none" and (length == "max" or int(length) > cap)
 
 
 def http_stores_header(stored, name):
@@ -1572,6 +1581,7 @@ def http_server_cases():
                        (1024, "+2048"), (1024, "2048, 2048"), (1024, "1 0 2 5"),
                        (1 << 20, str(1 << 20)), (1 << 20, str((1 << 20) + 1))]:
         c.append({"op": "declared_length", "request_cap": cap, "value": value,
+                  "length": http_declared_length(value),
                   "too_large": http_declares_too_large(cap, value)})
 
     # --- request sequences, run against a real server by every adapter ---

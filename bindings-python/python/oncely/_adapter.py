@@ -526,6 +526,16 @@ def leading_call(context: Any, store: object, scoped: ScopedKey) -> Iterator[Non
                 _CALL_CONTEXTS.pop(i, None)
 
 
+def header_bytes(value: object) -> bytes:
+    """A header value as bytes: as the ASGI and WSGI specs give it (bytes; a Latin-1
+    ``str``), or, from a server or a test that gives something else (an int), its text."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    return str(value).encode("latin-1", "replace")
+
+
 def replay_head(record: bytes, method: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Status, headers (with ``content-length`` and ``idempotent-replayed: true``) and
     body of a stored record, replayed to a ``method`` request. Raises

@@ -29,6 +29,7 @@ from ._adapter import (
     Settings,
     Streamed,
     Unstored,
+    header_bytes,
     leading,
     pass_led,
     problem_head,
@@ -226,7 +227,9 @@ class IdempotencyMiddleware:
         """The whole request body, or ``None`` when a problem was sent instead."""
         contract = self._s.contract
         for name, value in headers:
-            if name.lower() == b"content-length" and contract.declares_too_large(bytes(value)):
+            if name.lower() == b"content-length" and contract.declares_too_large(
+                header_bytes(value)
+            ):
                 # Refused before its body is read (SPEC §8): no 100 Continue.
                 await self._refuse(send, contract.too_large())
                 return None

@@ -41,6 +41,7 @@ from ._oncely import (
 from ._oncely import (
     Problem,
     ServerConfig,
+    declared_length,
     decode_response,
     encode_response,
     has_content,
@@ -68,6 +69,7 @@ __all__ = [
     "REPLAYED_VALUE",
     "Problem",
     "ServerConfig",
+    "declared_length",
     "decode_response",
     "encode_response",
     "has_content",

@@ -31,6 +31,7 @@ from ._adapter import (
     Streamed,
     SyncStore,
     Unstored,
+    header_bytes,
     leading,
     pass_led,
     problem_head,
@@ -216,16 +217,18 @@ class IdempotencyMiddleware:
         contract = self._s.contract
         cap = contract.request_cap
         stream = environ.get("wsgi.input")
-        declared = environ.get("CONTENT_LENGTH") or ""
-        if contract.declares_too_large(declared.encode("latin-1", "replace")):
-            return contract.too_large()
-        try:
-            length = int(declared or 0)
-        except ValueError:
-            return http.Problem.request_body_unreadable("the Content-Length is not a number")
-        if length < 0:
-            # read(-1) would read whatever the client sends, past any cap.
-            return http.Problem.request_body_unreadable("the Content-Length is negative")
+        raw = environ.get("CONTENT_LENGTH")
+        declared = b"" if raw is None or raw == "" else header_bytes(raw)
+        length = 0
+        if declared:
+            # A WSGI server may pass on any value (wsgiref does): one that declares no
+            # length is refused, not read by (Python's int() would take "+5" or "5_000").
+            n = http.declared_length(declared)
+            if n is None:
+                return http.Problem.request_body_unreadable("the Content-Length is not a length")
+            if contract.declares_too_large(declared):
+                return contract.too_large()
+            length = n
         try:
             if stream is None:
                 return b""
