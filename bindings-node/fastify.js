@@ -484,6 +484,13 @@ async function idempotency(fastify, options) {
       return payload
     }
     const status = reply.statusCode
+    // Fastify sends a 1xx or 204 that has a payload without its content type and length
+    // (and without the payload): taken off here first, so that the record holds the
+    // answer as sent and its replay (sent with no payload) has no content type either.
+    if (payload !== null && payload !== undefined && ((status >= 100 && status < 200) || status === 204)) {
+      reply.removeHeader('content-type')
+      reply.removeHeader('content-length')
+    }
     const headers = reply.getHeaders()
     st.whole(st, request, status, headers, body)
     // The answer is sent once the store has settled the key: a retry sent after it

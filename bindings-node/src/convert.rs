@@ -288,6 +288,13 @@ pub(crate) fn fmt_num(n: f64) -> String {
         "NaN".into()
     } else if n.is_infinite() {
         if n > 0.0 { "Infinity" } else { "-Infinity" }.into()
+    } else if n != 0.0 && (n.abs() >= 1e21 || n.abs() < 1e-6) {
+        // JavaScript's own form for these (`1e+21`, `5e-324`), not ~300 digits.
+        let e = format!("{n:e}");
+        match e.split_once('e') {
+            Some((mantissa, exp)) if !exp.starts_with('-') => format!("{mantissa}e+{exp}"),
+            _ => e,
+        }
     } else {
         format!("{n}")
     }

@@ -681,3 +681,40 @@ for (const [major, Fastify] of Object.entries(FASTIFIES)) {
     }
   })
 }
+
+for (const [major, Fastify] of Object.entries(FASTIFIES)) {
+  test(`${major}: a replayed 204 has the headers the first one was sent with`, async () => {
+    // Fastify sends a 204 that has a payload without its content type: the record holds
+    // the answer as sent, so the replay has none either (it had Fastify's JSON type).
+    // A 204 sent with a type of its own and no payload keeps it in both.
+    const app = Fastify()
+    await app.register(fastifyIdempotency, { store: new IdempotencyStore() })
+    let runs = 0
+    app.post('/with-payload', async (_request, reply) => {
+      runs++
+      reply.code(204).header('etag', '"1"').send({ a: 1 })
+    })
+    app.post('/typed', async (_request, reply) => {
+      runs++
+      reply.code(204).type('application/json').send()
+    })
+    const url = await listen(app)
+    try {
+      for (const [path, key] of [
+        ['/with-payload', 'order-204-0001'],
+        ['/typed', 'order-204-0002'],
+      ]) {
+        const answers = []
+        for (let i = 0; i < 2; i++) {
+          const r = await fetch(url + path, { method: 'POST', headers: { 'idempotency-key': key, 'content-type': 'application/json' }, body: '{}' })
+          answers.push({ status: r.status, type: r.headers.get('content-type'), length: r.headers.get('content-length'), body: await r.text(), replayed: r.headers.get('idempotent-replayed') })
+        }
+        assert.deepEqual(answers[1], { ...answers[0], replayed: 'true' }, path)
+        assert.equal(answers[0].replayed, null)
+      }
+      assert.equal(runs, 2)
+    } finally {
+      await app.close()
+    }
+  })
+}

@@ -276,6 +276,9 @@ test('the caps are the core config: sizes past 32 bits kept, bad ones a RangeErr
   assert.equal(config.bodyCap, big)
   assert.equal(config.requestCap, big)
   assert.equal(config.bodyFits(1000), true)
+  // Numbers in the messages as JavaScript prints them.
+  assert.throws(() => new http.HttpConfig({ bodyCap: 1e21 }), { message: /got 1e\+21$/ })
+  assert.throws(() => new http.HttpConfig({ bodyCap: 5e-324 }), { message: /got 5e-324$/ })
   for (const bad of [-1, 1.5, Number.NaN, 2 ** 53]) {
     for (const field of ['bodyCap', 'requestCap']) {
       assert.throws(() => new http.HttpConfig({ [field]: bad }), { name: 'RangeError', code: 'INVALID_ARGUMENT', field })

@@ -1727,3 +1727,47 @@ def test_header_values_of_other_types_are_read_as_their_text() -> None:
         status, _ = asyncio.run(_asgi_request(amw, scope))
         assert status == want
     assert runs == 1
+
+
+@pytest.mark.parametrize("declared", ["3", "40", "xyz", "0"])
+def test_wsgi_a_terminated_input_is_read_to_its_end_whatever_its_length_says(declared: str) -> None:
+    """A server that de-chunks a request ends its input where the body ends
+    (``wsgi.input_terminated``, werkzeug's dev server) and may pass a Content-Length on
+    beside the transfer coding: the transfer coding wins (RFC 9112 §6.3), so the body is
+    read to its end. Before, the length was followed unless it was 0: the app got a body
+    cut short (fingerprinted and stored as such), or a 400."""
+    seen: list[bytes] = []
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        seen.append(environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"])))
+        start_response("201 Created", [])
+        return [b"{}"]
+
+    mw = WsgiMiddleware(app, store=oncely.IdempotencyStore(), request_cap=100)
+    env = {
+        **_wsgi_post("order-term-0001"),
+        "CONTENT_LENGTH": declared,
+        "wsgi.input": io.BytesIO(b'{"sku":"A1"}'),
+        "wsgi.input_terminated": True,
+    }
+    statuses: list[str] = []
+    b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+    assert (statuses, seen) == (["201 Created"], [b'{"sku":"A1"}'])
+
+
+def test_wsgi_a_terminated_input_over_the_cap_is_refused() -> None:
+    """Read to its end, a terminated input is still held to the request cap: declared
+    over it, it is refused before it is read; not declared, once past it."""
+    mw = WsgiMiddleware(lambda e, s: [], store=oncely.IdempotencyStore(), request_cap=10)
+    for key, declared in [("order-term-0002", "50"), ("order-term-0003", "")]:
+        stream = _CountingInput(b"x" * 50)
+        env = {
+            **_wsgi_post(key),
+            "CONTENT_LENGTH": declared,
+            "wsgi.input": stream,
+            "wsgi.input_terminated": True,
+        }
+        statuses: list[str] = []
+        b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+        assert statuses[0].startswith("413")
+        assert stream.taken <= 11

@@ -217,10 +217,13 @@ class IdempotencyMiddleware:
         contract = self._s.contract
         cap = contract.request_cap
         stream = environ.get("wsgi.input")
+        terminated = bool(environ.get("wsgi.input_terminated"))
         raw = environ.get("CONTENT_LENGTH")
         declared = b"" if raw is None or raw == "" else header_bytes(raw)
         length = 0
-        if declared:
+        if terminated and contract.declares_too_large(declared):
+            return contract.too_large()
+        if declared and not terminated:
             # A WSGI server may pass on any value (wsgiref does): one that declares no
             # length is refused, not read by (Python's int() would take "+5" or "5_000").
             n = http.declared_length(declared)
@@ -232,10 +235,13 @@ class IdempotencyMiddleware:
         try:
             if stream is None:
                 return b""
-            if length:
-                data = _read_up_to(stream, length)
-            elif environ.get("wsgi.input_terminated"):
+            if terminated:
+                # The server ends the input where the body ends (a chunked request,
+                # de-chunked): a Content-Length beside it says nothing (RFC 9112 §6.3,
+                # the transfer coding wins), so the body is read to its end.
                 data = _read_up_to(stream, cap + 1)
+            elif length:
+                data = _read_up_to(stream, length)
             else:
                 data = b""
         except Exception as e:
