@@ -12,6 +12,7 @@
 // encoding and the Redis store).
 
 const native = require('./native.js')
+const CONSTANTS = native.httpConstants()
 
 const { Deadline, ManualClock, ReasonCodes, RetryBudget, RetryPolicy } = native
 const { Code, headers, httpStatus } = require('./lib/codes.js')
@@ -100,10 +101,11 @@ module.exports = {
     encodeRecord,
     decodeRecord: native.httpDecodeRecord,
     problem: native.httpProblem,
-    KEY_HEADER: 'idempotency-key',
-    GRPC_KEY_METADATA: 'x-idempotency-key',
-    REPLAYED_HEADER: 'idempotent-replayed',
-    DEFAULT_TENANT: 'default',
-    DEFAULT_REQUEST_CAP: 1 << 20,
+    // The core's, not copies.
+    KEY_HEADER: CONSTANTS.keyHeader,
+    GRPC_KEY_METADATA: CONSTANTS.grpcKeyMetadata,
+    REPLAYED_HEADER: CONSTANTS.replayedHeader,
+    DEFAULT_TENANT: CONSTANTS.defaultTenant,
+    DEFAULT_REQUEST_CAP: CONSTANTS.defaultRequestCap,
   }),
 }

@@ -466,6 +466,23 @@ export interface HttpConfigOptions {
   grpcMethods?: Array<string>
 }
 
+/** The contract's names and defaults (`http.KEY_HEADER` and the others in `index.js`). */
+export declare function httpConstants(): HttpConstants
+
+/** The contract's names and defaults, as the core has them (read once by `index.js`). */
+export interface HttpConstants {
+  /** The request header carrying the key. */
+  keyHeader: string
+  /** The gRPC metadata carrying the key. */
+  grpcKeyMetadata: string
+  /** The header marking a replayed answer. */
+  replayedHeader: string
+  /** The tenant when no tenant function is given. */
+  defaultTenant: string
+  /** The request cap by default, bytes. */
+  defaultRequestCap: number
+}
+
 /**
  * Reads record bytes back in one call, flat: `[status, bodyStart, bodyEnd, headerCount,
  * name, value, ...]`, the headers then the trailers as names and Latin-1 string values;

@@ -856,6 +856,7 @@ module.exports.extractFailure = nativeBinding.extractFailure
 module.exports.extractHeaders = nativeBinding.extractHeaders
 module.exports.fingerprintBytes = nativeBinding.fingerprintBytes
 module.exports.fingerprintText = nativeBinding.fingerprintText
+module.exports.httpConstants = nativeBinding.httpConstants
 module.exports.httpDecodeRecord = nativeBinding.httpDecodeRecord
 module.exports.httpDecodeResponse = nativeBinding.httpDecodeResponse
 module.exports.httpEncodeRecord = nativeBinding.httpEncodeRecord

@@ -329,6 +329,33 @@ pub fn http_request_fingerprint(
     contract::request_fingerprint(&method, &target, content_type.as_deref(), bytes)
 }
 
+/// The contract's names and defaults, as the core has them (read once by `index.js`).
+#[napi(object)]
+pub struct HttpConstants {
+    /// The request header carrying the key.
+    pub key_header: String,
+    /// The gRPC metadata carrying the key.
+    pub grpc_key_metadata: String,
+    /// The header marking a replayed answer.
+    pub replayed_header: String,
+    /// The tenant when no tenant function is given.
+    pub default_tenant: String,
+    /// The request cap by default, bytes.
+    pub default_request_cap: f64,
+}
+
+/// The contract's names and defaults (`http.KEY_HEADER` and the others in `index.js`).
+#[napi]
+pub fn http_constants() -> HttpConstants {
+    HttpConstants {
+        key_header: contract::KEY_HEADER.to_owned(),
+        grpc_key_metadata: contract::GRPC_KEY_METADATA.to_owned(),
+        replayed_header: contract::REPLAYED_HEADER.to_owned(),
+        default_tenant: contract::DEFAULT_TENANT.to_owned(),
+        default_request_cap: contract::DEFAULT_REQUEST_CAP as f64,
+    }
+}
+
 /// Whether a response to `method` with `status` carries content: not one to a HEAD,
 /// nor a 1xx, 204 or 304. Its record keeps no body.
 #[napi(ts_args_type = "method: string, status: number")]

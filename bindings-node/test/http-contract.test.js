@@ -320,3 +320,11 @@ test('an adapter whose body cap is past 32 bits stores what fits under it', asyn
     server.close()
   }
 })
+
+test("the contract's names and defaults are the core's, as index.d.ts types them", () => {
+  assert.deepEqual(
+    [http.KEY_HEADER, http.GRPC_KEY_METADATA, http.REPLAYED_HEADER, http.DEFAULT_TENANT, http.DEFAULT_REQUEST_CAP],
+    ['idempotency-key', 'x-idempotency-key', 'idempotent-replayed', 'default', 1 << 20],
+  )
+  assert.deepEqual(http.problem({ kind: 'request_too_large', message: String(http.DEFAULT_REQUEST_CAP) }).detail, new http.HttpConfig({}).tooLarge().detail)
+})
