@@ -87,8 +87,6 @@ function settings(options) {
     eventStreams: new Map(),
     // The core's status decision by status (100..=999).
     storableStatuses: new Uint8Array(1000),
-    // The core's content decision by method, then status (see `hasContent`).
-    contentRules: new Map(),
     requestCap: config.requestCap,
     tenant: typeof tenant === 'function' ? tenant : () => tenant ?? http.DEFAULT_TENANT,
     route,
@@ -253,17 +251,20 @@ const EMPTY = Buffer.alloc(0)
 /** The most methods whose content decisions are remembered. */
 const CONTENT_RULES_MAX = 64
 
+/** The core's content decisions by method, then status (they depend on no setting). */
+const contentRules = new Map()
+
 /**
  * Whether an answer to `method` with `status` carries content (the core's
  * `has_content`: none to a HEAD, nor with a 1xx, 204 or 304, which Node sends without a
  * body), remembered by method and status.
  */
-function hasContent(s, method, status) {
-  let rules = s.contentRules.get(method)
+function hasContent(method, status) {
+  let rules = contentRules.get(method)
   if (rules === undefined) {
-    if (s.contentRules.size >= CONTENT_RULES_MAX) return http.hasContent(method, status)
+    if (contentRules.size >= CONTENT_RULES_MAX) return http.hasContent(method, status)
     rules = new Uint8Array(1000)
-    s.contentRules.set(method, rules)
+    contentRules.set(method, rules)
   }
   // 0: not asked yet; 1: no content; 2: content. Statuses outside 100..=999 are the core's.
   if (!(status >= 100 && status <= 999 && Number.isInteger(status))) return http.hasContent(method, status)
@@ -278,7 +279,7 @@ function hasContent(s, method, status) {
  * a copy of the body: the handler may reuse its buffer).
  */
 function outcomeOf(s, owner, method, status, headers, body) {
-  if (!hasContent(s, method, status)) body = EMPTY
+  if (!hasContent(method, status)) body = EMPTY
   if (storableStatus(s, status)) return http.encodeRecord(status, storedFields(s, headers), body)
   return new Unstored(owner, { status, fields: sharedFields(s, headers), body: Buffer.from(body) })
 }

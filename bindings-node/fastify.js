@@ -407,7 +407,7 @@ async function idempotency(fastify, options) {
         reply
           .code(a.status)
           .headers(headers)
-          .send(a.body.length === 0 && !hasContent(s, request.method, a.status) ? undefined : a.body)
+          .send(a.body.length === 0 && !hasContent(request.method, a.status) ? undefined : a.body)
       },
       (e) => {
         if (!led && !reply.sent && !answeredAside) done(e)
@@ -418,7 +418,7 @@ async function idempotency(fastify, options) {
   /** Settles a whole answer of this plugin's request: its record, or why it is not stored. */
   function settleWhole(st, request, status, headers, body) {
     // The cap weighs the body as sent (none to a HEAD, a 1xx, 204 or 304).
-    if (hasContent(s, request.method, status) && body.length > cap) {
+    if (hasContent(request.method, status) && body.length > cap) {
       st.settle(new Released(st.owner, 'the body is over the cap'))
     } else {
       st.settle(outcomeOf(s, st.owner, request.method, status, headers, body))

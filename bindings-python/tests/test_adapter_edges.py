@@ -1674,46 +1674,48 @@ class _CountingInput(io.BytesIO):
         return chunk
 
 
+class _Created:
+    """A WSGI app answering 201 ``{}`` that counts its runs."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def __call__(self, environ: Any, start_response: Any) -> list[bytes]:
+        self.runs += 1
+        start_response("201 Created", [])
+        return [b"{}"]
+
+
+def _wsgi_answer(app: Any, environ: dict[str, Any]) -> tuple[list[str], bytes]:
+    """The statuses ``app`` started with for ``environ``, and its whole body."""
+    statuses: list[str] = []
+    body = b"".join(app(environ, lambda status, headers, exc=None: statuses.append(status)))
+    return statuses, body
+
+
 @pytest.mark.parametrize("declared", ["+5000000", "5_000_000", "\xa05000000", "5e6", "-5"])
 def test_wsgi_a_content_length_that_is_no_length_is_refused_unread(declared: str) -> None:
     """wsgiref passes any Content-Length on. One that declares no length (a sign, an
     underscore, a no-break space: Python's int() takes them all) is refused 400 with
     nothing read. Before, it slipped past the request cap and the middleware read the
     whole declared length (or waited for it)."""
-    runs = 0
-
-    def app(environ: Any, start_response: Any) -> list[bytes]:
-        nonlocal runs
-        runs += 1
-        start_response("201 Created", [])
-        return [b"{}"]
-
+    app = _Created()
     mw = WsgiMiddleware(app, store=oncely.IdempotencyStore(), request_cap=10)
     stream = _CountingInput(b"x" * 6_000_000)
     env = {**_wsgi_post("order-len-0001"), "CONTENT_LENGTH": declared, "wsgi.input": stream}
-    statuses: list[str] = []
-    body = b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+    statuses, body = _wsgi_answer(mw, env)
     assert statuses and statuses[0].startswith("400"), (statuses, body)
     assert b"body-unreadable" in body
-    assert (stream.taken, runs) == (0, 0)
+    assert (stream.taken, app.runs) == (0, 0)
 
 
 def test_header_values_of_other_types_are_read_as_their_text() -> None:
     """Outside the specs, a server or a test may give a Content-Length as ``str`` (ASGI)
     or ``int`` (WSGI): it is read as its text, not a TypeError out of the middleware."""
-    runs = 0
-
-    def app(environ: Any, start_response: Any) -> list[bytes]:
-        nonlocal runs
-        runs += 1
-        start_response("201 Created", [])
-        return [b"{}"]
-
+    app = _Created()
     mw = WsgiMiddleware(app, store=oncely.IdempotencyStore(), request_cap=10)
     for key, declared, want in [("order-int-0001", 2, "201"), ("order-int-0002", 50, "413")]:
-        env = {**_wsgi_post(key), "CONTENT_LENGTH": declared}
-        statuses: list[str] = []
-        b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+        statuses, _ = _wsgi_answer(mw, {**_wsgi_post(key), "CONTENT_LENGTH": declared})
         assert statuses[0].startswith(want)
 
     async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
@@ -1726,7 +1728,7 @@ def test_header_values_of_other_types_are_read_as_their_text() -> None:
         scope["headers"] = [*scope["headers"], (b"content-length", declared)]
         status, _ = asyncio.run(_asgi_request(amw, scope))
         assert status == want
-    assert runs == 1
+    assert app.runs == 1
 
 
 @pytest.mark.parametrize("declared", ["3", "40", "xyz", "0"])
@@ -1750,8 +1752,7 @@ def test_wsgi_a_terminated_input_is_read_to_its_end_whatever_its_length_says(dec
         "wsgi.input": io.BytesIO(b'{"sku":"A1"}'),
         "wsgi.input_terminated": True,
     }
-    statuses: list[str] = []
-    b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+    statuses, _ = _wsgi_answer(mw, env)
     assert (statuses, seen) == (["201 Created"], [b'{"sku":"A1"}'])
 
 
@@ -1767,7 +1768,6 @@ def test_wsgi_a_terminated_input_over_the_cap_is_refused() -> None:
             "wsgi.input": stream,
             "wsgi.input_terminated": True,
         }
-        statuses: list[str] = []
-        b"".join(mw(env, lambda status, headers, exc=None: statuses.append(status)))
+        statuses, _ = _wsgi_answer(mw, env)
         assert statuses[0].startswith("413")
         assert stream.taken <= 11

@@ -403,40 +403,15 @@ def test_sync_installed_twice_with_one_store_the_outer_leads(outcome: str) -> No
     """Two interceptors on one store (a server's list and a shared helper's, say): the
     outer one leads, the inner passes the call on. Before, the inner asked the store
     again from inside the lead and every keyed call was refused INTERNAL."""
-    calls = 0
 
-    def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
-        nonlocal calls
-        calls += 1
+    def answer(call_number: int, context: Any) -> dict[str, Any]:
         if outcome == "abort":
             context.abort(grpc.StatusCode.NOT_FOUND, "no such sku")
-        return {"call": calls}
+        return {"call": call_number}
 
-    handler = grpc.method_handlers_generic_handler(
-        "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
-    )
     store = oncely.IdempotencyStore()
-    twice = [IdempotencyInterceptor(store=store), IdempotencyInterceptor(store=store)]
-    server = grpc.server(ThreadPoolExecutor(max_workers=4), interceptors=twice)
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    answers = []
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = channel.unary_unary(
-                METHOD, request_serializer=_dumps, response_deserializer=json.loads
-            )
-            for _ in range(2):
-                try:
-                    value, c = call.with_call(
-                        {"sku": "A1"}, metadata=((KEY, "order-twice-1"),), timeout=30
-                    )
-                    answers.append((value, _replayed(c.trailing_metadata())))
-                except grpc.RpcError as e:
-                    answers.append((e.code(), _replayed(e.trailing_metadata())))
-    finally:
-        server.stop(None)
+    chain = [IdempotencyInterceptor(store=store), IdempotencyInterceptor(store=store)]
+    answers, calls = _twice_through(chain, "order-twice-1", answer)
     first = {"call": 1} if outcome == "ok" else grpc.StatusCode.NOT_FOUND
     assert answers == [(first, False), (first, True)]
     assert calls == 1
@@ -471,13 +446,19 @@ async def test_aio_installed_twice_with_one_store_the_outer_leads() -> None:
     assert orders.calls == 1
 
 
-def _twice_through(chain: list[Any], key: str) -> tuple[list[Any], int]:
+def _twice_through(
+    chain: list[Any],
+    key: str,
+    answer: Callable[[int, Any], dict[str, Any]] = lambda n, context: {"call": n},
+) -> tuple[list[Any], int]:
     """Two calls with ``key`` to a sync server with the interceptors ``chain``: each
-    answer with whether it was marked replayed, and how many times the handler ran."""
+    answer (the value, or the status code of a failed call) with whether it was marked
+    replayed, and how many times the handler ran. The handler answers
+    ``answer(call number, context)``."""
     orders = Orders()
 
     def create(request: dict[str, Any], context: Any) -> dict[str, Any]:
-        return {"call": orders.begin()}
+        return answer(orders.begin(), context)
 
     handler = grpc.method_handlers_generic_handler(
         "shop.Orders", {"Create": grpc.unary_unary_rpc_method_handler(create, json.loads, _dumps)}
@@ -486,15 +467,18 @@ def _twice_through(chain: list[Any], key: str) -> tuple[list[Any], int]:
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    answers = []
+    answers: list[Any] = []
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             call = channel.unary_unary(
                 METHOD, request_serializer=_dumps, response_deserializer=json.loads
             )
             for _ in range(2):
-                value, c = call.with_call({"sku": "A1"}, metadata=((KEY, key),), timeout=30)
-                answers.append((value, _replayed(c.trailing_metadata())))
+                try:
+                    value, c = call.with_call({"sku": "A1"}, metadata=((KEY, key),), timeout=30)
+                    answers.append((value, _replayed(c.trailing_metadata())))
+                except grpc.RpcError as e:
+                    answers.append((e.code(), _replayed(e.trailing_metadata())))
     finally:
         server.stop(None)
     return answers, orders.calls

@@ -220,17 +220,15 @@ class IdempotencyMiddleware:
         terminated = bool(environ.get("wsgi.input_terminated"))
         raw = environ.get("CONTENT_LENGTH")
         declared = b"" if raw is None or raw == "" else header_bytes(raw)
-        length = 0
-        if terminated and contract.declares_too_large(declared):
+        if contract.declares_too_large(declared):
             return contract.too_large()
+        length = 0
         if declared and not terminated:
             # A WSGI server may pass on any value (wsgiref does): one that declares no
             # length is refused, not read by (Python's int() would take "+5" or "5_000").
             n = http.declared_length(declared)
             if n is None:
                 return http.Problem.request_body_unreadable("the Content-Length is not a length")
-            if contract.declares_too_large(declared):
-                return contract.too_large()
             length = n
         try:
             if stream is None:
