@@ -403,7 +403,8 @@ async function idempotency(fastify, options) {
         if (headers['content-type'] === undefined) request[STATE] = BARE_REPLAY
         // An answer without content goes without a payload: Fastify then declares no
         // length (an empty Buffer would be `content-length: 0`, which to a HEAD says its
-        // GET's body is empty).
+        // GET's body is empty), except on its automatic HEAD route of a GET, whose own
+        // hook still says 0 (a known limit, SPEC §8).
         reply
           .code(a.status)
           .headers(headers)

@@ -1771,3 +1771,22 @@ def test_wsgi_a_terminated_input_over_the_cap_is_refused() -> None:
         statuses, _ = _wsgi_answer(mw, env)
         assert statuses[0].startswith("413")
         assert stream.taken <= 11
+
+
+def test_asgi_str_headers_a_server_sends_are_recorded_and_the_app_runs_once() -> None:
+    """uvicorn sends response headers given as ``str`` (the spec says bytes): the
+    middleware records them as their Latin-1 bytes. Before, building the record raised
+    inside the lead, the key was released and every retry ran the app again."""
+    runs = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        headers = [("content-type", "application/json"), ("etag", '"1"')]
+        await send({"type": "http.response.start", "status": 201, "headers": headers})
+        await send({"type": "http.response.body", "body": b'{"n":1}'})
+
+    mw = AsgiMiddleware(app, store=oncely.IdempotencyStore())
+    answers = [asyncio.run(_asgi_request(mw, _bare_scope(b"order-strh-0001"))) for _ in range(2)]
+    assert answers == [(201, b'{"n":1}'), (201, b'{"n":1}')]
+    assert runs == 1

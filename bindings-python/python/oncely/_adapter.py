@@ -261,9 +261,10 @@ class Settings:
         keep = self.contract.stores_header if stored else self.contract.shares_header
         kept: Headers = []
         for name, value in headers:
-            n = name.decode("latin-1").lower()
+            # bytes by the specs; a server that takes str as well (uvicorn) sends them.
+            n = header_bytes(name).decode("latin-1").lower()
             if keep(n):
-                kept.append((n, bytes(value)))
+                kept.append((n, header_bytes(value)))
         return http.encode_response(status, kept, body)
 
     def settle(
